@@ -1,0 +1,3 @@
+"""modelpatch: declarative, verifiable, reversible patches for model checkpoints."""
+
+__version__ = "0.1.0"

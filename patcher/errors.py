@@ -1,0 +1,93 @@
+"""One typed error hierarchy. Every error knows its one-line, user-facing message and exit code.
+
+The CLI turns any ``PatchError`` into ``modelpatch: error: <message>`` on stderr and exits with
+``exit_code``; nothing else prints tracebacks (unless ``--debug``).
+
+Exit codes (DESIGN.md section 3): 0 success; 1 verification mismatch or a recipe guard refused the
+model; 2 bad usage or bad input; 3 the operation failed for a reason outside the input (I/O error,
+full disk, lock held by another process).
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class PatchError(Exception):
+    """Root of every error modelpatch raises on purpose.
+
+    ``where`` is the file (optionally ``file:line:col``) the problem is in; ``tensor`` names the
+    tensor; ``hint`` suggests the fix. ``str(err)`` is the one-line message.
+    """
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, where: str | os.PathLike | None = None,
+                 tensor: str | None = None, hint: str | None = None):
+        self.message = message
+        self.where = os.fspath(where) if where is not None else None
+        self.tensor = tensor
+        self.hint = hint
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        parts = []
+        if self.where:
+            parts.append(f"{self.where}: ")
+        if self.tensor:
+            parts.append(f"tensor {self.tensor!r}: ")
+        parts.append(self.message)
+        if self.hint:
+            parts.append(f" ({self.hint})")
+        return "".join(parts).replace("\n", " ")
+
+
+class InputError(PatchError):
+    """Bad input: a model directory, a file in it, or a command-line argument."""
+
+
+class SafetensorsFormatError(InputError):
+    """A safetensors file whose header or layout breaks the format."""
+
+
+class ShardIndexError(InputError):
+    """The shard index (model.safetensors.index.json) disagrees with the shards."""
+
+
+class ModelDirError(InputError):
+    """A model directory that cannot be read safely (missing files, escaping symlinks, bad JSON)."""
+
+
+class RecipeError(InputError):
+    """A recipe that is malformed. ``where`` is ``recipe.yaml:LINE:COL``."""
+
+
+class PlanError(InputError):
+    """A recipe that is well formed but cannot be applied to this model as written
+    (an operation on a missing path, an empty tensor selection, a rename collision...)."""
+
+
+class GuardRefused(PatchError):
+    """A recipe guard (``requires``) does not hold for the model."""
+
+    exit_code = 1
+
+
+class VerifyMismatch(PatchError):
+    """A directory does not match its provenance manifest."""
+
+    exit_code = 1
+
+
+class OperationFailed(PatchError):
+    """The operation failed for a reason outside the input: I/O error, full disk, a lock held."""
+
+    exit_code = 3
+
+
+class LockHeld(OperationFailed):
+    """Another modelpatch process is working on the same directory."""
+
+
+class HubError(OperationFailed):
+    """A hub request failed (network, auth, missing repository)."""

@@ -1,0 +1,112 @@
+"""The library API: one function per command. The CLI is a thin layer over these.
+
+Example:
+    >>> from patcher import api
+    >>> result = api.apply("sm120-fp16-kv", "/models/kimi")    # doctest: +SKIP
+    >>> api.verify(result.output).ok                           # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from .engine import ApplyResult, Progress, apply_plan, default_output
+from .model_dir import ModelDir
+from .plan import Plan, plan as make_plan
+from .recipe import Recipe, load_recipe, resolve_recipe
+
+log = logging.getLogger("modelpatch")
+
+
+def _recovered(directory: str | os.PathLike) -> None:
+    """Finish or undo an interrupted in-place operation, saying which on the log."""
+    if Path(directory).is_dir():
+        done = recover(directory)
+        if done:
+            log.warning("%s: %s", directory, done)
+
+
+def _open(model: str | os.PathLike) -> ModelDir:
+    _recovered(model)
+    return ModelDir.open(model)
+
+
+def load(recipe: str | os.PathLike | Recipe) -> Recipe:
+    """A recipe from a path, a built-in name, or an already loaded ``Recipe``."""
+    return recipe if isinstance(recipe, Recipe) else load_recipe(resolve_recipe(str(recipe)))
+
+
+def inspect(model: str | os.PathLike) -> dict:
+    from .inspect_model import inspect_model
+
+    return inspect_model(_open(model))
+
+
+def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
+         *, options: dict | None = None) -> Plan:
+    """The plan for applying ``recipe`` to ``model``; nothing is written."""
+    return make_plan(load(recipe), _open(model), options=options)
+
+
+def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
+          out: str | os.PathLike | None = None, force: bool = False, force_copy: bool = False,
+          jobs: int | None = None, device: str = "cpu",
+          progress: Progress | None = None) -> ApplyResult:
+    """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``)."""
+    loaded = load(recipe)
+    base = _open(model)
+    options = {"force_copy": force_copy, "jobs": jobs, "device": device, "in_place": False}
+    the_plan = make_plan(loaded, base, options=options)
+    target = Path(out) if out is not None else default_output(base.root, loaded.name)
+    return apply_plan(the_plan, base, target, force=force, force_copy=force_copy, jobs=jobs,
+                      progress=progress)
+
+
+def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool = False,
+           on_progress=None):
+    """Rehash ``directory`` against its provenance manifest; returns a ``VerifyReport``."""
+    from .verify import verify_dir
+
+    _recovered(directory)
+    return verify_dir(Path(directory), jobs=jobs, fast=fast, on_progress=on_progress)
+
+
+def recover(directory: str | os.PathLike) -> str | None:
+    """Finish or undo an in-place operation a crash interrupted in ``directory``.
+
+    Every command calls this first; it returns a sentence saying what it did, or None.
+    """
+    from .journal import JOURNAL_NAME, recover as recover_journal
+    from .locking import lock_directory
+
+    root = Path(directory)
+    if not (root / JOURNAL_NAME).exists():
+        return None
+    with lock_directory(root, exclusive=True):
+        return recover_journal(root)
+
+
+def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
+                   jobs: int | None = None, device: str = "cpu",
+                   progress: Progress | None = None) -> ApplyResult:
+    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``)."""
+    from .inplace import apply_in_place as run
+
+    loaded = load(recipe)
+    base = _open(model)
+    options = {"force_copy": False, "jobs": jobs, "device": device, "in_place": True}
+    return run(make_plan(loaded, base, options=options), base, jobs=jobs, progress=progress)
+
+
+def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None,
+           all_patches: bool = False, force: bool = False, jobs: int | None = None):
+    """Undo the last patch (or all with ``all_patches``): in place, or rebuilt into ``out``."""
+    from .revert import rebuild_base, revert as revert_here
+
+    _recovered(directory)
+    if out is not None:
+        return rebuild_base(directory, out, all_patches=all_patches, force=force, jobs=jobs)
+    return revert_here(directory, all_patches=all_patches, force=force, jobs=jobs)

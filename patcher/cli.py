@@ -1,0 +1,238 @@
+"""The ``modelpatch`` command line: a thin layer over the library API.
+
+Results go to stdout (``--json`` for machines); progress and logs go to stderr. Every
+``PatchError`` becomes one line ``modelpatch: error: ...`` and its exit code; ``--debug`` (or
+``MODELPATCH_DEBUG=1``) shows tracebacks instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import click
+
+from . import __version__
+from .errors import PatchError
+
+
+class _Group(click.Group):
+    """Turns modelpatch errors into one-line messages with the documented exit codes."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except PatchError as exc:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(f"modelpatch: error: {exc.one_line()}", err=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("modelpatch: interrupted", err=True)
+            ctx.exit(130)
+
+
+def _set_quiet(ctx: click.Context, _param, value: bool) -> bool:
+    if value:
+        ctx.ensure_object(dict)["quiet"] = True
+        logging.getLogger().setLevel(logging.ERROR)
+    return value
+
+
+quiet_option = click.option("-q", "--quiet", is_flag=True, expose_value=False,
+                            callback=_set_quiet, help="No progress bars or informational logs.")
+
+
+def _emit_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=False))
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="modelpatch")
+@click.option("--debug", is_flag=True, envvar="MODELPATCH_DEBUG", help="Show tracebacks.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars or informational logs.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool, quiet: bool) -> None:
+    """Declarative, verifiable, reversible patches for model checkpoints."""
+    ctx.obj = {"debug": debug, "quiet": quiet}
+    logging.basicConfig(level=logging.ERROR if quiet else logging.INFO,
+                        format="modelpatch: %(message)s", stream=sys.stderr)
+
+
+@main.command()
+@click.argument("model", type=click.Path(file_okay=False, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+def inspect(model: str, as_json: bool) -> None:
+    """Report architectures, quantization, tensors, shards and index health of MODEL."""
+    from .inspect_model import inspect_model
+    from .model_dir import ModelDir
+    from .render import render_inspect
+
+    report = inspect_model(ModelDir.open(model))
+    if as_json:
+        _emit_json(report)
+    else:
+        click.echo(render_inspect(report))
+
+
+def _bar(ctx: click.Context, desc: str):
+    """A tqdm byte counter on stderr (None when quiet). Returns (bar, update, set_total)."""
+    if ctx.obj.get("quiet"):
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=0, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
+                file=sys.stderr, leave=False, disable=None)
+
+
+def _progress(ctx: click.Context):
+    from .engine import Progress
+
+    bar = _bar(ctx, "hashing")
+    write_bar = _bar(ctx, "writing")
+    if bar is None:
+        return Progress(), []
+
+    def set_total(n: int) -> None:
+        bar.total = n
+        bar.refresh()
+
+    return Progress(hashing=bar.update, writing=write_bar.update, hash_total=set_total), [bar, write_bar]
+
+
+def _plan_options(in_place: bool, force_copy: bool, jobs: int | None, device: str) -> dict:
+    return {"in_place": in_place, "force_copy": force_copy, "jobs": jobs, "device": device}
+
+
+@main.command()
+@click.argument("recipe")
+@click.argument("model", type=click.Path(file_okay=False, path_type=str))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable plan.")
+@click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
+def plan(recipe: str, model: str, as_json: bool, device: str) -> None:
+    """Show what applying RECIPE to MODEL would do (same as apply --dry-run)."""
+    from . import api
+    from .render import render_plan
+
+    data = api.plan(recipe, model, options=_plan_options(False, False, None, device)).to_json()
+    click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
+
+
+@main.command()
+@click.argument("recipe")
+@click.argument("model", type=click.Path(file_okay=False, path_type=str))
+@click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
+              help="Where to write the variant (default: <model>-<recipe name>).")
+@click.option("--in-place", is_flag=True, help="Patch MODEL itself (revertible).")
+@click.option("--dry-run", is_flag=True, help="Print the plan and write nothing.")
+@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--copy", "force_copy", is_flag=True, help="Copy unchanged files instead of linking.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="Parallel hashing/rewrite workers (default: all cores).")
+@click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@quiet_option
+@click.pass_context
+def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, device, as_json):
+    """Apply RECIPE (a path or a built-in name) to MODEL and write a verified variant."""
+    from . import api
+    from .render import render_plan
+
+    if in_place and out:
+        raise click.UsageError("--in-place and -o/--output exclude each other")
+    if dry_run:
+        data = api.plan(recipe, model,
+                        options=_plan_options(in_place, force_copy, jobs, device)).to_json()
+        click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
+        return
+    progress, bars = _progress(ctx)
+    try:
+        if in_place:
+            result = api.apply_in_place(recipe, model, jobs=jobs, device=device,
+                                        progress=progress)
+        else:
+            result = api.apply(recipe, model, out=out, force=force, force_copy=force_copy,
+                               jobs=jobs, device=device, progress=progress)
+    finally:
+        for bar in bars:
+            bar.close()
+    if as_json:
+        _emit_json({"output": str(result.output), "manifest_sha256": result.manifest_sha256,
+                    "files": result.files, "bytes_linked": result.bytes_linked,
+                    "bytes_written": result.bytes_written, "bytes_hashed": result.bytes_hashed,
+                    "link_method": result.link_method})
+    else:
+        click.echo(str(result.output))
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="Parallel hashing workers (default: all cores).")
+@click.option("--fast", is_flag=True,
+              help="Trust digests modelpatch cached after a full verification of the same "
+                   "unchanged files (device, inode, size, mtime).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+@quiet_option
+@click.pass_context
+def verify(ctx, directory, jobs, fast, as_json):
+    """Rehash DIRECTORY against its provenance manifest. Exit 1 on any mismatch."""
+    from . import api
+    from .render import render_verify
+
+    bar = _bar(ctx, "verifying")
+    try:
+        report = api.verify(directory, jobs=jobs, fast=fast,
+                            on_progress=bar.update if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    data = report.as_dict()
+    click.echo(json.dumps(data, indent=2) if as_json else render_verify(data))
+    if not report.ok:
+        ctx.exit(1)
+
+
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
+              help="Rebuild the base into OUT instead of reverting DIRECTORY in place.")
+@click.option("--all", "all_patches", is_flag=True, help="Revert every patch, back to the original.")
+@click.option("--force", is_flag=True, help="Revert even if DIRECTORY changed since the patch.")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+def revert(directory, out, all_patches, force, jobs, as_json):
+    """Undo the last patch of DIRECTORY (byte-identical, symlinks restored)."""
+    from . import api
+
+    result = api.revert(directory, out=out, all_patches=all_patches, force=force, jobs=jobs)
+    if as_json:
+        _emit_json({"output": str(result.output), "reverted": result.reverted})
+    else:
+        click.echo(f"reverted {', '.join(result.reverted)}: {result.output}")
+
+
+@main.group()
+def recipes() -> None:
+    """List and show the built-in recipes."""
+
+
+@recipes.command("list")
+def recipes_list() -> None:
+    """List the built-in recipes with their descriptions."""
+    from .recipe import builtin_recipe_dir, load_recipe
+
+    for path in sorted(builtin_recipe_dir().glob("*.yaml")):
+        recipe = load_recipe(path)
+        summary = " ".join(recipe.description.split())
+        click.echo(f"{recipe.name:<22} {summary[:100]}")
+
+
+@recipes.command("show")
+@click.argument("name")
+def recipes_show(name: str) -> None:
+    """Print the built-in recipe NAME (or a recipe file)."""
+    from .recipe import resolve_recipe
+
+    click.echo(resolve_recipe(name).read_text(encoding="utf-8"), nl=False)

@@ -1,0 +1,252 @@
+"""Recipe ``config:`` operations on parsed JSON documents.
+
+``apply_config_ops`` is pure: it copies the document, applies the ops in recipe order, and
+returns the new document with one ``Change`` per effective edit. Every edit is carried out as an
+RFC 6902 operation through the ``jsonpatch`` library; the friendly ops translate as
+
+    drop   -> remove          (skipped when the path is missing, unless missing_ok: false)
+    set    -> add / replace   (after adding ``{}`` for each missing parent object)
+    rename -> move            (a key renamed within its object keeps its position)
+    architectures / model_type -> set /architectures, /model_type
+
+An op with ``in: [scope, ...]`` runs once per scope with its pointers read inside that scope;
+scopes missing from the document (or not objects/arrays) are skipped. If none exists, the op
+meets a missing path: ``drop`` passes, the others fail.
+
+Failures raise ``PlanError`` naming the file, the JSON pointer and the recipe line.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import jsonpatch
+import jsonpointer
+
+from .errors import PlanError
+from .jsonfile import unified_diff  # re-exported: the plan renders config changes with it
+from .json_pointer import (MISSING, deepest_existing, join_pointer, json_equal, json_type,
+                           make_pointer, parent_pointer, resolve, split_pointer)
+from .recipe_schema import ConfigOp, DropOp, PatchOp, RenameOp, SetOp
+
+__all__ = ["Change", "apply_config_ops", "unified_diff", "CHANGE_KINDS"]
+
+CHANGE_KINDS = ("removed", "set", "renamed", "copied", "test")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One effective edit of a JSON file.
+
+    ``kind``: ``removed`` (``before`` is the removed value), ``set`` (``existed`` tells whether
+    ``path`` had a value, then in ``before``), ``renamed`` / ``copied`` (from ``from_path`` to
+    ``path``), ``test`` (an RFC 6902 test that passed; ``before == after``). ``loc`` is the recipe
+    line of the op. Values are plain JSON.
+    """
+
+    file: str
+    path: str
+    kind: str
+    before: Any
+    after: Any
+    loc: str
+    from_path: str | None = None
+    existed: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"file": self.file, "kind": self.kind, "path": self.path}
+        if self.from_path is not None:
+            out["from"] = self.from_path
+        out.update(before=self.before, after=self.after, existed=self.existed,
+                   recipe_loc=self.loc)
+        return out
+
+
+def apply_config_ops(doc: Any, ops: Sequence[ConfigOp], *,
+                     file: str) -> tuple[Any, list[Change]]:
+    """Apply ``ops`` to a copy of ``doc``.
+
+    Args:
+        doc: a parsed JSON document (not modified).
+        ops: the recipe's ops for this file.
+        file: the file's name, for changes and errors.
+    Returns:
+        ``(new_doc, changes)``; ``changes`` is empty when nothing changed (a ``set`` to the value
+        already there is not a change).
+    Raises:
+        PlanError: an op cannot apply (missing path or parent, failed test, type conflict).
+    """
+    state = _State(copy.deepcopy(doc), file)
+    for op in ops:
+        scopes = [s for s in op.scopes if isinstance(resolve(state.doc, s), (dict, list))]
+        if not scopes:
+            if isinstance(op, DropOp) and op.missing_ok:
+                continue
+            if isinstance(op, RenameOp) and op.missing_ok:
+                continue
+            shown = ", ".join(s or "/" for s in op.scopes)
+            raise PlanError(f"{file}: none of the scopes {shown} exists, so "
+                            f"{_label(op)} {op.path} has nothing to apply to", where=op.loc)
+        for scope in scopes:
+            _APPLY[type(op)](state, op, scope)
+    return state.doc, state.changes
+
+
+def _label(op: ConfigOp) -> str:
+    if isinstance(op, SetOp):
+        return op.label
+    if isinstance(op, PatchOp):
+        return op.op
+    return op.kind
+
+
+class _State:
+    def __init__(self, doc: Any, file: str):
+        self.doc = doc
+        self.file = file
+        self.changes: list[Change] = []
+
+    def patch(self, operation: dict[str, Any], loc: str) -> None:
+        """Apply one RFC 6902 operation in place, turning library errors into PlanErrors."""
+        try:
+            self.doc = jsonpatch.JsonPatch([operation]).apply(self.doc, in_place=True)
+        except jsonpatch.JsonPatchTestFailed:
+            actual = resolve(self.doc, operation["path"])
+            shown = "missing" if actual is MISSING else _show(actual)
+            raise PlanError(f"{self.file}: test {operation['path'] or '(whole document)'} "
+                            f"failed: it is {shown}, the recipe expects "
+                            f"{_show(operation['value'])}", where=loc) from None
+        except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
+            raise PlanError(f"{self.file}: {operation['op']} {operation['path']}: "
+                            f"{self.explain(operation, exc)}", where=loc) from None
+
+    def explain(self, operation: dict[str, Any], exc: Exception) -> str:
+        """Say which pointer is missing, if that is why ``operation`` failed."""
+        path = operation["path"]
+        needed = [operation["from"]] if "from" in operation else []
+        if operation["op"] in ("remove", "replace", "test"):
+            needed.append(path)
+        elif path:
+            needed.append(parent_pointer(path)[0])
+        for pointer in needed:
+            if resolve(self.doc, pointer) is MISSING:
+                found, value = deepest_existing(self.doc, pointer)
+                return (f"{pointer} does not exist ({found or 'the document'} is "
+                        f"{_article(json_type(value))} without "
+                        f"{split_pointer(pointer)[len(split_pointer(found))]!r})")
+        return str(exc)
+
+    def add_change(self, change: Change) -> None:
+        self.changes.append(_plain(change))
+
+
+def _article(word: str) -> str:
+    return ("an " if word[0] in "aeiou" else "a ") + word
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _plain(change: Change) -> Change:
+    """Detach the change's values from the document (later ops may modify it)."""
+    return Change(change.file, change.path, change.kind, copy.deepcopy(change.before),
+                  copy.deepcopy(change.after), change.loc, change.from_path, change.existed)
+
+
+def _drop(state: _State, op: DropOp, scope: str) -> None:
+    pointer = join_pointer(scope, op.path)
+    before = resolve(state.doc, pointer)
+    if before is MISSING:
+        if op.missing_ok:
+            return
+        raise PlanError(f"{state.file}: cannot drop {pointer}: it does not exist "
+                        "(missing_ok: false)", where=op.loc)
+    state.patch({"op": "remove", "path": pointer}, op.loc)
+    state.add_change(Change(state.file, pointer, "removed", before, None, op.loc))
+
+
+def _set(state: _State, op: SetOp, scope: str) -> None:
+    pointer = join_pointer(scope, op.path)
+    before = resolve(state.doc, pointer)
+    if before is not MISSING and json_equal(before, op.value):
+        return
+    # Create missing parent objects, one level at a time.
+    tokens = split_pointer(pointer)
+    scope_depth = len(split_pointer(scope))
+    for depth in range(scope_depth + 1, len(tokens)):
+        parent = make_pointer(tokens[:depth])
+        value = resolve(state.doc, parent)
+        if value is MISSING:
+            state.patch({"op": "add", "path": parent, "value": {}}, op.loc)
+        elif not isinstance(value, (dict, list)):
+            raise PlanError(f"{state.file}: cannot set {pointer}: {parent} is a "
+                            f"{json_type(value)}, not an object", where=op.loc)
+    operation = "replace" if before is not MISSING else "add"
+    state.patch({"op": operation, "path": pointer, "value": copy.deepcopy(op.value)}, op.loc)
+    state.add_change(Change(state.file, pointer, "set", None if before is MISSING else before,
+                            op.value, op.loc, existed=before is not MISSING))
+
+
+def _rename(state: _State, op: RenameOp, scope: str) -> None:
+    source = join_pointer(scope, op.path)
+    target = join_pointer(scope, op.to)
+    value = resolve(state.doc, source)
+    if value is MISSING:
+        if op.missing_ok:
+            return
+        raise PlanError(f"{state.file}: cannot rename {source}: it does not exist", where=op.loc)
+    if resolve(state.doc, target) is not MISSING:
+        raise PlanError(f"{state.file}: cannot rename {source} to {target}: {target} already "
+                        "exists (drop it first)", where=op.loc)
+    parent, new_key = parent_pointer(target)
+    if not isinstance(resolve(state.doc, parent), (dict, list)):
+        raise PlanError(f"{state.file}: cannot rename {source} to {target}: "
+                        f"{parent or 'the document'} is not an object", where=op.loc)
+    old_parent, old_key = parent_pointer(source)
+    container = resolve(state.doc, old_parent)
+    order = list(container) if isinstance(container, dict) else None
+    state.patch({"op": "move", "from": source, "path": target}, op.loc)
+    if order is not None and old_parent == parent:
+        # A rename within one object keeps the key's position.
+        items = [(new_key if k == old_key else k, container[new_key if k == old_key else k])
+                 for k in order]
+        container.clear()
+        container.update(items)
+    state.add_change(Change(state.file, target, "renamed", value, value, op.loc,
+                            from_path=source))
+
+
+def _patch(state: _State, op: PatchOp, scope: str) -> None:
+    operation = op.as_json_patch(scope)
+    pointer = operation["path"]
+    source = operation.get("from")
+    before = resolve(state.doc, pointer)
+    moved = resolve(state.doc, source) if source is not None else MISSING
+    into_array = bool(pointer) and isinstance(resolve(state.doc, parent_pointer(pointer)[0]),
+                                              list)
+    if "value" in operation:
+        operation["value"] = copy.deepcopy(operation["value"])
+    state.patch(operation, op.loc)
+    if op.op == "test":
+        change = Change(state.file, pointer, "test", before, before, op.loc)
+    elif op.op == "remove":
+        change = Change(state.file, pointer, "removed", before, None, op.loc)
+    elif op.op in ("move", "copy"):
+        change = Change(state.file, pointer, "renamed" if op.op == "move" else "copied", moved,
+                        moved, op.loc, from_path=source,
+                        existed=before is not MISSING and not into_array)
+    else:  # add, replace; an add into an array inserts
+        existed = before is not MISSING and not (op.op == "add" and into_array)
+        if existed and json_equal(before, op.value):
+            return
+        change = Change(state.file, pointer, "set", before if existed else None, op.value,
+                        op.loc, existed=existed)
+    state.add_change(change)
+
+
+_APPLY = {DropOp: _drop, SetOp: _set, RenameOp: _rename, PatchOp: _patch}

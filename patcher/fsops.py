@@ -1,0 +1,95 @@
+"""Filesystem primitives with the durability and sharing rules modelpatch relies on.
+
+- ``link_or_copy`` shares data with the base: reflink where the filesystem has it, else hardlink,
+  else copy. A linked file keeps its inode's mode: chmod on a hardlink would change the base too.
+- Files modelpatch writes itself are created read-only (0o444) and fsynced before the commit.
+- ``fsync_dir`` makes renames and new entries durable.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import shutil
+from pathlib import Path
+
+READ_ONLY = 0o444
+FICLONE = 0x40049409  # ioctl number from linux/fs.h
+
+
+def reflink(src: Path, dst: Path) -> bool:
+    """Clone ``src`` to ``dst`` sharing extents (btrfs, XFS, bcachefs). False where unsupported."""
+    try:
+        with open(src, "rb") as fsrc:
+            fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                fcntl.ioctl(fd, FICLONE, fsrc.fileno())
+            except OSError:
+                os.close(fd)
+                os.unlink(dst)
+                return False
+            os.close(fd)
+    except OSError:
+        return False
+    shutil.copystat(src, dst)
+    return True
+
+
+def link_or_copy(src: Path, dst: Path, *, force_copy: bool = False) -> str:
+    """Make ``dst`` hold ``src``'s bytes, sharing storage when possible.
+
+    ``src`` symlinks are resolved first, so a Hugging Face snapshot's blob is linked, never the
+    symlink. Returns the method used: ``"reflink"``, ``"hardlink"`` or ``"copy"``.
+    """
+    src = Path(os.path.realpath(src))
+    if not force_copy:
+        if reflink(src, dst):
+            return "reflink"
+        try:
+            os.link(src, dst)
+            return "hardlink"
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP,
+                                 errno.EOPNOTSUPP):
+                raise
+    shutil.copyfile(src, dst)
+    os.chmod(dst, READ_ONLY)
+    return "copy"
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory so the entries created or renamed in it are durable."""
+    fsync_path(path)
+
+
+def write_file(path: Path, data: bytes, *, mode: int = READ_ONLY) -> None:
+    """Create ``path`` (which must not exist) with ``data``, fsync it and set ``mode``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` (a file, symlink or directory). Missing is fine.
+
+    Read-only files go too: unlinking needs write permission on the directory, not the file.
+    """
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)

@@ -1,0 +1,638 @@
+"""Storage of the embedded hub: content-addressed blobs, immutable commits, atomically moved refs.
+
+Pure standard library (no Starlette): the server calls it, and tests can drive it directly.
+
+Layout under ROOT::
+
+    tokens.json                       bearer tokens (see ``tokens.py``)
+    secret.key                        HMAC key signing LFS upload URLs (0600, made on first start)
+    tmp/                              every write starts here, then is renamed into place
+    blobs/sha256/ab/abcdef...         file contents, read-only, one file per distinct content
+    repos/<models|datasets>/<namespace>/<name>/
+        repo.json                     {"id", "type", "private", "created_at"}
+        refs.json                     {"branches": {name: commit}, "tags": {name: commit}}
+        commits/<commit id>.json      immutable commit records
+        lfs/<sha256>                  empty marker: this LFS object was uploaded to this repo
+        .lock                         flock'ed while refs.json or repo.json change
+
+A commit record is ``{"parent", "message", "description", "author", "time", "tree"}``, where
+``tree`` maps each path to ``{"sha256", "size", "git_oid", "lfs"}``. ``git_oid`` is the git blob
+id of what git would store: the content for a regular file, the LFS pointer for an LFS file (the
+Hub's ``blobId``). The commit id is the first 40 hex digits of the sha256 of the canonical JSON
+of the record, so the same record always gets the same id.
+
+Crash safety: a blob is written to ``tmp/``, hashed while written, fsynced, checked against the
+expected digest and only then renamed to its final name; a JSON file is written the same way.
+A crash leaves at most a stray file in ``tmp/`` (cleaned at the next start), never a partial blob,
+commit or ref. Blobs are never garbage-collected (deleting a repo keeps them).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import fcntl
+import fnmatch
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..errors import HubError
+
+# ---------------------------------------------------------------------------------------------
+# Errors. Each carries the HTTP status and the Hub's X-Error-Code the client maps to its own
+# exception types (huggingface_hub.utils._http.hf_raise_for_status).
+# ---------------------------------------------------------------------------------------------
+
+
+class HubRequestError(HubError):
+    """A request the hub refuses. ``status`` is the HTTP status, ``code`` the X-Error-Code."""
+
+    status = 400
+    code: str | None = None
+
+    def __init__(self, message: str, *, status: int | None = None,
+                 headers: dict[str, str] | None = None, **kwargs: Any):
+        super().__init__(message, **kwargs)
+        if status is not None:
+            self.status = status
+        self.headers = dict(headers or {})
+
+
+class BadRequest(HubRequestError):
+    status = 400
+
+
+class Unauthorized(HubRequestError):
+    status = 401
+
+
+class Forbidden(HubRequestError):
+    status = 403
+
+
+class RepoNotFound(HubRequestError):
+    status = 404
+    code = "RepoNotFound"
+
+
+class RevisionNotFound(HubRequestError):
+    status = 404
+    code = "RevisionNotFound"
+
+
+class EntryNotFound(HubRequestError):
+    status = 404
+    code = "EntryNotFound"
+
+
+class Conflict(HubRequestError):
+    status = 409
+
+
+class PreconditionFailed(HubRequestError):
+    status = 412
+
+
+class PayloadTooLarge(HubRequestError):
+    status = 413
+
+
+# ---------------------------------------------------------------------------------------------
+# Names and paths
+# ---------------------------------------------------------------------------------------------
+
+REPO_KINDS = {"model": "models", "dataset": "datasets"}
+DEFAULT_BRANCH = "main"
+_RESERVED_NAMESPACES = {"api", "models", "datasets", "spaces", "docs", "settings"}
+_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
+_REF = re.compile(r"[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*")
+_HEX40 = re.compile(r"[0-9a-f]{40}")
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def split_repo_id(repo_id: str) -> tuple[str, str]:
+    """``"ns/name"`` -> ``("ns", "name")``; raises BadRequest for anything the Hub would refuse."""
+    parts = repo_id.split("/")
+    if len(parts) != 2 or not all(_NAME.fullmatch(p) for p in parts):
+        raise BadRequest(f"invalid repo id {repo_id!r}: expected 'namespace/name' of letters, "
+                         "digits, '-', '_' and '.' (at most 96 each)")
+    if any("--" in p or ".." in p for p in parts) or parts[1].endswith(".git"):
+        raise BadRequest(f"invalid repo id {repo_id!r}: '--' and '..' are not allowed, and the "
+                         "name cannot end with '.git'")
+    return parts[0], parts[1]
+
+
+def check_ref_name(name: str) -> str:
+    """Validate a branch or tag name (git-like rules, no ``refs/`` prefix, not a commit id)."""
+    if (len(name) > 200 or not _REF.fullmatch(name) or ".." in name or name.endswith(".lock")
+            or any(seg.startswith(".") for seg in name.split("/"))
+            or name.startswith("refs/") or _HEX40.fullmatch(name)):
+        raise BadRequest(f"invalid branch or tag name {name!r}")
+    return name
+
+
+def check_path(path: str) -> str:
+    """Validate a file path inside a repo: relative, '/'-separated, no '.', '..' or '.git'."""
+    segments = path.split("/")
+    if (not path or len(path) > 1024 or "\0" in path or "\\" in path
+            or any(seg in ("", ".", "..") for seg in segments) or segments[0] == ".git"):
+        raise BadRequest(f"invalid path in repo {path!r}")
+    return path
+
+
+def git_blob_oid(data: bytes) -> str:
+    """The git object id of a blob with this content: sha1(b"blob <size>\\0" + data)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def lfs_pointer(sha256: str, size: int) -> bytes:
+    """The Git LFS pointer file git stores in place of an LFS file."""
+    return (f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\n"
+            f"size {size}\n").encode()
+
+
+# Hugging Face's default .gitattributes (plus a few), the files the Hub stores with LFS.
+_LFS_PATTERNS = tuple(
+    "*.7z *.arrow *.bin *.bz2 *.ckpt *.ftz *.gguf *.gz *.h5 *.joblib *.lfs.* *.mlmodel *.model "
+    "*.msgpack *.npy *.npz *.onnx *.ot *.parquet *.pb *.pickle *.pkl *.pt *.pth *.rar "
+    "*.safetensors *.tar *.tar.* *.tflite *.tgz *.wasm *.xz *.zip *.zst *tfevents*".split())
+LFS_SIZE_THRESHOLD = 10 * 1024 * 1024
+
+
+def upload_mode(path: str, size: int, sample: bytes) -> str:
+    """``"lfs"`` or ``"regular"`` for a file, as the Hub's preupload endpoint decides it:
+    empty files are regular; large, binary or LFS-pattern files are LFS."""
+    if size == 0:
+        return "regular"
+    name = path.rsplit("/", 1)[-1]
+    if (size >= LFS_SIZE_THRESHOLD or b"\0" in sample
+            or any(fnmatch.fnmatchcase(name, pat) for pat in _LFS_PATTERNS)
+            or path.startswith("saved_model/")):
+        return "lfs"
+    return "regular"
+
+
+def _now() -> str:
+    now = datetime.now(timezone.utc)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+# ---------------------------------------------------------------------------------------------
+# Records
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RepoMeta:
+    kind: str  # "model" | "dataset"
+    id: str
+    private: bool
+    created_at: str
+    dir: Path
+
+    @property
+    def namespace(self) -> str:
+        return self.id.split("/")[0]
+
+
+@dataclass(frozen=True)
+class Commit:
+    id: str
+    parent: str | None
+    message: str
+    description: str
+    author: str
+    time: str
+    tree: dict[str, dict[str, Any]]  # path -> {"sha256", "size", "git_oid", "lfs"}
+
+
+@dataclass(frozen=True)
+class Op:
+    """One commit operation: ``add`` (with its tree entry), ``delete_file`` or ``delete_folder``."""
+
+    kind: str
+    path: str
+    entry: dict[str, Any] | None = None
+
+
+def regular_entry(sha256: str, data: bytes) -> dict[str, Any]:
+    return {"sha256": sha256, "size": len(data), "git_oid": git_blob_oid(data), "lfs": False}
+
+
+def lfs_entry(sha256: str, size: int) -> dict[str, Any]:
+    return {"sha256": sha256, "size": size, "git_oid": git_blob_oid(lfs_pointer(sha256, size)),
+            "lfs": True}
+
+
+# ---------------------------------------------------------------------------------------------
+# Blob writer
+# ---------------------------------------------------------------------------------------------
+
+
+class BlobWriter:
+    """Writes one blob: into a temp file under ROOT/tmp, hashed as written, renamed into place by
+    ``commit`` once the digest is checked. Use as a context manager: leaving without ``commit``
+    (an error, a client that went away) deletes the temp file."""
+
+    def __init__(self, store: Store):
+        self._store = store
+        fd, name = tempfile.mkstemp(dir=store.tmp, prefix="blob-")
+        self._tmp = Path(name)
+        self._file = os.fdopen(fd, "wb")
+        self._sha = hashlib.sha256()
+        self.size = 0
+        self._done = False
+
+    def write(self, data: bytes) -> None:
+        self._file.write(data)
+        self._sha.update(data)
+        self.size += len(data)
+
+    def commit(self, expected_sha256: str | None = None, expected_size: int | None = None) -> str:
+        """Check the digest (and size), move the blob into the store; returns its sha256."""
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            digest = self._sha.hexdigest()
+            if expected_size is not None and self.size != expected_size:
+                raise BadRequest(f"upload has {self.size} bytes, expected {expected_size}")
+            if expected_sha256 is not None and digest != expected_sha256:
+                raise BadRequest(f"upload has sha256 {digest}, expected {expected_sha256}")
+            dest = self._store.blob_path(digest)
+            if dest.exists():
+                return digest  # same content already stored: keep one copy
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(self._tmp, 0o444)
+            os.replace(self._tmp, dest)
+            _fsync_dir(dest.parent)
+            self._done = True
+            return digest
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        if not self._done:
+            self._tmp.unlink(missing_ok=True)
+            self._done = True
+
+    def __enter__(self) -> BlobWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.abort()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# Store
+# ---------------------------------------------------------------------------------------------
+
+
+class Store:
+    """The hub's data under ``root``. Thread-safe; ref updates are serialized per repo with
+    ``flock`` (across threads and processes)."""
+
+    _CACHE_MAX = 1024
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        self.tmp = self.root / "tmp"
+        self.blobs = self.root / "blobs" / "sha256"
+        self.repos = self.root / "repos"
+        for d in (self.tmp, self.blobs, self.repos):
+            d.mkdir(parents=True, exist_ok=True)
+        self._commits: dict[str, Commit] = {}  # commit id -> record; ids are content hashes
+
+    def clean_tmp(self, older_than_s: float = 3600) -> int:
+        """Remove leftovers of interrupted writes (nothing recent: a live upload keeps its mtime
+        fresh). Returns the number of entries removed."""
+        removed = 0
+        cutoff = time.time() - older_than_s
+        for entry in self.tmp.iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                if entry.lstat().st_mtime < cutoff:
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry, ignore_errors=True)
+                    else:
+                        entry.unlink()
+                    removed += 1
+        return removed
+
+    # -- blobs -----------------------------------------------------------------------------
+
+    def blob_path(self, sha256: str) -> Path:
+        return self.blobs / sha256[:2] / sha256
+
+    def blob_size(self, sha256: str) -> int | None:
+        try:
+            return self.blob_path(sha256).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def blob_writer(self) -> BlobWriter:
+        return BlobWriter(self)
+
+    def put_bytes(self, data: bytes) -> str:
+        """Store ``data`` as a blob; returns its sha256."""
+        with self.blob_writer() as writer:
+            writer.write(data)
+            return writer.commit()
+
+    # -- small JSON files ------------------------------------------------------------------
+
+    def _write_json(self, path: Path, obj: Any) -> None:
+        """Atomically replace ``path`` with ``obj`` as JSON (temp file in tmp/, fsync, rename)."""
+        fd, name = tempfile.mkstemp(dir=self.tmp, prefix="json-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(json.dumps(obj, indent=1, sort_keys=True).encode() + b"\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(name, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)
+        _fsync_dir(path.parent)
+
+    @staticmethod
+    def _read_json(path: Path) -> Any:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+
+    # -- repos -----------------------------------------------------------------------------
+
+    def repo_dir(self, kind: str, repo_id: str) -> Path:
+        namespace, name = split_repo_id(repo_id)
+        return self.repos / REPO_KINDS[kind] / namespace / name
+
+    def get_repo(self, kind: str, repo_id: str) -> RepoMeta | None:
+        """The repo's metadata, or None if there is no such repo (or the id is malformed)."""
+        if kind not in REPO_KINDS:
+            return None
+        try:
+            d = self.repo_dir(kind, repo_id)
+            data = self._read_json(d / "repo.json")
+        except (BadRequest, FileNotFoundError, NotADirectoryError):
+            return None
+        return RepoMeta(kind=kind, id=data["id"], private=bool(data["private"]),
+                        created_at=data["created_at"], dir=d)
+
+    def create_repo(self, kind: str, repo_id: str, *, private: bool, author: str) -> RepoMeta:
+        """Create an empty repo whose ``main`` branch holds an empty initial commit. The repo is
+        assembled in tmp/ and renamed into place, so it appears complete or not at all."""
+        if kind not in REPO_KINDS:
+            raise BadRequest(f"unsupported repo type {kind!r} (this hub serves models and datasets)")
+        namespace, _ = split_repo_id(repo_id)
+        if namespace.lower() in _RESERVED_NAMESPACES:
+            raise BadRequest(f"namespace {namespace!r} is reserved")
+        final = self.repo_dir(kind, repo_id)
+        if final.exists():
+            raise Conflict(f"You already created this {kind} repo: {repo_id}")
+        created = _now()
+        initial = {"parent": None, "message": "initial commit", "description": "",
+                   "author": author, "time": created, "tree": {}}
+        commit_id = hashlib.sha256(_canonical(initial)).hexdigest()[:40]
+        staging = Path(tempfile.mkdtemp(dir=self.tmp, prefix="repo-"))
+        try:
+            (staging / "commits").mkdir()
+            (staging / "lfs").mkdir()
+            self._write_json(staging / "repo.json", {"id": repo_id, "type": kind,
+                                                     "private": bool(private),
+                                                     "created_at": created})
+            self._write_json(staging / "commits" / f"{commit_id}.json", initial)
+            self._write_json(staging / "refs.json",
+                             {"branches": {DEFAULT_BRANCH: commit_id}, "tags": {}})
+            final.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(staging, final)
+            except OSError as exc:
+                if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise Conflict(f"You already created this {kind} repo: {repo_id}") from None
+                raise
+            _fsync_dir(final.parent)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+        meta = self.get_repo(kind, repo_id)
+        assert meta is not None
+        return meta
+
+    def delete_repo(self, meta: RepoMeta) -> None:
+        """Remove the repo's records (its blobs stay in the shared store)."""
+        trash = Path(tempfile.mkdtemp(dir=self.tmp, prefix="deleted-"))
+        try:
+            os.rename(meta.dir, trash / "repo")
+        except FileNotFoundError:
+            raise RepoNotFound(f"Repository not found: {meta.id}") from None
+        finally:
+            shutil.rmtree(trash, ignore_errors=True)
+
+    def set_private(self, meta: RepoMeta, private: bool) -> RepoMeta:
+        with self._locked(meta):
+            data = self._read_json(meta.dir / "repo.json")
+            data["private"] = bool(private)
+            self._write_json(meta.dir / "repo.json", data)
+        return RepoMeta(meta.kind, meta.id, bool(private), meta.created_at, meta.dir)
+
+    @contextlib.contextmanager
+    def _locked(self, meta: RepoMeta) -> Iterator[None]:
+        try:
+            fd = os.open(meta.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except FileNotFoundError:
+            raise RepoNotFound(f"Repository not found: {meta.id}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if not (meta.dir / "refs.json").exists():  # deleted while we waited
+                raise RepoNotFound(f"Repository not found: {meta.id}")
+            yield
+        finally:
+            os.close(fd)
+
+    # -- refs and commits ------------------------------------------------------------------
+
+    def refs(self, meta: RepoMeta) -> dict[str, dict[str, str]]:
+        try:
+            return self._read_json(meta.dir / "refs.json")
+        except FileNotFoundError:
+            raise RepoNotFound(f"Repository not found: {meta.id}") from None
+
+    def read_commit(self, meta: RepoMeta, commit_id: str) -> Commit:
+        cached = self._commits.get(commit_id)
+        if cached is not None:
+            return cached
+        path = meta.dir / "commits" / f"{commit_id}.json"
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            raise RevisionNotFound(f"Invalid rev id: {commit_id}") from None
+        record = json.loads(raw)
+        if hashlib.sha256(_canonical(record)).hexdigest()[:40] != commit_id:
+            raise HubRequestError(f"commit {commit_id} of {meta.id} is corrupted", status=500)
+        commit = Commit(id=commit_id, parent=record["parent"], message=record["message"],
+                        description=record.get("description", ""), author=record["author"],
+                        time=record["time"], tree=record["tree"])
+        if len(self._commits) >= self._CACHE_MAX:
+            self._commits.clear()
+        self._commits[commit_id] = commit
+        return commit
+
+    def resolve(self, meta: RepoMeta, revision: str) -> Commit:
+        """The commit a branch, tag (optionally ``refs/heads/``/``refs/tags/``-prefixed) or full
+        commit id names. Raises RevisionNotFound."""
+        refs = self.refs(meta)
+        commit_id: str | None
+        if revision.startswith("refs/heads/"):
+            commit_id = refs["branches"].get(revision[len("refs/heads/"):])
+        elif revision.startswith("refs/tags/"):
+            commit_id = refs["tags"].get(revision[len("refs/tags/"):])
+        else:
+            commit_id = refs["branches"].get(revision) or refs["tags"].get(revision)
+        if commit_id is None and _HEX40.fullmatch(revision.lower()):
+            if (meta.dir / "commits" / f"{revision.lower()}.json").exists():
+                commit_id = revision.lower()
+        if commit_id is None:
+            raise RevisionNotFound(f"Invalid rev id: {revision}")
+        return self.read_commit(meta, commit_id)
+
+    def history(self, meta: RepoMeta, commit: Commit) -> Iterator[Commit]:
+        """``commit`` and its ancestors, newest first."""
+        current: Commit | None = commit
+        while current is not None:
+            yield current
+            current = self.read_commit(meta, current.parent) if current.parent else None
+
+    def commit(self, meta: RepoMeta, branch: str, ops: list[Op], *, message: str,
+               description: str, author: str, parent_commit: str | None = None) -> Commit:
+        """Apply ``ops`` to the head of ``branch`` as one new commit and move the branch to it.
+
+        Runs under the repo lock, so concurrent commits serialize; ``parent_commit`` (a full id
+        or a prefix of at least 5 hex digits) must be the branch head at that moment."""
+        if not message.strip():
+            raise BadRequest("the commit message cannot be empty")
+        with self._locked(meta):
+            refs = self.refs(meta)
+            head_id = refs["branches"].get(branch)
+            if head_id is None:
+                if branch in refs["tags"] or _HEX40.fullmatch(branch):
+                    raise BadRequest(f"cannot commit to {branch!r}: not a branch")
+                raise RevisionNotFound(f"Invalid rev id: {branch}")
+            if parent_commit is not None:
+                parent = parent_commit.lower()
+                if len(parent) < 5 or not head_id.startswith(parent):
+                    raise PreconditionFailed(
+                        f"A commit has happened since: parent commit {parent_commit} is not the "
+                        f"head of {branch!r} ({head_id})")
+            head = self.read_commit(meta, head_id)
+            tree = _apply_ops(head.tree, ops)
+            record = {"parent": head_id, "message": message, "description": description,
+                      "author": author, "time": _now(), "tree": tree}
+            commit_id = hashlib.sha256(_canonical(record)).hexdigest()[:40]
+            path = meta.dir / "commits" / f"{commit_id}.json"
+            if not path.exists():
+                self._write_json(path, record)
+            refs["branches"][branch] = commit_id
+            self._write_json(meta.dir / "refs.json", refs)
+        return self.read_commit(meta, commit_id)
+
+    def create_ref(self, meta: RepoMeta, kind: str, name: str, revision: str) -> Commit:
+        """Create branch (``kind="branches"``) or tag (``"tags"``) ``name`` at ``revision``."""
+        check_ref_name(name)
+        with self._locked(meta):
+            target = self.resolve(meta, revision)
+            refs = self.refs(meta)
+            if name in refs["branches"] or name in refs["tags"]:
+                what = "Branch" if kind == "branches" else "Tag"
+                raise Conflict(f"{what} {name!r} conflicts with an existing reference")
+            refs[kind][name] = target.id
+            self._write_json(meta.dir / "refs.json", refs)
+        return target
+
+    def delete_ref(self, meta: RepoMeta, kind: str, name: str) -> None:
+        if kind == "branches" and name == DEFAULT_BRANCH:
+            raise Forbidden(f"cannot delete the default branch {DEFAULT_BRANCH!r}")
+        with self._locked(meta):
+            refs = self.refs(meta)
+            if name not in refs[kind]:
+                raise RevisionNotFound(f"Invalid rev id: {name}")
+            del refs[kind][name]
+            self._write_json(meta.dir / "refs.json", refs)
+
+    # -- LFS objects of a repo -------------------------------------------------------------
+
+    def add_lfs_object(self, meta: RepoMeta, sha256: str) -> None:
+        """Record that ``sha256`` was uploaded to this repo (a commit may then reference it)."""
+        marker = meta.dir / "lfs" / sha256
+        try:
+            marker.touch()
+        except FileNotFoundError:
+            raise RepoNotFound(f"Repository not found: {meta.id}") from None
+
+    def has_lfs_object(self, meta: RepoMeta, sha256: str) -> bool:
+        """True if ``sha256`` was uploaded to this repo and is in the blob store. A blob stored
+        for another repo does not count: referencing it needs proof of possession (an upload)."""
+        return (meta.dir / "lfs" / sha256).exists() and self.blob_path(sha256).exists()
+
+
+def _apply_ops(tree: dict[str, dict[str, Any]], ops: list[Op]) -> dict[str, dict[str, Any]]:
+    tree = dict(tree)
+    for op in ops:
+        if op.kind == "add":
+            assert op.entry is not None
+            tree[check_path(op.path)] = op.entry
+        elif op.kind == "delete_file":
+            if tree.pop(op.path, None) is None:
+                raise EntryNotFound(f"A file with this name doesn't exist: {op.path}")
+        elif op.kind == "delete_folder":
+            prefix = op.path.rstrip("/") + "/"
+            doomed = [p for p in tree if p.startswith(prefix)] if prefix != "/" else list(tree)
+            if not doomed:
+                raise EntryNotFound(f"A folder with this name doesn't exist: {op.path}")
+            for p in doomed:
+                del tree[p]
+        else:
+            raise BadRequest(f"unknown commit operation {op.kind!r}")
+    folders = {p[:i] for p in tree for i, c in enumerate(p) if c == "/"}
+    clash = sorted(folders & tree.keys())
+    if clash:
+        raise BadRequest(f"{clash[0]!r} cannot be both a file and a folder")
+    return tree
+
+
+def decode_content(value: dict[str, Any]) -> bytes:
+    """The bytes of a ``file`` line of a commit (base64, or plain text with ``utf-8``)."""
+    content = value.get("content")
+    encoding = value.get("encoding", "base64")
+    if not isinstance(content, str):
+        raise BadRequest("commit file line without a string 'content'")
+    if encoding == "base64":
+        try:
+            return base64.b64decode(content, validate=True)
+        except ValueError:
+            raise BadRequest(f"invalid base64 content for {value.get('path')!r}") from None
+    if encoding == "utf-8":
+        return content.encode("utf-8")
+    raise BadRequest(f"unsupported content encoding {encoding!r}")

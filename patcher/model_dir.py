@@ -1,0 +1,259 @@
+"""A model directory understood exactly, from headers and JSON only (no tensor data).
+
+``ModelDir.open(path)`` lists the files, refuses symlinks that escape the directory (or its
+Hugging Face cache repo), reads and validates every safetensors header and the shard index, and
+loads JSON files lazily and strictly. Every other command builds on it.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import ModelDirError, PatchError, ShardIndexError
+from .jsonfile import parse_json
+from .safetensors_io import ShardHeader, TensorInfo, read_header
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_SHARD_NAME = "model.safetensors"
+MANIFEST_NAME = "modelpatch.provenance.json"
+STATE_DIR = ".modelpatch"
+# Directories that are bookkeeping, not model content: our revert data, git, and the
+# huggingface_hub local-dir download cache.
+SKIPPED_DIRS = frozenset({STATE_DIR, ".git", ".cache"})
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A regular file of the model, reached directly or through a symlink."""
+
+    relpath: str          # POSIX path relative to the model root
+    path: Path            # the entry in the model directory (may be a symlink)
+    size: int
+    link_target: str | None = None   # raw readlink() text when the entry is a symlink
+
+    @property
+    def is_symlink(self) -> bool:
+        return self.link_target is not None
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """``model.safetensors.index.json``: which shard holds each tensor."""
+
+    weight_map: dict[str, str]
+    total_size: int | None
+    metadata: dict[str, Any]
+
+
+@dataclass
+class ModelDir:
+    """A validated, read-only view of a model directory."""
+
+    root: Path
+    files: dict[str, ModelFile]
+    shards: dict[str, ShardHeader]             # relpath -> header, for every *.safetensors
+    index: ShardIndex | None
+    cache_repo: Path | None = None             # the models--org--name dir for HF snapshots
+    warnings: list[str] = field(default_factory=list)
+    _json: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "ModelDir":
+        """Read and validate the model directory at ``path``.
+
+        Raises:
+            ModelDirError, SafetensorsFormatError, ShardIndexError: naming the file and tensor.
+        """
+        root = Path(path)
+        if not root.is_dir():
+            raise ModelDirError("not a directory" if root.exists() else "no such directory",
+                                where=root)
+        cache_repo = _hf_cache_repo(root)
+        files = dict(_list_files(root, cache_repo))
+        shard_names = sorted(p for p in files if p.endswith(".safetensors"))
+        shards = _read_headers(root, shard_names)
+        index = _read_index(root, files)
+        model = cls(root=root, files=files, shards=shards, index=index, cache_repo=cache_repo)
+        model._check_index()
+        return model
+
+    # --- JSON ------------------------------------------------------------------------------
+
+    def has(self, relpath: str) -> bool:
+        return relpath in self.files
+
+    def read_bytes(self, relpath: str) -> bytes:
+        return self.files[relpath].path.read_bytes()
+
+    def json(self, relpath: str) -> Any:
+        """The parsed JSON file ``relpath`` (strict: UTF-8, no duplicate keys), or None if absent."""
+        if relpath not in self._json:
+            if relpath not in self.files:
+                return None
+            self._json[relpath] = parse_json(self.read_bytes(relpath), str(self.root / relpath))
+        return self._json[relpath]
+
+    @property
+    def config(self) -> dict:
+        config = self.json("config.json")
+        return config if isinstance(config, dict) else {}
+
+    # --- tensors ---------------------------------------------------------------------------
+
+    @cached_property
+    def tensor_shards(self) -> dict[str, str]:
+        """tensor name -> shard relpath, over every shard the model loads."""
+        return {name: shard for shard in self.model_shards
+                for name in self.shards[shard].tensors}
+
+    @property
+    def model_shards(self) -> list[str]:
+        """Shards the model loads: the index's shards, or the single ``model.safetensors``."""
+        if self.index is not None:
+            return sorted(set(self.index.weight_map.values()))
+        return [SINGLE_SHARD_NAME] if SINGLE_SHARD_NAME in self.shards else []
+
+    def tensors(self) -> Iterator[tuple[str, TensorInfo]]:
+        """(shard relpath, tensor) over every tensor the model loads."""
+        for shard in self.model_shards:
+            for info in self.shards[shard].tensors.values():
+                yield shard, info
+
+    def tensor(self, name: str) -> TensorInfo | None:
+        shard = self.tensor_shards.get(name)
+        return self.shards[shard].tensors[name] if shard else None
+
+    # --- validation ------------------------------------------------------------------------
+
+    def _check_index(self) -> None:
+        unindexed = [s for s in self.shards if s not in self.model_shards]
+        for shard in unindexed:
+            self.warnings.append(f"{shard}: not referenced by {INDEX_NAME}; left as an opaque file")
+        if self.index is None:
+            return
+        defects = _index_defects(self.root, self.index, self.shards, self.files)
+        if defects:
+            first = defects[0]
+            more = f" (and {len(defects) - 1} more index defects)" if len(defects) > 1 else ""
+            error = ShardIndexError(first.message + more, where=first.where, tensor=first.tensor,
+                                    hint=first.hint)
+            error.defects = defects
+            raise error
+
+
+def _hf_cache_repo(root: Path) -> Path | None:
+    """The ``models--org--name`` directory when ``root`` is a hub cache snapshot."""
+    real = Path(os.path.realpath(root))
+    if real.parent.name == "snapshots" and "--" in real.parent.parent.name:
+        return real.parent.parent
+    return None
+
+
+def _list_files(root: Path, cache_repo: Path | None) -> Iterator[tuple[str, ModelFile]]:
+    real_root = os.path.realpath(root)
+    allowed = [real_root] + ([str(cache_repo)] if cache_repo else [])
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not (dirpath == str(root) and d in SKIPPED_DIRS))
+        for name in dirnames:
+            if os.path.islink(os.path.join(dirpath, name)):
+                raise ModelDirError("symlinked directories are not supported",
+                                    where=os.path.join(dirpath, name))
+        for name in sorted(filenames):
+            entry = Path(dirpath) / name
+            relpath = entry.relative_to(root).as_posix()
+            yield relpath, _model_file(entry, relpath, allowed)
+
+
+def _model_file(entry: Path, relpath: str, allowed: list[str]) -> ModelFile:
+    if not entry.is_symlink():
+        st = entry.lstat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelDirError("not a regular file", where=entry)
+        return ModelFile(relpath, entry, st.st_size)
+    target = os.readlink(entry)
+    real = os.path.realpath(entry)
+    if not any(real == a or real.startswith(a + os.sep) for a in allowed):
+        raise ModelDirError(f"symlink to {target!r} escapes the model directory", where=entry,
+                            hint="copy the file into the directory or link within it")
+    if not os.path.exists(real):
+        raise ModelDirError(f"dangling symlink to {target!r}", where=entry)
+    st = os.stat(real)
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelDirError("symlink does not point to a regular file", where=entry)
+    return ModelFile(relpath, entry, st.st_size, link_target=target)
+
+
+def _read_headers(root: Path, names: list[str]) -> dict[str, ShardHeader]:
+    # Threads overlap the per-file latency of network filesystems; each read is two syscalls.
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(names)))) as pool:
+        headers = pool.map(lambda n: read_header(root / n, display=str(root / n)), names)
+        return dict(zip(names, headers))
+
+
+def _read_index(root: Path, files: dict[str, ModelFile]) -> ShardIndex | None:
+    if INDEX_NAME not in files:
+        return None
+    where = str(root / INDEX_NAME)
+    doc = parse_json(files[INDEX_NAME].path.read_bytes(), where)
+    if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
+        raise ShardIndexError("no weight_map object", where=where)
+    weight_map = doc["weight_map"]
+    for tensor, shard in weight_map.items():
+        if not isinstance(shard, str) or not _safe_relpath(shard):
+            raise ShardIndexError(f"shard name {shard!r} is not a relative path inside the model",
+                                  where=where, tensor=tensor)
+    metadata = doc.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise ShardIndexError("metadata is not an object", where=where)
+    total = metadata.get("total_size")
+    if total is not None and not (isinstance(total, int) and not isinstance(total, bool)):
+        raise ShardIndexError(f"metadata.total_size is not an integer: {total!r}", where=where)
+    return ShardIndex(weight_map=dict(weight_map), total_size=total, metadata=metadata)
+
+
+def _safe_relpath(name: str) -> bool:
+    return (bool(name) and not name.startswith("/") and "\\" not in name
+            and posixpath.normpath(name) == name and not name.startswith("../") and name != "..")
+
+
+def _index_defects(root: Path, index: ShardIndex, shards: dict[str, ShardHeader],
+                   files: dict[str, ModelFile]) -> list[PatchError]:
+    where = str(root / INDEX_NAME)
+    defects: list[PatchError] = []
+    for shard in sorted(set(index.weight_map.values())):
+        if shard not in shards:
+            defects.append(ShardIndexError(f"names shard {shard!r}, which does not exist",
+                                           where=where))
+    seen: dict[str, str] = {}
+    for shard in sorted(s for s in shards if s in set(index.weight_map.values())):
+        for name in shards[shard].tensors:
+            if name in seen:
+                defects.append(ShardIndexError(f"present in both {seen[name]} and {shard}",
+                                               where=where, tensor=name))
+                continue
+            seen[name] = shard
+            mapped = index.weight_map.get(name)
+            if mapped is None:
+                defects.append(ShardIndexError(f"in shard {shard} but missing from the index",
+                                               where=where, tensor=name))
+            elif mapped != shard:
+                defects.append(ShardIndexError(f"index places it in {mapped} but it is in {shard}",
+                                               where=where, tensor=name))
+    for name, shard in index.weight_map.items():
+        if shard in shards and name not in shards[shard].tensors and name not in seen:
+            defects.append(ShardIndexError(f"index places it in {shard}, which has no such tensor",
+                                           where=where, tensor=name))
+    if index.total_size is not None and not defects:
+        actual = sum(shards[s].tensors[t].nbytes for t, s in index.weight_map.items())
+        if actual != index.total_size:
+            defects.append(ShardIndexError(
+                f"metadata.total_size is {index.total_size} but the tensors hold {actual} bytes",
+                where=where))
+    return defects

@@ -1,0 +1,95 @@
+"""The patch stack under ``.modelpatch/``: what each applied patch replaced, so it can be undone.
+
+Layout, one directory per patch, oldest first::
+
+    .modelpatch/patches/0001-sm120-fp16-kv/record.json
+    .modelpatch/patches/0001-sm120-fp16-kv/originals/<relpath>   # the base's replaced files
+
+``record.json`` lists every base file (digest, size, mode, symlink target), the files this patch
+replaced or dropped (kept under ``originals/``) and the files it added. For a variant, originals
+are links to the base's files, so they cost no space while both share a filesystem; after an
+in-place patch they are the very files, moved aside by rename.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import InputError
+from .jsonfile import parse_json
+from .model_dir import STATE_DIR
+
+PATCHES_DIR = f"{STATE_DIR}/patches"
+RECORD_NAME = "record.json"
+RECORD_VERSION = 1
+_PATCH_DIR_RE = re.compile(r"^(\d{4})-[a-z0-9._-]+$")
+
+
+@dataclass(frozen=True)
+class BaseFile:
+    sha256: str
+    size: int
+    mode: int
+    link_target: str | None = None
+
+
+@dataclass
+class PatchRecord:
+    """One entry of the patch stack."""
+
+    sequence: int
+    recipe: dict                          # {name, sha256}
+    mode: str                             # "variant" or "in-place"
+    base_files: dict[str, BaseFile]
+    replaced: list[str] = field(default_factory=list)   # kept under originals/
+    added: list[str] = field(default_factory=list)      # did not exist in the base
+    base_manifest: bool = False           # the base's own provenance is under originals/
+    base_path: str | None = None          # where the base was, for messages
+
+    @property
+    def dirname(self) -> str:
+        return f"{self.sequence:04d}-{self.recipe['name']}"
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["version"] = RECORD_VERSION
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict, where: str) -> "PatchRecord":
+        try:
+            files = {k: BaseFile(**v) for k, v in data["base_files"].items()}
+            return cls(sequence=int(data["sequence"]), recipe=dict(data["recipe"]),
+                       mode=str(data["mode"]), base_files=files,
+                       replaced=list(data["replaced"]), added=list(data["added"]),
+                       base_manifest=bool(data.get("base_manifest", False)),
+                       base_path=data.get("base_path"))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise InputError(f"malformed patch record: {exc}", where=where) from None
+
+
+def patch_dirs(root: Path) -> list[Path]:
+    """The patch directories under ``root``, oldest first."""
+    base = root / PATCHES_DIR
+    if not base.is_dir():
+        return []
+    return sorted(p for p in base.iterdir() if _PATCH_DIR_RE.match(p.name))
+
+
+def read_record(patch_dir: Path) -> PatchRecord:
+    path = patch_dir / RECORD_NAME
+    if not path.is_file():
+        raise InputError("patch record is missing", where=path)
+    return PatchRecord.from_json(parse_json(path.read_bytes(), str(path)), str(path))
+
+
+def encode_record(record: PatchRecord) -> bytes:
+    return (json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n").encode()
+
+
+def next_sequence(root: Path) -> int:
+    dirs = patch_dirs(root)
+    return int(_PATCH_DIR_RE.match(dirs[-1].name).group(1)) + 1 if dirs else 1

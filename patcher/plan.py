@@ -1,0 +1,183 @@
+"""``plan(recipe, model)``: everything an apply will do, computed as pure data before any write.
+
+A ``Plan`` lists every output file with its action (link, write-json, rewrite-shard, drop, add),
+the JSON diffs, the tensor changes, and the bytes that will be linked, written and hashed. The
+executor (``engine.py``) carries out exactly this, and ``modelpatch plan`` prints it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config_ops import apply_config_ops
+from .errors import PlanError
+from .jsonfile import dump_json_document, load_json_document, unified_diff
+from .model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir
+from .recipe import Recipe, check_guards
+
+
+class Action(str, enum.Enum):
+    LINK = "link"
+    WRITE_JSON = "write-json"
+    REWRITE_SHARD = "rewrite-shard"
+    DROP = "drop"
+    ADD = "add"
+
+
+@dataclass(frozen=True)
+class FilePlan:
+    """What happens to one file. ``path`` is the output path (the base path for drops)."""
+
+    path: str
+    action: Action
+    source: str | None = None          # base relpath the output comes from
+    size_before: int | None = None
+    size_after: int | None = None
+    content: bytes | None = None       # WRITE_JSON and ADD
+    diff: str | None = None
+    shard_task: Any = None             # REWRITE_SHARD: a tensor_plan.ShardTask
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Pure data describing an apply. Nothing here has touched the disk."""
+
+    recipe: Recipe
+    base: Path
+    files: tuple[FilePlan, ...]
+    changes: tuple[dict, ...]
+    warnings: tuple[str, ...] = ()
+    options: dict = field(default_factory=dict)
+
+    def by_action(self, action: Action) -> list[FilePlan]:
+        return [f for f in self.files if f.action is action]
+
+    @property
+    def bytes_linked(self) -> int:
+        return sum(f.size_after or 0 for f in self.by_action(Action.LINK))
+
+    @property
+    def bytes_written(self) -> int:
+        return sum(f.size_after or 0 for f in self.files
+                   if f.action in (Action.WRITE_JSON, Action.ADD, Action.REWRITE_SHARD))
+
+    @property
+    def changed(self) -> bool:
+        return any(f.action is not Action.LINK for f in self.files)
+
+    def to_json(self) -> dict:
+        return {
+            "recipe": {"name": self.recipe.name, "sha256": self.recipe.sha256},
+            "base": str(self.base),
+            "files": [_file_json(f) for f in self.files],
+            "changes": list(self.changes),
+            "warnings": list(self.warnings),
+            "bytes": {"linked": self.bytes_linked, "written": self.bytes_written},
+        }
+
+
+def _file_json(f: FilePlan) -> dict:
+    out = {"path": f.path, "action": f.action.value, "source": f.source,
+           "size_before": f.size_before, "size_after": f.size_after}
+    if f.diff:
+        out["diff"] = f.diff
+    if f.shard_task is not None:
+        out["tensors"] = f.shard_task.summary()
+    return out
+
+
+def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None) -> Plan:
+    """Compute the plan for applying ``recipe`` to ``model``.
+
+    Raises:
+        GuardRefused: a ``requires`` guard does not hold (nothing is planned).
+        PlanError: an operation cannot be applied to this model (naming the recipe line).
+    """
+    check_guards(recipe, model.json)
+    changes: list[dict] = []
+    warnings: list[str] = list(model.warnings)
+    replaced: dict[str, FilePlan] = {}
+    for name, ops in recipe.config.items():
+        replaced_file = _plan_json_file(model, name, ops, changes, warnings)
+        if replaced_file is not None:
+            replaced[name] = replaced_file
+    replaced.update(_plan_file_ops(recipe, model, changes))
+    replaced.update(_plan_tensors(recipe, model, changes, warnings, options))
+    files = [replaced.pop(rel, None) or _link(model, rel)
+             for rel in sorted(model.files) if rel != MANIFEST_NAME]
+    files.extend(sorted(replaced.values(), key=lambda f: f.path))  # additions
+    return Plan(recipe=recipe, base=model.root, files=tuple(files), changes=tuple(changes),
+                warnings=tuple(warnings), options=dict(options or {}))
+
+
+def _link(model: ModelDir, rel: str) -> FilePlan:
+    size = model.files[rel].size
+    return FilePlan(rel, Action.LINK, source=rel, size_before=size, size_after=size)
+
+
+def _plan_json_file(model: ModelDir, name: str, ops: list, changes: list[dict],
+                    warnings: list[str]) -> FilePlan | None:
+    if not model.has(name):
+        if all(getattr(op, "missing_ok", False) for op in ops):  # only tolerant drops
+            return None
+        raise PlanError(f"the recipe edits {name}, which {model.root} does not have",
+                        where=ops[0].loc)
+    before = model.read_bytes(name)
+    document = load_json_document(before, str(model.root / name))
+    new_value, file_changes = apply_config_ops(document.value, ops, file=name)
+    if not file_changes:
+        return None
+    after = dump_json_document(new_value, document.style)
+    if not document.exact:
+        warnings.append(f"{name}: formatting cannot be reproduced exactly ({document.note}); "
+                        f"lines outside the patched keys may change")
+    changes.extend(change.to_json() for change in file_changes)
+    if after == before:
+        return None
+    return FilePlan(name, Action.WRITE_JSON, source=name, size_before=len(before),
+                    size_after=len(after), content=after, diff=unified_diff(before, after, name))
+
+
+def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list[dict]) -> dict[str, FilePlan]:
+    out: dict[str, FilePlan] = {}
+    for op in recipe.files:
+        name = op.name
+        if op.kind == "drop":
+            if not model.has(name):
+                if op.missing_ok:
+                    continue
+                raise PlanError(f"the recipe drops {name}, which the model does not have",
+                                where=op.loc)
+            size = model.files[name].size
+            out[name] = FilePlan(name, Action.DROP, source=name, size_before=size)
+            changes.append({"kind": "file_dropped", "file": name, "size": size})
+            continue
+        if model.has(name) and not op.overwrite:
+            raise PlanError(f"the recipe adds {name}, which the model already has",
+                            where=op.loc, hint="set overwrite: true to replace it")
+        content = op.content.encode("utf-8")
+        source = name if model.has(name) else None
+        out[name] = FilePlan(name, Action.ADD, source=source,
+                             size_before=model.files[name].size if source else None,
+                             size_after=len(content), content=content,
+                             diff=unified_diff(model.read_bytes(name) if source else None,
+                                               content, name))
+        changes.append({"kind": "file_added", "file": name, "size": len(content),
+                        "replaced": source is not None})
+    return out
+
+
+def _plan_tensors(recipe: Recipe, model: ModelDir, changes: list[dict], warnings: list[str],
+                  options: dict | None) -> dict[str, FilePlan]:
+    if not recipe.tensors:
+        return {}
+    from .tensor_plan import plan_tensor_ops
+
+    device = (options or {}).get("device") or "cpu"
+    return plan_tensor_ops(recipe, model, changes, warnings, device=device)
+
+
+__all__ = ["Action", "FilePlan", "Plan", "plan", "INDEX_NAME"]

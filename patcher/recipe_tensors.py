@@ -1,0 +1,180 @@
+"""The ``tensors:`` section of a recipe: structure validation into ``TensorOp`` dataclasses.
+
+Each item selects tensors and names exactly one action::
+
+    - select: {glob: "*.k_proj.k_scale", dtype: [F32]}   # or regex: '...'; str or list
+      allow_empty: false
+      drop: true
+      # rename: {pattern: '^language_model\\.', to: 'model.'}  (re.sub; pattern defaults to the
+      #                                                        select regex)
+      # cast: bf16 | fp16 | fp32
+      # dequantize: {scheme: fp8-tensor | fp8-block | nvfp4-modelopt |
+      #              nvfp4-compressed-tensors | auto, to: bf16 | fp16 | fp32}   (to: bf16)
+      # quantize: {scheme: fp8-tensor | fp8-block,
+      #            layout: modelopt | deepseek | compressed-tensors, block: [128, 128]}
+
+Executing them is the tensor engine's job; this module only checks what can be checked without a
+model: keys, types, regexes and replacement templates, dtype names, scheme/layout pairs.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from . import recipe_checks as rc
+from .recipe_schema import (DEFAULT_BLOCK, DEQUANT_SCHEMES, FLOAT_TARGETS, QUANT_COMBINATIONS,
+                            QUANT_LAYOUTS, QUANT_SCHEMES, SAFETENSORS_DTYPES, CastTensors,
+                            DequantizeTensors, DropTensors, QuantizeTensors, RenameTensors,
+                            TensorAction, TensorOp, TensorSelect)
+
+TENSOR_ACTIONS = ("drop", "rename", "cast", "dequantize", "quantize")
+TENSOR_KEYS = ("select", "allow_empty", *TENSOR_ACTIONS)
+SELECT_KEYS = ("glob", "regex", "dtype")
+
+
+def parse_tensor_op(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorOp | None:
+    if not rc.is_map(node):
+        v.err(pos, "a tensor operation must be a mapping such as {select: {glob: '*.k_scale'}, "
+              f"drop: true}}; got {rc.yaml_type(node)}")
+        return None
+    unknown = v.check_keys(node, TENSOR_KEYS, "tensor operation", required=("select",))
+    actions = [k for k in node if k in TENSOR_ACTIONS]
+    select = _select(v, node["select"], rc.val_pos(node, "select")) if "select" in node else None
+    allow_empty = v.boolean(node, "allow_empty", default=False)
+    if not actions:
+        if not unknown:
+            v.err(pos, "a tensor operation needs one of: " + ", ".join(TENSOR_ACTIONS))
+        return None
+    if len(actions) > 1:
+        v.err(rc.key_pos(node, actions[1]), f"one action per tensor operation; found "
+              f"{actions[0]!r} and {actions[1]!r} (write two list items)")
+        return None
+    action = _action(v, node, actions[0], select)
+    if select is None or action is None:
+        return None
+    return TensorOp(select, action, allow_empty, v.loc(pos))
+
+
+def _select(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorSelect | None:
+    if not rc.is_map(node):
+        v.err(pos, "select must be a mapping such as {glob: '*.weight'} or {regex: '...'}; got "
+              f"{rc.yaml_type(node)}")
+        return None
+    v.check_keys(node, SELECT_KEYS, "select")
+    kinds = [k for k in ("glob", "regex") if k in node]
+    if len(kinds) != 1:
+        v.err(pos, "select needs exactly one of 'glob' and 'regex'")
+        return None
+    patterns = v.strings(node, kinds[0])
+    if patterns is None:
+        return None
+    ok = True
+    if kinds[0] == "regex":
+        for pattern, ppos in patterns:
+            ok = _check_regex(v, pattern, ppos) and ok
+    dtypes = None
+    if "dtype" in node:
+        names = v.strings(node, "dtype")
+        if names is None:
+            return None
+        for name, npos in names:
+            if name not in SAFETENSORS_DTYPES:
+                hint = rc.did_you_mean(name, SAFETENSORS_DTYPES) or (
+                    "safetensors names: " + ", ".join(SAFETENSORS_DTYPES))
+                v.err(npos, f"unknown dtype {name!r} ({hint})")
+                ok = False
+        dtypes = tuple(name for name, _ in names)
+    if not ok:
+        return None
+    texts = tuple(p for p, _ in patterns)
+    return TensorSelect(texts if kinds[0] == "glob" else (),
+                        texts if kinds[0] == "regex" else (), dtypes, v.loc(pos))
+
+
+def _check_regex(v: rc.Validator, pattern: str, pos: rc.Pos) -> bool:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        v.err(pos, f"invalid regex {pattern!r}: {exc.msg}"
+              + (f" at position {exc.pos}" if exc.pos is not None else ""))
+        return False
+    return True
+
+
+def _action(v: rc.Validator, node: Any, action: str,
+            select: TensorSelect | None) -> TensorAction | None:
+    value = node[action]
+    pos = rc.val_pos(node, action)
+    if action == "drop":
+        if value is not True:
+            v.err(pos, "drop must be true (leave the item out to keep the tensors)")
+            return None
+        return DropTensors()
+    if action == "cast":
+        to = v.choice(node, "cast", FLOAT_TARGETS)
+        return None if to is None else CastTensors(to)
+    if not rc.is_map(value):
+        example = {"rename": "{pattern: '^old\\.', to: 'new.'}",
+                   "dequantize": "{scheme: auto, to: bf16}",
+                   "quantize": "{scheme: fp8-block, layout: deepseek}"}[action]
+        v.err(pos, f"{action} must be a mapping such as {example}; got {rc.yaml_type(value)}")
+        return None
+    if action == "rename":
+        return _rename(v, value, pos, select)
+    if action == "dequantize":
+        v.check_keys(value, ("scheme", "to"), "dequantize", required=("scheme",))
+        scheme = v.choice(value, "scheme", DEQUANT_SCHEMES)
+        to = v.choice(value, "to", FLOAT_TARGETS) if "to" in value else "bf16"
+        return None if scheme is None or to is None else DequantizeTensors(scheme, to)
+    v.check_keys(value, ("scheme", "layout", "block"), "quantize", required=("scheme", "layout"))
+    scheme = v.choice(value, "scheme", QUANT_SCHEMES)
+    layout = v.choice(value, "layout", QUANT_LAYOUTS)
+    if scheme is None or layout is None:
+        return None
+    if (scheme, layout) not in QUANT_COMBINATIONS:
+        fits = [lay for s, lay in QUANT_COMBINATIONS if s == scheme]
+        v.err(rc.val_pos(value, "layout"), f"layout {layout!r} has no {scheme} format (use "
+              f"{' or '.join(fits)})")
+        return None
+    block = None
+    if "block" in value:
+        if scheme != "fp8-block":
+            v.err(rc.key_pos(value, "block"), f"block applies to fp8-block, not {scheme}")
+            return None
+        raw = value["block"]
+        if not (rc.is_seq(raw) and len(raw) == 2 and all(
+                isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in raw)):
+            v.err(rc.val_pos(value, "block"), "block must be two positive integers, e.g. "
+                  "[128, 128]")
+            return None
+        block = (int(raw[0]), int(raw[1]))
+    elif scheme == "fp8-block":
+        block = DEFAULT_BLOCK
+    return QuantizeTensors(scheme, layout, block)
+
+
+def _rename(v: rc.Validator, value: Any, pos: rc.Pos,
+            select: TensorSelect | None) -> RenameTensors | None:
+    v.check_keys(value, ("pattern", "to"), "rename", required=("to",))
+    to = v.string(value, "to", nonempty=False)
+    if "pattern" in value:
+        pattern = v.string(value, "pattern")
+        ppos = rc.val_pos(value, "pattern")
+        if pattern is None or not _check_regex(v, pattern, ppos):
+            return None
+    elif select is not None and len(select.regexes) == 1:
+        pattern, ppos = select.regexes[0], pos
+    else:
+        if select is not None:
+            v.err(pos, "rename needs 'pattern' unless select has exactly one regex")
+        return None
+    if to is None:
+        return None
+    try:
+        re.compile(pattern).sub(to, "")  # compiles the template: bad group references fail
+    except (re.error, IndexError) as exc:
+        v.err(rc.val_pos(value, "to"), f"invalid replacement {to!r} for pattern {pattern!r}: "
+              f"{getattr(exc, 'msg', None) or exc}")
+        return None
+    return RenameTensors(pattern, to)

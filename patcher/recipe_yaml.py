@@ -1,0 +1,119 @@
+"""Safe YAML for recipes: a size cap, an event scan, then ruamel's round-trip loader.
+
+The event scan runs before anything is composed. It refuses anchors and aliases (which is what
+makes alias bombs such as "billion laughs" impossible), tags outside YAML's core schema, more than
+one document, and nesting deeper than ``MAX_DEPTH``. Only then is the document composed with the
+round-trip loader, which builds plain maps, sequences and scalars (never arbitrary objects) and
+remembers the line and column of every node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.events import (AliasEvent, CollectionEndEvent, CollectionStartEvent,
+                                DocumentStartEvent, NodeEvent)
+
+MAX_RECIPE_BYTES = 1 << 20
+MAX_DEPTH = 64
+_MAX_SCAN_ERRORS = 20
+_CORE_TAGS = frozenset(f"tag:yaml.org,2002:{t}"
+                       for t in ("str", "int", "float", "bool", "null", "seq", "map"))
+
+
+class YamlProblems(Exception):
+    """Problems found before composing: a list of (line, col, message), 1-based."""
+
+    def __init__(self, problems: list[tuple[int, int, str]]):
+        super().__init__(problems)
+        self.problems = problems
+
+
+def _mark(mark: Any) -> tuple[int, int]:
+    return (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+
+
+def _yaml_error(exc: YAMLError) -> tuple[int, int, str]:
+    if isinstance(exc, MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        line, col = _mark(mark)
+        parts = [p for p in (exc.context, exc.problem) if p]
+        problem = exc.problem or ""
+        if problem.startswith("found duplicate key"):
+            # ruamel: 'found duplicate key "x" with value "..." (original value: "...")'
+            key = problem.split('"')[1] if '"' in problem else "?"
+            return line, col, f"duplicate key {key!r}"
+        parts = [p for p in (exc.context, problem) if p]
+        return line, col, "invalid YAML: " + ("; ".join(parts) if parts else "syntax error")
+    return 1, 1, f"invalid YAML: {exc}"
+
+
+def _show_tag(tag: str) -> str:
+    prefix = "tag:yaml.org,2002:"
+    return "!!" + tag[len(prefix):] if tag.startswith(prefix) else tag
+
+
+def scan_events(text: str) -> None:
+    """Refuse anchors, aliases, non-core tags, several documents and deep nesting.
+
+    Raises:
+        YamlProblems: with every problem found (up to a cap), or the syntax error that stopped
+        the scan.
+    """
+    problems: list[tuple[int, int, str]] = []
+    documents = depth = 0
+    aliased: set[str] = set()
+    yaml = YAML(typ="rt", pure=True)
+    try:
+        for event in yaml.parse(text):
+            if isinstance(event, DocumentStartEvent):
+                documents += 1
+                if documents == 2:
+                    problems.append((*_mark(event.start_mark),
+                                     "a recipe is a single YAML document; found a second one"))
+                    break
+            if isinstance(event, AliasEvent):
+                if event.anchor in aliased:
+                    continue  # one report per anchor name is enough
+                aliased.add(event.anchor)
+                problems.append((*_mark(event.start_mark),
+                                 f"YAML aliases (*{event.anchor}) are not allowed in recipes"))
+            elif isinstance(event, NodeEvent) and event.anchor is not None:
+                problems.append((*_mark(event.start_mark),
+                                 f"YAML anchors (&{event.anchor}) are not allowed in recipes"))
+            tag = getattr(event, "tag", None)
+            if tag is not None and str(tag) not in _CORE_TAGS:
+                problems.append((*_mark(event.start_mark),
+                                 f"YAML tag {_show_tag(str(tag))} is not allowed in recipes (only the core "
+                                 "tags !!str, !!int, !!float, !!bool, !!null, !!seq, !!map)"))
+            if isinstance(event, CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    problems.append((*_mark(event.start_mark),
+                                     f"nesting deeper than {MAX_DEPTH} levels"))
+                    break
+            elif isinstance(event, CollectionEndEvent):
+                depth -= 1
+            if len(problems) >= _MAX_SCAN_ERRORS:
+                break
+    except YAMLError as exc:
+        problems.append(_yaml_error(exc))
+    except RecursionError:
+        problems.append((1, 1, f"nesting deeper than {MAX_DEPTH} levels"))
+    if problems:
+        raise YamlProblems(problems)
+
+
+def compose_recipe(text: str) -> Any:
+    """Scan ``text`` (see ``scan_events``), then load it with the round-trip loader.
+
+    Returns the document (``CommentedMap``/``CommentedSeq``/scalars, or None when empty).
+    """
+    scan_events(text)
+    yaml = YAML(typ="rt", pure=True)
+    try:
+        return yaml.load(text)
+    except YAMLError as exc:
+        raise YamlProblems([_yaml_error(exc)]) from None

@@ -1,0 +1,237 @@
+"""Safetensors headers, read and written directly: 8-byte little-endian length, JSON, data.
+
+Reading parses and validates only the header; no tensor data is touched. Validation is strict
+(every defect named with the file and tensor), because everything downstream trusts the offsets.
+Writing lays out a header for a list of tensors before any data exists, so a shard can be streamed
+tensor by tensor with memory bounded by one tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from .errors import SafetensorsFormatError
+
+# The safetensors library refuses headers over 100 MB (MAX_HEADER_SIZE); so do we.
+MAX_HEADER_SIZE = 100_000_000
+
+# Element size in bits for each dtype name the safetensors format defines.
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor entry of a header. Offsets are relative to the start of the data section."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.start
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    """A parsed and validated safetensors header."""
+
+    path: Path
+    header_len: int
+    file_size: int
+    tensors: Mapping[str, TensorInfo]
+    metadata: Mapping[str, str] | None = field(default=None)
+
+    @property
+    def data_offset(self) -> int:
+        """Absolute file offset of the first data byte."""
+        return 8 + self.header_len
+
+    @property
+    def data_size(self) -> int:
+        return self.file_size - self.data_offset
+
+
+def tensor_nbytes(dtype: str, shape: Iterable[int]) -> int:
+    """Bytes a tensor of ``dtype`` and ``shape`` occupies (sub-byte dtypes are packed)."""
+    bits = DTYPE_BITS[dtype] * math.prod(shape)
+    return (bits + 7) // 8
+
+
+def read_header(path: str | os.PathLike, display: str | None = None) -> ShardHeader:
+    """Read and validate the header of the safetensors file at ``path``.
+
+    Args:
+        path: the file to read.
+        display: the name used in error messages (defaults to ``path``).
+
+    Returns:
+        The validated ``ShardHeader``.
+
+    Raises:
+        SafetensorsFormatError: naming the file (and tensor) for every kind of defect.
+    """
+    path = Path(path)
+    where = display or str(path)
+    with open(path, "rb") as f:
+        file_size = os.fstat(f.fileno()).st_size
+        if file_size < 8:
+            raise SafetensorsFormatError(f"file is {file_size} bytes, too short for a header",
+                                         where=where)
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        if header_len > MAX_HEADER_SIZE:
+            raise SafetensorsFormatError(
+                f"header length {header_len} is absurd (limit {MAX_HEADER_SIZE} bytes)", where=where)
+        if header_len > file_size - 8:
+            raise SafetensorsFormatError(
+                f"header length {header_len} runs past the end of the {file_size}-byte file",
+                where=where, hint="the file is truncated or not safetensors")
+        raw = f.read(header_len)
+    tensors, metadata = _parse_header_json(raw, where)
+    header = ShardHeader(path=path, header_len=header_len, file_size=file_size,
+                         tensors=tensors, metadata=metadata)
+    _check_layout(header, where)
+    return header
+
+
+def _parse_header_json(raw: bytes, where: str) -> tuple[dict[str, TensorInfo], dict | None]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SafetensorsFormatError(f"header is not UTF-8 (byte {exc.start})", where=where) from None
+    try:
+        obj = json.loads(text, object_pairs_hook=_reject_duplicates)
+    except ValueError as exc:
+        raise SafetensorsFormatError(f"header is not valid JSON: {exc}", where=where) from None
+    except RecursionError:
+        raise SafetensorsFormatError("header JSON is nested too deeply", where=where) from None
+    if not isinstance(obj, dict):
+        raise SafetensorsFormatError("header is not a JSON object", where=where)
+    metadata = obj.pop("__metadata__", None)
+    if metadata is not None and not (
+            isinstance(metadata, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
+        raise SafetensorsFormatError("__metadata__ must map strings to strings", where=where)
+    tensors = {name: _parse_entry(name, entry, where) for name, entry in obj.items()}
+    return tensors, metadata
+
+
+def _reject_duplicates(pairs: list) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse_entry(name: str, entry: object, where: str) -> TensorInfo:
+    def bad(message: str) -> SafetensorsFormatError:
+        return SafetensorsFormatError(message, where=where, tensor=name)
+
+    if not isinstance(entry, dict):
+        raise bad("entry is not an object")
+    extra = set(entry) - {"dtype", "shape", "data_offsets"}
+    if extra:
+        raise bad(f"unexpected field(s) {sorted(extra)}")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in DTYPE_BITS:
+        raise bad(f"unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
+        raise bad(f"shape must be a list of integers, got {shape!r}")
+    if any(d < 0 for d in shape):
+        raise bad(f"negative dimension in shape {shape}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
+        raise bad(f"data_offsets must be [begin, end], got {offsets!r}")
+    start, end = offsets
+    if start < 0 or end < start:
+        raise bad(f"data_offsets {offsets} are not an increasing non-negative range")
+    expected = tensor_nbytes(dtype, shape)
+    if expected != end - start:
+        raise bad(f"shape {shape} x {dtype} needs {expected} bytes but data_offsets span "
+                  f"{end - start}")
+    return TensorInfo(name=name, dtype=dtype, shape=tuple(shape), start=start, end=end)
+
+
+def _check_layout(header: ShardHeader, where: str) -> None:
+    """Offsets must tile the data section exactly: no overlap, no gap, nothing past the end."""
+    position, previous = 0, None
+    for info in sorted(header.tensors.values(), key=lambda t: (t.start, t.end)):
+        if info.end > header.data_size:
+            raise SafetensorsFormatError(
+                f"data_offsets [{info.start}, {info.end}] run past the {header.data_size}-byte "
+                f"data section", where=where, tensor=info.name, hint="the file is truncated")
+        if info.start < position:
+            raise SafetensorsFormatError(
+                f"data_offsets [{info.start}, {info.end}] overlap tensor {previous!r}",
+                where=where, tensor=info.name)
+        if info.start > position:
+            raise SafetensorsFormatError(
+                f"gap of {info.start - position} bytes before data_offsets [{info.start}, "
+                f"{info.end}]", where=where, tensor=info.name)
+        position, previous = info.end, info.name
+    if position != header.data_size:
+        raise SafetensorsFormatError(
+            f"{header.data_size - position} trailing bytes after the last tensor", where=where)
+
+
+# --- writing -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OutputTensor:
+    """A tensor as it will appear in an output shard."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.dtype, self.shape)
+
+
+def encode_header(tensors: Iterable[OutputTensor],
+                  metadata: Mapping[str, str] | None) -> tuple[bytes, list[TensorInfo]]:
+    """Lay out ``tensors`` in the given order and return the full header prefix and the layout.
+
+    The prefix is the 8-byte length plus the JSON, padded with spaces to a multiple of 8 bytes
+    as the safetensors library does, so data stays aligned.
+    """
+    entries: dict[str, object] = {}
+    if metadata is not None:
+        entries["__metadata__"] = dict(metadata)
+    layout: list[TensorInfo] = []
+    offset = 0
+    for t in tensors:
+        if t.name in entries or t.name == "__metadata__":
+            raise SafetensorsFormatError(f"duplicate tensor name in output", tensor=t.name)
+        end = offset + t.nbytes
+        entries[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, end]}
+        layout.append(TensorInfo(t.name, t.dtype, tuple(t.shape), offset, end))
+        offset = end
+    body = json.dumps(entries, separators=(",", ":")).encode("utf-8")
+    body += b" " * (-len(body) % 8)
+    return struct.pack("<Q", len(body)) + body, layout

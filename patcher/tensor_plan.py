@@ -1,0 +1,243 @@
+"""Planning of a recipe's ``tensors:`` section: which tensors change, in which shards.
+
+The ops run in order over a virtual view of the model's tensors (no data is read). Each output
+tensor is either a byte-exact copy of a source tensor or a computation (cast, dequantize,
+quantize) over named source tensors, possibly from other shards. A shard none of whose tensors
+change is linked; every other shard becomes a self-contained ``ShardTask``. The index is
+regenerated when anything moved.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from .errors import PlanError
+from .model_dir import INDEX_NAME, ModelDir
+from .plan import Action, FilePlan
+from .safetensors_io import OutputTensor, tensor_nbytes
+from .tensor_schemes import CompanionError, QuantScheme, find_scheme, scheme_named
+from .tensor_tasks import ShardTask, TensorJob, TensorSource, index_document
+
+FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
+CAST_TARGETS = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}
+
+
+@dataclass(frozen=True)
+class VirtualTensor:
+    """A tensor of the planned output: its name, where it lives and how its bytes are made."""
+
+    name: str
+    shard: str
+    dtype: str
+    shape: tuple[int, ...]
+    job: TensorJob
+    order: float          # position in the shard (source position; new tensors sort after theirs)
+
+    @property
+    def changed(self) -> bool:
+        return self.job.op != "copy" or self.job.inputs[0].name != self.name
+
+
+def _source(model: ModelDir, name: str) -> TensorSource:
+    shard = model.tensor_shards[name]
+    header = model.shards[shard]
+    info = header.tensors[name]
+    return TensorSource(path=str(header.path), shard=shard, name=name, dtype=info.dtype,
+                        shape=info.shape, offset=header.data_offset + info.start,
+                        nbytes=info.nbytes)
+
+
+def initial_view(model: ModelDir) -> dict[str, VirtualTensor]:
+    view = {}
+    for shard, info in model.tensors():
+        src = _source(model, info.name)
+        job = TensorJob(out=OutputTensor(info.name, info.dtype, info.shape), op="copy",
+                        inputs=(src,))
+        view[info.name] = VirtualTensor(info.name, shard, info.dtype, info.shape, job, info.start)
+    return view
+
+
+def select(view: dict[str, VirtualTensor], op) -> list[str]:
+    names = [n for n, t in view.items() if op.select.matches(n, t.dtype)]
+    if not names and not op.allow_empty:
+        raise PlanError("the selection matches no tensor", where=op.loc,
+                        hint="fix the pattern, or set allow_empty: true")
+    return sorted(names)
+
+
+def plan_tensor_ops(recipe, model: ModelDir, changes: list[dict], warnings: list[str], *,
+                    device: str = "cpu") -> dict[str, FilePlan]:
+    """FilePlans for every shard that changes (rewrite or drop) and for the index."""
+    view = initial_view(model)
+    for op in recipe.tensors:
+        names = select(view, op)
+        _HANDLERS[op.kind](view, names, op, changes)
+    return _shard_plans(model, view, changes, device)
+
+
+# --- operations -----------------------------------------------------------------------------
+
+def _drop(view, names, op, changes) -> None:
+    for name in names:
+        t = view.pop(name)
+        changes.append({"kind": "tensor_dropped", "tensor": name, "dtype": t.dtype,
+                        "shape": list(t.shape), "recipe_line": op.loc})
+
+
+def _rename(view, names, op, changes) -> None:
+    pattern = re.compile(op.action.pattern)
+    moves = {n: pattern.sub(op.action.to, n) for n in names}
+    moves = {a: b for a, b in moves.items() if a != b}
+    targets: dict[str, str] = {}
+    for old, new in moves.items():
+        if new in targets:
+            raise PlanError(f"rename collision: {targets[new]!r} and {old!r} both become {new!r}",
+                            where=op.loc, tensor=old)
+        if new in view and new not in moves:
+            raise PlanError(f"rename collision: becomes {new!r}, which already exists",
+                            where=op.loc, tensor=old)
+        targets[new] = old
+    renamed = {old: view.pop(old) for old in moves}
+    for old, t in renamed.items():
+        new = moves[old]
+        view[new] = replace(t, name=new, job=replace(t.job, out=replace(t.job.out, name=new)))
+        changes.append({"kind": "tensor_renamed", "tensor": old, "to": new,
+                        "recipe_line": op.loc})
+
+
+def _cast(view, names, op, changes) -> None:
+    target = CAST_TARGETS[op.action.to]
+    for name in names:
+        t = view[name]
+        if t.dtype.startswith("F8") or t.dtype not in FLOAT_DTYPES:
+            raise PlanError(f"cannot cast {t.dtype} to {op.action.to}: "
+                            + ("FP8 data needs its scale; use dequantize" if t.dtype.startswith("F8")
+                               else "only floating-point tensors can be cast"),
+                            where=op.loc, tensor=name)
+        if t.dtype == target:
+            continue
+        job = TensorJob(out=OutputTensor(name, target, t.shape), op="cast",
+                        inputs=(_primary(t),), params=(("to", target),))
+        view[name] = replace(t, dtype=target, job=job)
+        changes.append(_converted(name, t, target, t.shape, "cast", op.loc))
+
+
+def _dequantize(view, names, op, changes) -> None:
+    target = CAST_TARGETS[op.action.to]
+    for name in names:
+        t = view[name]
+        scheme = (find_scheme(name, view) if op.action.scheme == "auto"
+                  else scheme_named(op.action.scheme))
+        if scheme is None:
+            raise PlanError("no quantization scheme recognised from its companions",
+                            where=op.loc, tensor=name)
+        try:
+            parts = scheme.companions(name, view)
+        except CompanionError as exc:
+            raise PlanError(str(exc), where=op.loc, tensor=name) from None
+        inputs = (_primary(t),) + tuple(_primary(view[c]) for c in parts.inputs)
+        out_name = parts.output_name
+        job = TensorJob(out=OutputTensor(out_name, target, parts.shape), op="dequantize",
+                        inputs=inputs, params=(("scheme", scheme.name), ("to", target)))
+        for gone in parts.inputs + parts.dropped:
+            view.pop(gone, None)
+        view.pop(name)
+        view[out_name] = replace(t, name=out_name, dtype=target, shape=parts.shape, job=job)
+        changes.append(_converted(name, t, target, parts.shape, f"dequantize:{scheme.name}",
+                                  op.loc, removed=list(parts.inputs + parts.dropped)))
+
+
+def _quantize(view, names, op, changes) -> None:
+    scheme: QuantScheme = scheme_named(op.action.scheme)
+    layout, block = op.action.layout, op.action.block
+    for name in names:
+        t = view[name]
+        if t.dtype not in FLOAT_DTYPES or len(t.shape) != 2:
+            raise PlanError(f"only 2-D floating-point tensors can be quantized (this is {t.dtype} "
+                            f"{list(t.shape)})", where=op.loc, tensor=name)
+        outputs = scheme.quantized_outputs(name, t.shape, layout, block)
+        for i, (out_name, dtype, shape, role) in enumerate(outputs):
+            if out_name in view and out_name != name:
+                raise PlanError(f"quantizing would overwrite existing tensor {out_name!r}",
+                                where=op.loc, tensor=name)
+            params = (("scheme", scheme.name), ("layout", layout), ("block", block),
+                      ("role", role))
+            job = TensorJob(out=OutputTensor(out_name, dtype, shape), op="quantize",
+                            inputs=(_primary(t),), params=params)
+            view[out_name] = replace(t, name=out_name, dtype=dtype, shape=shape, job=job,
+                                     order=t.order + i * 1e-3)
+        changes.append(_converted(name, t, outputs[0][1], t.shape, f"quantize:{scheme.name}",
+                                  op.loc, added=[o[0] for o in outputs[1:]]))
+
+
+def _primary(t: VirtualTensor) -> TensorSource:
+    """The bytes a computation reads: only byte-exact copies of source tensors are readable."""
+    if t.job.op != "copy":
+        raise PlanError("a tensor produced by an earlier operation cannot be transformed again "
+                        "in the same recipe", tensor=t.name)
+    return t.job.inputs[0]
+
+
+def _converted(name, t, dtype, shape, how, loc, **extra) -> dict:
+    entry = {"kind": "tensor_converted", "tensor": name, "how": how,
+             "before": {"dtype": t.dtype, "shape": list(t.shape)},
+             "after": {"dtype": dtype, "shape": list(shape)}, "recipe_line": loc}
+    entry.update(extra)
+    return entry
+
+
+_HANDLERS = {"drop": _drop, "rename": _rename, "cast": _cast, "dequantize": _dequantize,
+             "quantize": _quantize}
+
+
+# --- shards ---------------------------------------------------------------------------------
+
+def _shard_plans(model: ModelDir, view: dict[str, VirtualTensor], changes: list[dict],
+                 device: str) -> dict[str, FilePlan]:
+    by_shard: dict[str, list[VirtualTensor]] = {s: [] for s in model.model_shards}
+    for t in view.values():
+        by_shard[t.shard].append(t)
+    plans: dict[str, FilePlan] = {}
+    for shard, tensors in by_shard.items():
+        tensors.sort(key=lambda t: (t.order, t.name))
+        header = model.shards[shard]
+        original = [(i.name, i.dtype, i.shape) for i in header.tensors.values()]
+        unchanged = ([(t.name, t.dtype, t.shape) for t in tensors] == original
+                     and not any(t.changed for t in tensors))
+        if unchanged:
+            continue
+        size = model.files[shard].size
+        if not tensors:
+            plans[shard] = FilePlan(shard, Action.DROP, source=shard, size_before=size)
+            changes.append({"kind": "file_dropped", "file": shard, "reason": "no tensors left"})
+            continue
+        metadata = dict(header.metadata or {})
+        metadata.setdefault("format", "pt")
+        task = ShardTask(output=shard, metadata=metadata, jobs=tuple(t.job for t in tensors),
+                         device=device)
+        plans[shard] = FilePlan(shard, Action.REWRITE_SHARD, source=shard, size_before=size,
+                                size_after=task.file_size, shard_task=task)
+    if plans and model.index is not None:
+        plans[INDEX_NAME] = _index_plan(model, view)
+    return plans
+
+
+def _index_plan(model: ModelDir, view: dict[str, VirtualTensor]) -> FilePlan:
+    before = model.read_bytes(INDEX_NAME)
+    weight_map = {t.name: t.shard for t in view.values()}
+    total = sum(tensor_nbytes(t.dtype, t.shape) for t in view.values())
+    after = index_document(before, str(model.root / INDEX_NAME), weight_map, total)
+    return FilePlan(INDEX_NAME, Action.WRITE_JSON, source=INDEX_NAME, size_before=len(before),
+                    size_after=len(after), content=after,
+                    diff=_index_diff_summary(model, weight_map, total))
+
+
+def _index_diff_summary(model: ModelDir, weight_map: dict[str, str], total: int) -> str:
+    old = model.index.weight_map
+    removed = len(set(old) - set(weight_map))
+    added = len(set(weight_map) - set(old))
+    moved = sum(1 for k in set(old) & set(weight_map) if old[k] != weight_map[k])
+    return (f"--- a/{INDEX_NAME}\n+++ b/{INDEX_NAME}\n"
+            f"@@ weight_map: {removed} removed, {added} added, {moved} moved; "
+            f"total_size {model.index.total_size} -> {total} @@\n")

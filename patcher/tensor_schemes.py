@@ -1,0 +1,178 @@
+"""Quantization schemes by their tensor names, dtypes and shapes (no torch, no data).
+
+Each scheme knows, for a primary weight tensor, which companion tensors hold its scales (found by
+name anywhere in the model, whatever shard they sit in), which tensors become meaningless once it
+is dequantized (activation scales), and the names and shapes a quantization writes:
+
+- ``fp8-tensor``: ModelOpt FP8 / compressed-tensors float-quantized: ``weight`` F8_E4M3 and
+  ``weight_scale`` (scalar, [1] or per channel [out, 1]); ``input_scale`` is dropped.
+- ``fp8-block``: DeepSeek-V3: ``weight`` F8_E4M3 and ``weight_scale_inv`` F32
+  [ceil(M/128), ceil(N/128)].
+- ``nvfp4-modelopt``: ``weight`` U8 [out, in/2], ``weight_scale`` F8_E4M3 [out, in/16],
+  ``weight_scale_2`` F32 scalar; ``input_scale`` is dropped.
+- ``nvfp4-compressed-tensors``: ``weight_packed`` U8, ``weight_scale`` F8_E4M3,
+  ``weight_global_scale`` F32 [1]; ``input_global_scale`` is dropped; the output is ``weight``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Protocol
+
+NVFP4_GROUP = 16
+
+
+class CompanionError(ValueError):
+    """A companion tensor is missing or has the wrong dtype or shape."""
+
+
+class _Tensor(Protocol):
+    dtype: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Companions:
+    inputs: tuple[str, ...]        # scale tensors read by the computation, in kernel order
+    dropped: tuple[str, ...]       # tensors removed because they lose their meaning
+    output_name: str
+    shape: tuple[int, ...]
+
+
+def _stem(name: str, suffix: str) -> str:
+    if not name.endswith("." + suffix):
+        raise CompanionError(f"expected a tensor name ending in '.{suffix}'")
+    return name[: -len(suffix) - 1]
+
+
+def _need(view: Mapping[str, _Tensor], name: str, dtypes: tuple[str, ...],
+          shapes: tuple[tuple[int, ...], ...], what: str) -> None:
+    t = view.get(name)
+    if t is None:
+        raise CompanionError(f"missing {what} {name!r}")
+    if t.dtype not in dtypes:
+        raise CompanionError(f"{what} {name!r} is {t.dtype}, expected {' or '.join(dtypes)}")
+    if tuple(t.shape) not in shapes:
+        wanted = " or ".join(str(list(s)) for s in shapes)
+        raise CompanionError(f"{what} {name!r} has shape {list(t.shape)}, expected {wanted}")
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _matrix(weight: _Tensor, dtype: str) -> tuple[int, int]:
+    if weight.dtype != dtype:
+        raise CompanionError(f"is {weight.dtype}, expected {dtype} for this scheme")
+    if len(weight.shape) != 2:
+        raise CompanionError(f"has shape {list(weight.shape)}, expected a 2-D weight")
+    return weight.shape[0], weight.shape[1]
+
+
+class QuantScheme:
+    name = ""
+    weight_suffix = "weight"
+
+    def companions(self, name: str, view: Mapping[str, _Tensor]) -> Companions:
+        raise NotImplementedError
+
+    def quantized_outputs(self, name, shape, layout, block):
+        raise CompanionError(f"scheme {self.name} cannot quantize")
+
+    def matches(self, name: str, view: Mapping[str, _Tensor]) -> bool:
+        try:
+            self.companions(name, view)
+            return True
+        except CompanionError:
+            return False
+
+
+class Fp8Tensor(QuantScheme):
+    name = "fp8-tensor"
+
+    def companions(self, name, view):
+        stem = _stem(name, "weight")
+        rows, _ = _matrix(view[name], "F8_E4M3")
+        scale = f"{stem}.weight_scale"
+        _need(view, scale, ("F32", "BF16", "F16"), ((), (1,), (rows, 1), (rows,)), "weight scale")
+        dropped = tuple(n for n in (f"{stem}.input_scale",) if n in view)
+        return Companions((scale,), dropped, name, view[name].shape)
+
+    def quantized_outputs(self, name, shape, layout, block):
+        stem = _stem(name, "weight")
+        scale_shape = (1,) if layout == "compressed-tensors" else ()
+        return [(name, "F8_E4M3", tuple(shape), "weight"),
+                (f"{stem}.weight_scale", "F32", scale_shape, "scale")]
+
+
+class Fp8Block(QuantScheme):
+    name = "fp8-block"
+    block = (128, 128)
+
+    def companions(self, name, view):
+        rows, cols = _matrix(view[name], "F8_E4M3")
+        expected = (_ceil_div(rows, self.block[0]), _ceil_div(cols, self.block[1]))
+        scale = f"{name}_scale_inv"                       # DeepSeek-V3
+        if scale not in view and name.endswith(".weight"):
+            scale = f"{name[:-len('.weight')]}.weight_scale"   # compressed-tensors FP8_BLOCK
+        _need(view, scale, ("F32", "BF16", "F16"), (expected,), "block scale")
+        dropped = tuple(n for n in (f"{name[:-len('weight')]}input_scale",) if n in view)
+        return Companions((scale,), dropped, name, view[name].shape)
+
+    def quantized_outputs(self, name, shape, layout, block):
+        bm, bn = block or self.block
+        scale_shape = (_ceil_div(shape[0], bm), _ceil_div(shape[1], bn))
+        scale = (f"{_stem(name, 'weight')}.weight_scale" if layout == "compressed-tensors"
+                 else f"{name}_scale_inv")
+        return [(name, "F8_E4M3", tuple(shape), "weight"), (scale, "F32", scale_shape, "scale")]
+
+
+class Nvfp4ModelOpt(QuantScheme):
+    name = "nvfp4-modelopt"
+
+    def companions(self, name, view):
+        stem = _stem(name, "weight")
+        rows, half = _matrix(view[name], "U8")
+        cols = half * 2
+        if cols % NVFP4_GROUP:
+            raise CompanionError(f"unpacked width {cols} is not a multiple of {NVFP4_GROUP}")
+        _need(view, f"{stem}.weight_scale", ("F8_E4M3",), ((rows, cols // NVFP4_GROUP),),
+              "block scale")
+        _need(view, f"{stem}.weight_scale_2", ("F32",), ((), (1,)), "global scale")
+        dropped = tuple(n for n in (f"{stem}.input_scale",) if n in view)
+        return Companions((f"{stem}.weight_scale", f"{stem}.weight_scale_2"), dropped, name,
+                          (rows, cols))
+
+
+class Nvfp4CompressedTensors(QuantScheme):
+    name = "nvfp4-compressed-tensors"
+    weight_suffix = "weight_packed"
+
+    def companions(self, name, view):
+        stem = _stem(name, "weight_packed")
+        rows, half = _matrix(view[name], "U8")
+        cols = half * 2
+        if cols % NVFP4_GROUP:
+            raise CompanionError(f"unpacked width {cols} is not a multiple of {NVFP4_GROUP}")
+        _need(view, f"{stem}.weight_scale", ("F8_E4M3",), ((rows, cols // NVFP4_GROUP),),
+              "block scale")
+        _need(view, f"{stem}.weight_global_scale", ("F32",), ((), (1,)), "global scale")
+        dropped = tuple(n for n in (f"{stem}.input_global_scale",) if n in view)
+        return Companions((f"{stem}.weight_scale", f"{stem}.weight_global_scale"), dropped,
+                          f"{stem}.weight", (rows, cols))
+
+
+SCHEMES: dict[str, QuantScheme] = {s.name: s for s in (
+    Fp8Tensor(), Fp8Block(), Nvfp4ModelOpt(), Nvfp4CompressedTensors())}
+
+
+def scheme_named(name: str) -> QuantScheme:
+    return SCHEMES[name]
+
+
+def find_scheme(name: str, view: Mapping[str, _Tensor]) -> QuantScheme | None:
+    """The scheme whose companions ``name`` has (for ``scheme: auto``)."""
+    for scheme in SCHEMES.values():
+        if scheme.matches(name, view):
+            return scheme
+    return None

@@ -1,0 +1,79 @@
+"""Self-contained, picklable descriptions of shard rewrites.
+
+A ``ShardTask`` names its output shard, its metadata and, in output order, one ``TensorJob`` per
+tensor: a byte copy of a source range or a computation over source ranges (absolute file offsets,
+so a worker process, or another machine with the same paths, needs nothing else).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .jsonfile import dump_json_document, load_json_document
+from .safetensors_io import OutputTensor, encode_header
+
+
+@dataclass(frozen=True)
+class TensorSource:
+    """A tensor's bytes in a base shard."""
+
+    path: str            # absolute path of the shard file
+    shard: str           # shard relpath (for messages)
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int          # absolute file offset of the first byte
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class TensorJob:
+    """How one output tensor's bytes are made: ``copy``, ``cast``, ``dequantize``, ``quantize``."""
+
+    out: OutputTensor
+    op: str
+    inputs: tuple[TensorSource, ...]
+    params: tuple[tuple[str, object], ...] = ()
+
+    def param(self, key: str):
+        return dict(self.params).get(key)
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    output: str
+    metadata: dict
+    jobs: tuple[TensorJob, ...]
+    device: str = "cpu"
+
+    @property
+    def header(self) -> bytes:
+        return encode_header([j.out for j in self.jobs], self.metadata)[0]
+
+    @property
+    def file_size(self) -> int:
+        return len(self.header) + sum(j.out.nbytes for j in self.jobs)
+
+    @property
+    def bytes_copied(self) -> int:
+        return sum(j.out.nbytes for j in self.jobs if j.op == "copy")
+
+    def summary(self) -> dict:
+        changed = [f"{j.op} {j.inputs[0].name} {j.inputs[0].dtype}{list(j.inputs[0].shape)} -> "
+                   f"{j.out.name} {j.out.dtype}{list(j.out.shape)}"
+                   for j in self.jobs if j.op != "copy" or j.inputs[0].name != j.out.name]
+        return {"tensors": len(self.jobs), "bytes_copied": self.bytes_copied,
+                "bytes_computed": sum(j.out.nbytes for j in self.jobs) - self.bytes_copied,
+                "changed": changed}
+
+
+def index_document(before: bytes, where: str, weight_map: dict[str, str], total: int) -> bytes:
+    """The index JSON with a regenerated ``weight_map`` (sorted, as transformers writes it) and
+    ``metadata.total_size``, other keys and the file's style kept."""
+    document = load_json_document(before, where)
+    value = dict(document.value)
+    metadata = dict(value.get("metadata") or {})
+    metadata["total_size"] = total
+    value["metadata"] = metadata
+    value["weight_map"] = dict(sorted(weight_map.items()))
+    return dump_json_document(value, document.style)

@@ -1,0 +1,222 @@
+"""Check a variant directory against its provenance manifest.
+
+Like huggingface_hub's ``verify_maps``, every mismatch is reported at once: modified files
+(wrong size, wrong sha256, or not a regular file), missing files and extra files. Sizes are
+compared first; a file of the wrong size is reported without being hashed.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from .digest_cache import DigestCache, KnownDigests
+from .errors import InputError, OperationFailed, VerifyMismatch
+from .hashing import hash_files_stat
+from .manifest import MANIFEST_NAME, STATE_DIR, read_manifest
+
+__all__ = ["Mismatch", "VerifyReport", "compare_maps", "list_files", "verify_dir"]
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """A file that is present but differs from the manifest.
+
+    ``actual_size`` is None for an entry that is not a regular file (a directory, a dangling or
+    looping symlink, a FIFO); ``actual_sha256`` is None when the file was not hashed (its size
+    already differs, or it is not a regular file).
+    """
+
+    path: str
+    expected_sha256: str
+    expected_size: int
+    actual_sha256: str | None
+    actual_size: int | None
+
+    @property
+    def reason(self) -> str:
+        if self.actual_size is None:
+            return "not a regular file"
+        if self.actual_size != self.expected_size:
+            return f"size {self.actual_size} != {self.expected_size}"
+        if self.actual_sha256 is None:
+            return "not hashed"
+        return "sha256 differs"
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """The outcome of a verification. ``ok`` when nothing is modified, missing or extra."""
+
+    modified: list[Mismatch] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    checked: int = 0
+    """Manifest entries compared."""
+    hashed_files: int = 0
+    hashed_bytes: int = 0
+    cached_files: int = 0
+    """Files whose digest came from the digest cache (fast mode)."""
+
+    @property
+    def ok(self) -> bool:
+        return not (self.modified or self.missing or self.extra)
+
+    def summary(self) -> str:
+        """One line, e.g. ``2 modified, 1 missing, 0 extra (first: model.safetensors: sha256 differs)``."""
+        if self.ok:
+            return f"{self.checked} files match"
+        first = (f"{self.modified[0].path}: {self.modified[0].reason}" if self.modified
+                 else f"{self.missing[0]}: missing" if self.missing
+                 else f"{self.extra[0]}: not in the manifest")
+        return (f"{len(self.modified)} modified, {len(self.missing)} missing, "
+                f"{len(self.extra)} extra (first: {first})")
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form for ``verify --json``."""
+        return {
+            "ok": self.ok,
+            "checked": self.checked,
+            "modified": [dict(asdict(m), reason=m.reason) for m in self.modified],
+            "missing": list(self.missing),
+            "extra": list(self.extra),
+            "hashed_files": self.hashed_files,
+            "hashed_bytes": self.hashed_bytes,
+            "cached_files": self.cached_files,
+        }
+
+    def raise_for_mismatch(self, where: str | os.PathLike | None = None) -> None:
+        """Raise :class:`VerifyMismatch` (exit code 1) with :meth:`summary` unless ``ok``."""
+        if not self.ok:
+            raise VerifyMismatch(self.summary(), where=where)
+
+
+def compare_maps(expected: Mapping[str, tuple[str, int]], actual_files: set[str] | Any,
+                 actual_digests: Mapping[str, str],
+                 actual_sizes: Mapping[str, int | None] | None = None) -> VerifyReport:
+    """Compare a manifest's ``{path: (sha256, size)}`` with what a directory holds. Pure.
+
+    Args:
+        expected: the manifest's entries.
+        actual_files: every path present (including entries that are not regular files).
+        actual_digests: sha256 of the present files that were hashed.
+        actual_sizes: sizes of the present files; None for an entry that is not a regular file.
+            When given, a size difference is "modified" whatever the digest says.
+
+    A present, expected file is modified if its size differs, if it has no size (not a regular
+    file), if its sha256 differs, or if it was not hashed at all. Results are sorted by path.
+    """
+    present = set(actual_files)
+    missing = sorted(set(expected) - present)
+    extra = sorted(present - set(expected))
+    modified: list[Mismatch] = []
+    both = sorted(present & set(expected))
+    for path in both:
+        exp_sha, exp_size = expected[path]
+        size = actual_sizes.get(path) if actual_sizes is not None else exp_size
+        sha = actual_digests.get(path)
+        if size is None or size != exp_size or sha != exp_sha:
+            modified.append(Mismatch(path, exp_sha, exp_size,
+                                     sha if size == exp_size else None, size))
+    return VerifyReport(modified=modified, missing=missing, extra=extra, checked=len(expected))
+
+
+def list_files(directory: str | os.PathLike) -> dict[str, os.stat_result | None]:
+    """Every file of ``directory`` as ``{relative POSIX path: os.stat of its content}``.
+
+    Symlinks are followed to what they point at (inside or outside the directory) and valued by
+    the target's status; symlinked directories are not descended into. Entries that are not, or do
+    not lead to, a regular file (dangling symlinks, FIFOs, symlinked directories) map to None.
+    The manifest and everything under ``.modelpatch/`` at the root are left out.
+    """
+    root = os.fspath(directory)
+    out: dict[str, os.stat_result | None] = {}
+
+    def walk(dirpath: str, prefix: str) -> None:
+        with os.scandir(dirpath) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for entry in entries:
+            rel = prefix + entry.name
+            if prefix == "" and entry.name in (MANIFEST_NAME, STATE_DIR):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                walk(entry.path, rel + "/")
+                continue
+            try:
+                st = os.stat(entry.path)  # follows symlinks
+            except OSError:
+                st = None  # dangling or looping symlink
+            out[rel] = st if st is not None and stat.S_ISREG(st.st_mode) else None
+
+    try:
+        walk(root, "")
+    except OSError as exc:
+        raise OperationFailed(f"cannot list: {exc.strerror or exc}",
+                              where=exc.filename or root) from exc
+    return out
+
+
+def verify_dir(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool = False,
+               on_progress: Callable[[int], None] | None = None,
+               cache: DigestCache | None = None) -> VerifyReport:
+    """Verify ``directory`` against its ``modelpatch.provenance.json``.
+
+    Every present file whose size matches is rehashed in parallel (``jobs`` threads). With
+    ``fast``, a file whose (device, inode, size, mtime_ns) matches a *verified* digest-cache row
+    is not rehashed; rows taken on trust and Hugging Face blob names are never used. Every digest
+    computed here is recorded in the cache as verified (it was computed from the bytes), so a
+    passing full verification makes the next ``--fast`` one nearly free.
+
+    Args:
+        directory: a variant directory.
+        jobs: hashing threads (default: the CPUs available).
+        fast: trust verified digest-cache rows.
+        on_progress: called with byte counts as files are hashed (from worker threads).
+        cache: the digest cache (default: the user's).
+
+    Returns:
+        A :class:`VerifyReport`; call ``raise_for_mismatch()`` to turn a mismatch into exit code 1.
+
+    Raises:
+        InputError: ``directory`` is not a directory, or its manifest is missing or invalid.
+        OperationFailed: a file cannot be read.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise InputError("not a directory", where=root)
+    manifest = read_manifest(root)
+    expected = manifest.subjects
+    listing = list_files(root)
+    known = KnownDigests(cache if cache is not None else DigestCache(), use_hf_blob_names=False)
+
+    sizes = {p: (st.st_size if st is not None else None) for p, st in listing.items()}
+    digests: dict[str, str] = {}
+    to_hash: list[str] = []
+    cached = 0
+    for path, entry in expected.items():
+        st = listing.get(path)
+        if st is None or st.st_size != entry[1]:
+            continue  # missing, not a file, or the wrong size: no need to hash
+        if fast:
+            hit = known.lookup(root / path, st=st, require_verified=True)
+            if hit is not None:
+                digests[path] = hit.sha256
+                cached += 1
+                continue
+        to_hash.append(path)
+
+    observed = time.time_ns()
+    results = hash_files_stat([root / p for p in to_hash], jobs=jobs, on_progress=on_progress)
+    for path in to_hash:
+        result = results[root / path]
+        digests[path] = result.sha256
+    known.record_results(results.values(), observed_ns=observed)
+
+    report = compare_maps(expected, listing.keys(), digests, sizes)
+    return VerifyReport(modified=report.modified, missing=report.missing, extra=report.extra,
+                        checked=report.checked, hashed_files=len(results),
+                        hashed_bytes=sum(r.size for r in results.values()), cached_files=cached)

@@ -109,8 +109,8 @@ def deepseek_names() -> Iterator[tuple[str, str, str]]:
 
 
 SCALE_ROLES = ("fp4_scale", "weight_scalar", "block_scale")
-# Tensors whose size does not follow the shard budget (scales of a weight are counted with it
-# approximately: they are 1/16 (NVFP4) or 1/16384 (FP8 block) of their weight).
+# Tensors whose size does not follow the shard budget. (The scales of a weight are counted with
+# the weight: 1/8 of an NVFP4 weight, 1/4096 of an FP8-block weight.)
 FIXED_BYTES = {"vector": HIDDEN * 2, "router": EXPERTS * HIDDEN * 2, "router_bias": EXPERTS * 4,
                "scalar": 4, "weight_scalar": 4}
 
@@ -137,7 +137,9 @@ def plan_checkpoint(shards: int, shard_mb: int, per_shard: int) -> list[list[dic
             stem = name.rsplit(".", 1)[0]
             rows = rows_of.get(stem, 128)
             if role == "big":
-                rows = rows_of[stem] = max(16, budget // (cols * ITEMSIZE[dtype]) // 16 * 16)
+                # An NVFP4 weight brings an e4m3 scale of 1/8 its size.
+                per_row = cols * ITEMSIZE[dtype] * (1.125 if dtype == "U8" else 1)
+                rows = rows_of[stem] = max(16, int(budget // per_row) // 16 * 16)
                 shape = [rows, cols]
             elif role == "fp4_scale":      # e4m3 [out, in/16]; in = 2 * packed columns
                 shape = [rows, cols * 2 // 16]

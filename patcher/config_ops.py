@@ -115,9 +115,9 @@ class _State:
             self.doc = jsonpatch.JsonPatch([operation]).apply(self.doc, in_place=True)
         except jsonpatch.JsonPatchTestFailed:
             actual = resolve(self.doc, operation["path"])
-            shown = "missing" if actual is MISSING else _show(actual)
+            shown = "it does not exist" if actual is MISSING else f"it is {_show(actual)}"
             raise PlanError(f"{self.file}: test {operation['path'] or '(whole document)'} "
-                            f"failed: it is {shown}, the recipe expects "
+                            f"failed: {shown}, the recipe expects "
                             f"{_show(operation['value'])}", where=loc) from None
         except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException) as exc:
             raise PlanError(f"{self.file}: {operation['op']} {operation['path']}: "

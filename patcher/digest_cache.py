@@ -78,6 +78,7 @@ WHERE excluded.verified = 1 OR digests_v1.verified = 0
 """
 
 P = TypeVar("P")
+_INHERITED: list[sqlite3.Connection] = []
 
 
 def default_cache_path() -> Path:
@@ -102,7 +103,7 @@ class CachedDigest:
 
 
 class DigestCache:
-    """sha256 digests keyed by (st_dev, st_ino, st_size, st_mtime_ns); safe across threads and processes.
+    """sha256 digests keyed by (st_dev, st_ino, st_size, st_mtime_ns); thread- and process-safe.
 
     Opened lazily on first use. Every failure degrades it to a no-op (with one warning): ``get``
     misses and ``put`` does nothing, so a command never fails because of its cache.
@@ -159,6 +160,10 @@ class DigestCache:
         if self._conn is not None and self._pid == os.getpid():
             return self._conn
         # First use, or first use in a forked child: never share a connection across fork().
+        # A connection inherited from the parent is kept referenced, never used or closed here:
+        # closing it in the child could disturb the parent's locks.
+        if self._conn is not None:
+            _INHERITED.append(self._conn)
         self._conn = None
         try:
             self._path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -182,11 +187,14 @@ class DigestCache:
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None and self._pid == os.getpid():
-                try:
-                    self._conn.close()
-                except sqlite3.Error:
-                    pass
+            if self._conn is not None:
+                if self._pid == os.getpid():
+                    try:
+                        self._conn.close()
+                    except sqlite3.Error:
+                        pass
+                else:
+                    _INHERITED.append(self._conn)
             self._conn = None
 
     def __enter__(self) -> "DigestCache":
@@ -234,7 +242,8 @@ class DigestCache:
 
     def put_many(self, items: Iterable[tuple[os.stat_result, str, bool]], *,
                  observed_ns: int | None = None) -> int:
-        """Record many ``(stat, sha256, verified)`` in one transaction; return how many were kept."""
+        """Record many ``(stat, sha256, verified)`` in one transaction; return how many were kept.
+        """
         now = time.time_ns()
         observed = now if observed_ns is None else observed_ns
         rows = []

@@ -114,7 +114,6 @@ def _describe(cond: Condition, prefix: str) -> str:
     """A positive statement of ``cond`` (for ``not`` failures)."""
     if cond.message:
         return cond.message
-    scoped = len(cond.scopes) > 1 or cond.scopes != ("",)
     parts = []
     for scope in cond.scopes:
         inner = join_pointer(prefix, scope)
@@ -130,6 +129,4 @@ def _describe(cond: Condition, prefix: str) -> str:
         else:
             joiner = " or " if isinstance(cond, AnyOf) else " and "
             parts.append(joiner.join(f"({_describe(c, inner)})" for c in cond.conditions))
-        if not scoped:
-            break
     return " or ".join(parts)

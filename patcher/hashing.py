@@ -203,7 +203,8 @@ def hash_files_stat(paths: Iterable[P], *, jobs: int | None = None,
 
     if jobs == 1:
         buf = bytearray(CHUNK_SIZE)
-        return {p: _hash_path(p, buf, report) for p in order}  # type: ignore[arg-type]
+        done = {p: _hash_path(p, buf, report) for p in order}  # type: ignore[arg-type]
+        return {p: done[p] for p in unique}
 
     local = threading.local()
     stop = threading.Event()
@@ -230,7 +231,7 @@ def hash_files_stat(paths: Iterable[P], *, jobs: int | None = None,
             raise
         for fut, p in futures.items():
             results[p] = fut.result()
-    return results
+    return {p: results[p] for p in unique}  # in the order given
 
 
 def hash_files(paths: Iterable[P], *, jobs: int | None = None,
@@ -257,7 +258,7 @@ def hash_files(paths: Iterable[P], *, jobs: int | None = None,
 
 
 class HashingWriter:
-    """Write through to a binary file object while computing the sha256 and size of what was written.
+    """Write through to a binary file object, computing the sha256 and size of what was written.
 
     Every byte of the output must go through :meth:`write` or :meth:`copy_range` so that
     ``sha256`` describes the file; the written file is then never read back. The wrapped file
@@ -295,7 +296,8 @@ class HashingWriter:
 
     def _check(self) -> None:
         if self._broken:
-            raise OperationFailed("an earlier write failed; the output and its digest are incomplete")
+            raise OperationFailed("an earlier write failed; the output and its digest are "
+                                  "incomplete")
 
     def write(self, data) -> int:
         """Write all of ``data`` (any C-contiguous buffer), hash it, and return its length."""
@@ -320,7 +322,7 @@ class HashingWriter:
 
     def copy_range(self, src_fd: int, offset: int, length: int, *,
                    on_progress: ProgressFn | None = None) -> int:
-        """Append ``length`` bytes of ``src_fd`` starting at ``offset``; see :func:`hash_while_copying`."""
+        """Append ``length`` bytes of ``src_fd`` from ``offset``; see :func:`hash_while_copying`."""
         return hash_while_copying(src_fd, offset, length, self, on_progress=on_progress)
 
     def flush(self) -> None:

@@ -87,7 +87,8 @@ _VERSIONED_DISTS = ("safetensors", "huggingface_hub", "jsonpatch", "ruamel.yaml"
 
 
 class DigestEntry(NamedTuple):
-    """A file's sha256 (lowercase hex) and size in bytes. Plain ``(sha256, size)`` tuples work too."""
+    """A file's sha256 (lowercase hex) and size in bytes; plain ``(sha256, size)`` tuples work too.
+    """
 
     sha256: str
     size: int
@@ -142,7 +143,8 @@ def _rfc3339(t: _dt.datetime | float | int | str) -> str:
     if t.tzinfo is None:
         raise ValueError(f"naive datetime {t!r}: pass an aware datetime (UTC)")
     t = t.astimezone(_dt.timezone.utc)
-    return t.strftime("%Y-%m-%dT%H:%M:%S") + (f".{t.microsecond:06d}" if t.microsecond else "") + "Z"
+    fraction = f".{t.microsecond:06d}" if t.microsecond else ""
+    return t.strftime("%Y-%m-%dT%H:%M:%S") + fraction + "Z"
 
 
 def tool_versions() -> dict[str, str]:
@@ -334,7 +336,8 @@ def _file_entry(entry: Any, where: str) -> tuple[str, DigestEntry]:
     digest = entry.get("digest")
     sha256 = digest.get("sha256") if isinstance(digest, dict) else None
     if not is_sha256_hex(sha256):
-        raise _Invalid(f"{label}: digest.sha256 must be 64 lowercase hex characters, got {sha256!r}")
+        raise _Invalid(f"{label}: digest.sha256 must be 64 lowercase hex characters, "
+                       f"got {sha256!r}")
     annotations = entry.get("annotations")
     size = annotations.get("size") if isinstance(annotations, dict) else None
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:

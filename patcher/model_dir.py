@@ -133,7 +133,7 @@ class ModelDir:
     # --- validation ------------------------------------------------------------------------
 
     def _check_index(self) -> None:
-        unindexed = [s for s in self.shards if s not in self.model_shards]
+        unindexed = sorted(set(self.shards) - set(self.model_shards))
         for shard in unindexed:
             self.warnings.append(f"{shard}: not referenced by {INDEX_NAME}; left as an opaque file")
         if self.index is None:
@@ -232,7 +232,7 @@ def _index_defects(root: Path, index: ShardIndex, shards: dict[str, ShardHeader]
             defects.append(ShardIndexError(f"names shard {shard!r}, which does not exist",
                                            where=where))
     seen: dict[str, str] = {}
-    for shard in sorted(s for s in shards if s in set(index.weight_map.values())):
+    for shard in sorted(set(shards) & set(index.weight_map.values())):
         for name in shards[shard].tensors:
             if name in seen:
                 defects.append(ShardIndexError(f"present in both {seen[name]} and {shard}",

@@ -105,7 +105,13 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None) -> Pla
         if replaced_file is not None:
             replaced[name] = replaced_file
     replaced.update(_plan_file_ops(recipe, model, changes))
-    replaced.update(_plan_tensors(recipe, model, changes, warnings, options))
+    if recipe.tensors:
+        from .tensor_plan import plan_tensor_ops
+
+        tensors = plan_tensor_ops(recipe, model, changes,
+                                  device=(options or {}).get("device") or "cpu")
+        replaced.update(tensors.files)
+        warnings.extend(_quantization_warnings(model, replaced, tensors.dtypes, changes))
     files = [replaced.pop(rel, None) or _link(model, rel)
              for rel in sorted(model.files) if rel != MANIFEST_NAME]
     files.extend(sorted(replaced.values(), key=lambda f: f.path))  # additions
@@ -144,7 +150,7 @@ def _plan_json_file(model: ModelDir, name: str, ops: list, changes: list[dict],
 def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list[dict]) -> dict[str, FilePlan]:
     out: dict[str, FilePlan] = {}
     for op in recipe.files:
-        name = op.name
+        name = op.path
         if op.kind == "drop":
             if not model.has(name):
                 if op.missing_ok:
@@ -170,14 +176,17 @@ def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list[dict]) -> dict
     return out
 
 
-def _plan_tensors(recipe: Recipe, model: ModelDir, changes: list[dict], warnings: list[str],
-                  options: dict | None) -> dict[str, FilePlan]:
-    if not recipe.tensors:
-        return {}
-    from .tensor_plan import plan_tensor_ops
+def _quantization_warnings(model: ModelDir, replaced: dict[str, FilePlan],
+                           dtypes: dict[str, str], changes: list[dict]) -> list[str]:
+    from .quant_consistency import final_json, quantization_warnings
 
-    device = (options or {}).get("device") or "cpu"
-    return plan_tensor_ops(recipe, model, changes, warnings, device=device)
+    def final(name: str):
+        fp = replaced.get(name)
+        return final_json(fp.content if fp else None, bool(fp and fp.action is Action.DROP),
+                          model.json(name))
+
+    return quantization_warnings(final("config.json"), final("hf_quant_config.json"), dtypes,
+                                 changes)
 
 
 __all__ = ["Action", "FilePlan", "Plan", "plan", "INDEX_NAME"]

@@ -1,6 +1,7 @@
 """Recipes: loading, validation and lookup.
 
-A recipe is a YAML document (see ``recipes/sm120-fp16-kv.yaml`` and ``schemas/recipe.schema.json``)::
+A recipe is a YAML document (see ``recipes/sm120-fp16-kv.yaml`` and
+``patcher/schemas/recipe.schema.json``)::
 
     modelpatch: 1                 # format version
     name: my-fix                  # [a-z0-9][a-z0-9._-]*
@@ -60,7 +61,7 @@ def load_recipe(path_or_text: str | bytes | os.PathLike, *,
     Args:
         path_or_text: a ``pathlib.Path`` (any ``os.PathLike``) is read as a file; ``bytes`` and a
             ``str`` containing a newline are recipe text; another ``str`` is a file path if such
-            a file exists, else recipe text.
+            a file exists or it ends in ``.yaml``/``.yml``, else recipe text.
         source_name: the name locations start with (default: the path, or ``<recipe>``).
     Returns:
         A frozen ``Recipe``; ``text`` and ``sha256`` identify the exact source.
@@ -73,8 +74,8 @@ def load_recipe(path_or_text: str | bytes | os.PathLike, *,
     path: Path | None = None
     if isinstance(path_or_text, os.PathLike):
         path = Path(path_or_text)
-    elif isinstance(path_or_text, str) and "\n" not in path_or_text and os.path.isfile(
-            path_or_text):
+    elif isinstance(path_or_text, str) and "\n" not in path_or_text and (
+            os.path.isfile(path_or_text) or path_or_text.endswith((".yaml", ".yml"))):
         path = Path(path_or_text)
     if path is not None:
         source = source_name or str(path)

@@ -86,8 +86,9 @@ def scan_events(text: str) -> None:
             tag = getattr(event, "tag", None)
             if tag is not None and str(tag) not in _CORE_TAGS:
                 problems.append((*_mark(event.start_mark),
-                                 f"YAML tag {_show_tag(str(tag))} is not allowed in recipes (only the core "
-                                 "tags !!str, !!int, !!float, !!bool, !!null, !!seq, !!map)"))
+                                 f"YAML tag {_show_tag(str(tag))} is not allowed in recipes "
+                                 "(only the core tags !!str, !!int, !!float, !!bool, !!null, "
+                                 "!!seq, !!map)"))
             if isinstance(event, CollectionStartEvent):
                 depth += 1
                 if depth > MAX_DEPTH:

@@ -66,14 +66,21 @@ def select(view: dict[str, VirtualTensor], op) -> list[str]:
     return sorted(names)
 
 
-def plan_tensor_ops(recipe, model: ModelDir, changes: list[dict], warnings: list[str], *,
-                    device: str = "cpu") -> dict[str, FilePlan]:
-    """FilePlans for every shard that changes (rewrite or drop) and for the index."""
+@dataclass(frozen=True)
+class TensorPlan:
+    files: dict[str, FilePlan]      # every shard that changes (rewrite or drop), and the index
+    dtypes: dict[str, str]          # every output tensor's dtype
+
+
+def plan_tensor_ops(recipe, model: ModelDir, changes: list[dict], *,
+                    device: str = "cpu") -> TensorPlan:
+    """Run the recipe's tensor ops over a virtual view of the model's tensors."""
     view = initial_view(model)
     for op in recipe.tensors:
         names = select(view, op)
         _HANDLERS[op.kind](view, names, op, changes)
-    return _shard_plans(model, view, changes, device)
+    return TensorPlan(files=_shard_plans(model, view, changes, device),
+                      dtypes={name: t.dtype for name, t in view.items()})
 
 
 # --- operations -----------------------------------------------------------------------------

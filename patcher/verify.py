@@ -67,7 +67,8 @@ class VerifyReport:
         return not (self.modified or self.missing or self.extra)
 
     def summary(self) -> str:
-        """One line, e.g. ``2 modified, 1 missing, 0 extra (first: model.safetensors: sha256 differs)``."""
+        """One line: ``2 modified, 1 missing, 0 extra (first: model.safetensors: sha256 differs)``.
+        """
         if self.ok:
             return f"{self.checked} files match"
         first = (f"{self.modified[0].path}: {self.modified[0].reason}" if self.modified

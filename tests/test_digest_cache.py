@@ -185,6 +185,21 @@ def test_concurrent_processes(tmp_path):
             assert c.get(st).sha256 == format(w * 1000 + i, "064x")
 
 
+def test_fork_gets_its_own_connection(cache):
+    st = SimpleNamespace(st_dev=1, st_ino=2, st_size=3, st_mtime_ns=4)
+    assert cache.put(st, SHA_A, verified=True, observed_ns=HOUR_NS)
+    pid = os.fork()
+    if pid == 0:  # child: reuse the parent's object
+        ok = cache.get(st).sha256 == SHA_A
+        st2 = SimpleNamespace(st_dev=1, st_ino=9, st_size=3, st_mtime_ns=4)
+        ok = ok and cache.put(st2, SHA_B, verified=True, observed_ns=HOUR_NS)
+        os._exit(0 if ok and cache.enabled else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert cache.get(SimpleNamespace(st_dev=1, st_ino=9, st_size=3, st_mtime_ns=4)).sha256 == SHA_B
+    assert cache.get(st).sha256 == SHA_A
+
+
 # -- KnownDigests --------------------------------------------------------------------------------
 
 def test_known_digests_sources(cache, tmp_path):

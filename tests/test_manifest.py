@@ -187,7 +187,8 @@ def _dup(st):
 
 
 TAMPERED = {
-    "uppercase hex": (_set_subject(1, digest={"sha256": h("m1").upper()}), r"subject\[1\].*lowercase hex"),
+    "uppercase hex": (_set_subject(1, digest={"sha256": h("m1").upper()}),
+                      r"subject\[1\].*lowercase hex"),
     "short hex": (_set_subject(1, digest={"sha256": "abc"}), "64 lowercase hex"),
     "no digest": (_set_subject(1, digest={"sha1": "a" * 40}), "digest.sha256"),
     "traversal": (_set_subject(0, name="../x"), r"'\.\./x'.*escapes"),

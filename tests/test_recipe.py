@@ -187,6 +187,8 @@ def test_load_from_path_bytes_and_str(tmp_path):
 def test_missing_recipe_file(tmp_path):
     with pytest.raises(InputError, match="no such recipe file"):
         load_recipe(tmp_path / "absent.yaml")
+    with pytest.raises(InputError, match="absent.yml: no such recipe file"):
+        load_recipe(str(tmp_path / "absent.yml"))
     with pytest.raises(InputError, match="directory"):
         load_recipe(tmp_path)
 

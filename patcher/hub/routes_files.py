@@ -13,7 +13,8 @@ import os
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 
-from .storage import EntryNotFound, HubRequestError, check_path
+from .naming import check_path
+from .request_errors import EntryNotFound, HubRequestError
 from .web import Hub
 
 

@@ -11,8 +11,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from .storage import (DEFAULT_BRANCH, REPO_KINDS, BadRequest, Commit, EntryNotFound, RepoMeta,
-                      Store, Unauthorized, lfs_pointer, split_repo_id)
+from .git_objects import lfs_pointer
+from .naming import DEFAULT_BRANCH, REPO_KINDS, split_repo_id
+from .request_errors import BadRequest, EntryNotFound, Unauthorized
+from .storage import Commit, RepoMeta, Store
 from .web import (INVALID_CREDENTIALS, Hub, in_thread, read_form_or_json, read_json_object,
                   repo_url, require_write, truthy)
 
@@ -128,9 +130,9 @@ def _repo_from_payload(payload: dict[str, Any], who_user: str | None) -> tuple[s
 
 
 async def create_repo(hub: Hub, request: Request, p: dict[str, str]) -> Response:
-    who = hub.identity(request)
+    who = require_write(hub.identity(request), None)
     payload = await read_json_object(request)
-    kind, repo_id = _repo_from_payload(payload, who.user if who else None)
+    kind, repo_id = _repo_from_payload(payload, who.user)
     require_write(who, repo_id.split("/")[0])
     visibility = payload.get("visibility")
     private = visibility == "private" if visibility is not None else bool(payload.get("private"))
@@ -138,7 +140,6 @@ async def create_repo(hub: Hub, request: Request, p: dict[str, str]) -> Response
     if hub.store.get_repo(kind, repo_id) is not None:
         return JSONResponse({"error": f"You already created this {kind} repo", "url": url},
                             status_code=409)
-    assert who is not None
     await in_thread(hub.store.create_repo, kind, repo_id, private=private, author=who.user)
     return JSONResponse({"url": url, "name": repo_id, "id": repo_id})
 

@@ -15,6 +15,7 @@ telling the client to set ``HF_HUB_DISABLE_XET=1``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from typing import Any
@@ -22,8 +23,10 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
-from .storage import (SHA256_HEX, BadRequest, Op, RevisionNotFound,
-                      check_path, decode_content, lfs_entry, regular_entry, upload_mode)
+from .git_objects import lfs_entry, regular_entry, upload_mode
+from .naming import SHA256_HEX, check_path
+from .request_errors import BadRequest, RevisionNotFound
+from .storage import Op
 from .web import Hub, in_thread, ndjson_lines, read_json_object, repo_url
 
 LFS_JSON = "application/vnd.git-lfs+json"
@@ -117,10 +120,11 @@ async def lfs_upload(hub: Hub, request: Request, p: dict[str, str]) -> Response:
     if declared is not None and declared.isdigit() and int(declared) != size:
         raise BadRequest(f"Content-Length {declared} does not match the object size {size}")
     writer = await in_thread(hub.store.blob_writer)
+    loop = asyncio.get_running_loop()
+    in_flight: asyncio.Future[None] | None = None  # one write runs while the next is read
     try:
         pending: list[bytes] = []
-        pending_bytes = 0
-        received = 0
+        pending_bytes = received = 0
         async for chunk in request.stream():
             received += len(chunk)
             if received > size:
@@ -128,15 +132,23 @@ async def lfs_upload(hub: Hub, request: Request, p: dict[str, str]) -> Response:
             pending.append(chunk)
             pending_bytes += len(chunk)
             if pending_bytes >= UPLOAD_FLUSH_BYTES:
-                await in_thread(writer.write, b"".join(pending))
+                if in_flight is not None:
+                    await in_flight
+                in_flight = loop.run_in_executor(None, writer.write, b"".join(pending))
                 pending, pending_bytes = [], 0
+        if in_flight is not None:
+            await in_flight
         if pending:
             await in_thread(writer.write, b"".join(pending))
         await in_thread(writer.commit, oid, size)
     except ClientDisconnect:
         return Response(status_code=400)  # nobody is listening; the temp file is gone below
     finally:
-        writer.abort()  # no-op after a successful commit
+        # Removes the temp file unless committed; after a write still running in its thread.
+        if in_flight is not None and not in_flight.done():
+            in_flight.add_done_callback(lambda _: writer.abort())
+        else:
+            writer.abort()
     hub.store.add_lfs_object(meta, oid)
     return JSONResponse({})
 
@@ -220,3 +232,19 @@ def _lfs_line(hub: Hub, meta: Any, path: str, value: dict[str, Any]) -> dict[str
 async def no_xet(hub: Hub, request: Request, p: dict[str, str]) -> Response:
     raise BadRequest("this hub does not speak Xet; set HF_HUB_DISABLE_XET=1 in the client so "
                      "huggingface_hub uploads and downloads over plain HTTP / Git LFS")
+
+
+def decode_content(value: dict[str, Any]) -> bytes:
+    """The bytes of a ``file`` line of a commit (base64, or plain text with ``utf-8``)."""
+    content = value.get("content")
+    encoding = value.get("encoding", "base64")
+    if not isinstance(content, str):
+        raise BadRequest("commit file line without a string 'content'")
+    if encoding == "base64":
+        try:
+            return base64.b64decode(content, validate=True)
+        except ValueError:
+            raise BadRequest(f"invalid base64 content for {value.get('path')!r}") from None
+    if encoding == "utf-8":
+        return content.encode("utf-8")
+    raise BadRequest(f"unsupported content encoding {encoding!r}")

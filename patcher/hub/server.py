@@ -29,6 +29,7 @@ Routing works on the raw (still percent-encoded) path, because the client quotes
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
@@ -52,7 +53,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
                    hint="pip install 'modelpatch[hub]'") from exc
 
 from . import routes_files, routes_repo, routes_upload
-from .storage import HubRequestError, Store
+from .request_errors import HubRequestError
+from .storage import Store
 from .tokens import TokenTable
 from .web import Hub, UrlSigner, error_response, new_signing_key
 
@@ -217,8 +219,10 @@ def build_server(root: Path, host: str = "127.0.0.1", port: int = 8080, *,
     except OSError as exc:
         raise HubError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
                        hint="pick another --port or --host") from None
+    # proxy_headers: a TLS proxy on 127.0.0.1 may set X-Forwarded-Proto, so that the upload URLs
+    # handed to clients say https (uvicorn trusts only 127.0.0.1 for this by default).
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
-                            server_header=False, proxy_headers=False)
+                            server_header=False)
     return uvicorn.Server(config), sock
 
 
@@ -234,4 +238,7 @@ def serve(root: Path, host: str = "127.0.0.1", port: int = 8080) -> None:
     actual_host, actual_port = sock.getsockname()[:2]
     shown = f"[{actual_host}]" if ":" in actual_host else actual_host
     log.info("serving %s at http://%s:%d", Path(root).resolve(), shown, actual_port)
+    if not ipaddress.ip_address(actual_host).is_loopback:
+        log.warning("plain HTTP on a non-loopback address: tokens cross the network unencrypted; "
+                    "put a TLS-terminating proxy in front")
     server.run(sockets=[sock])

@@ -29,15 +29,12 @@ commit or ref. Blobs are never garbage-collected (deleting a repo keeps them).
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import errno
 import fcntl
-import fnmatch
 import hashlib
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -46,140 +43,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import HubError
-
-# ---------------------------------------------------------------------------------------------
-# Errors. Each carries the HTTP status and the Hub's X-Error-Code the client maps to its own
-# exception types (huggingface_hub.utils._http.hf_raise_for_status).
-# ---------------------------------------------------------------------------------------------
-
-
-class HubRequestError(HubError):
-    """A request the hub refuses. ``status`` is the HTTP status, ``code`` the X-Error-Code."""
-
-    status = 400
-    code: str | None = None
-
-    def __init__(self, message: str, *, status: int | None = None,
-                 headers: dict[str, str] | None = None, **kwargs: Any):
-        super().__init__(message, **kwargs)
-        if status is not None:
-            self.status = status
-        self.headers = dict(headers or {})
-
-
-class BadRequest(HubRequestError):
-    status = 400
-
-
-class Unauthorized(HubRequestError):
-    status = 401
-
-
-class Forbidden(HubRequestError):
-    status = 403
-
-
-class RepoNotFound(HubRequestError):
-    status = 404
-    code = "RepoNotFound"
-
-
-class RevisionNotFound(HubRequestError):
-    status = 404
-    code = "RevisionNotFound"
-
-
-class EntryNotFound(HubRequestError):
-    status = 404
-    code = "EntryNotFound"
-
-
-class Conflict(HubRequestError):
-    status = 409
-
-
-class PreconditionFailed(HubRequestError):
-    status = 412
-
-
-class PayloadTooLarge(HubRequestError):
-    status = 413
-
-
-# ---------------------------------------------------------------------------------------------
-# Names and paths
-# ---------------------------------------------------------------------------------------------
-
-REPO_KINDS = {"model": "models", "dataset": "datasets"}
-DEFAULT_BRANCH = "main"
-_RESERVED_NAMESPACES = {"api", "models", "datasets", "spaces", "docs", "settings"}
-_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
-_REF = re.compile(r"[A-Za-z0-9._-]+(?:/[A-Za-z0-9._-]+)*")
-_HEX40 = re.compile(r"[0-9a-f]{40}")
-SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-
-
-def split_repo_id(repo_id: str) -> tuple[str, str]:
-    """``"ns/name"`` -> ``("ns", "name")``; raises BadRequest for anything the Hub would refuse."""
-    parts = repo_id.split("/")
-    if len(parts) != 2 or not all(_NAME.fullmatch(p) for p in parts):
-        raise BadRequest(f"invalid repo id {repo_id!r}: expected 'namespace/name' of letters, "
-                         "digits, '-', '_' and '.' (at most 96 each)")
-    if any("--" in p or ".." in p for p in parts) or parts[1].endswith(".git"):
-        raise BadRequest(f"invalid repo id {repo_id!r}: '--' and '..' are not allowed, and the "
-                         "name cannot end with '.git'")
-    return parts[0], parts[1]
-
-
-def check_ref_name(name: str) -> str:
-    """Validate a branch or tag name (git-like rules, no ``refs/`` prefix, not a commit id)."""
-    if (len(name) > 200 or not _REF.fullmatch(name) or ".." in name or name.endswith(".lock")
-            or any(seg.startswith(".") for seg in name.split("/"))
-            or name.startswith("refs/") or _HEX40.fullmatch(name)):
-        raise BadRequest(f"invalid branch or tag name {name!r}")
-    return name
-
-
-def check_path(path: str) -> str:
-    """Validate a file path inside a repo: relative, '/'-separated, no '.', '..' or '.git'."""
-    segments = path.split("/")
-    if (not path or len(path) > 1024 or "\0" in path or "\\" in path
-            or any(seg in ("", ".", "..") for seg in segments) or segments[0] == ".git"):
-        raise BadRequest(f"invalid path in repo {path!r}")
-    return path
-
-
-def git_blob_oid(data: bytes) -> str:
-    """The git object id of a blob with this content: sha1(b"blob <size>\\0" + data)."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
-def lfs_pointer(sha256: str, size: int) -> bytes:
-    """The Git LFS pointer file git stores in place of an LFS file."""
-    return (f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha256}\n"
-            f"size {size}\n").encode()
-
-
-# Hugging Face's default .gitattributes (plus a few), the files the Hub stores with LFS.
-_LFS_PATTERNS = tuple(
-    "*.7z *.arrow *.bin *.bz2 *.ckpt *.ftz *.gguf *.gz *.h5 *.joblib *.lfs.* *.mlmodel *.model "
-    "*.msgpack *.npy *.npz *.onnx *.ot *.parquet *.pb *.pickle *.pkl *.pt *.pth *.rar "
-    "*.safetensors *.tar *.tar.* *.tflite *.tgz *.wasm *.xz *.zip *.zst *tfevents*".split())
-LFS_SIZE_THRESHOLD = 10 * 1024 * 1024
-
-
-def upload_mode(path: str, size: int, sample: bytes) -> str:
-    """``"lfs"`` or ``"regular"`` for a file, as the Hub's preupload endpoint decides it:
-    empty files are regular; large, binary or LFS-pattern files are LFS."""
-    if size == 0:
-        return "regular"
-    name = path.rsplit("/", 1)[-1]
-    if (size >= LFS_SIZE_THRESHOLD or b"\0" in sample
-            or any(fnmatch.fnmatchcase(name, pat) for pat in _LFS_PATTERNS)
-            or path.startswith("saved_model/")):
-        return "lfs"
-    return "regular"
+from .naming import (COMMIT_ID, DEFAULT_BRANCH, REPO_KINDS, RESERVED_NAMESPACES, check_path,
+                     check_ref_name, split_repo_id)
+from .request_errors import (BadRequest, Conflict, EntryNotFound, Forbidden, HubRequestError,
+                             PreconditionFailed, RepoNotFound, RevisionNotFound)
 
 
 def _now() -> str:
@@ -227,15 +94,6 @@ class Op:
     kind: str
     path: str
     entry: dict[str, Any] | None = None
-
-
-def regular_entry(sha256: str, data: bytes) -> dict[str, Any]:
-    return {"sha256": sha256, "size": len(data), "git_oid": git_blob_oid(data), "lfs": False}
-
-
-def lfs_entry(sha256: str, size: int) -> dict[str, Any]:
-    return {"sha256": sha256, "size": size, "git_oid": git_blob_oid(lfs_pointer(sha256, size)),
-            "lfs": True}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -407,7 +265,7 @@ class Store:
         if kind not in REPO_KINDS:
             raise BadRequest(f"unsupported repo type {kind!r} (this hub serves models and datasets)")
         namespace, _ = split_repo_id(repo_id)
-        if namespace.lower() in _RESERVED_NAMESPACES:
+        if namespace.lower() in RESERVED_NAMESPACES:
             raise BadRequest(f"namespace {namespace!r} is reserved")
         final = self.repo_dir(kind, repo_id)
         if final.exists():
@@ -442,12 +300,12 @@ class Store:
         return meta
 
     def delete_repo(self, meta: RepoMeta) -> None:
-        """Remove the repo's records (its blobs stay in the shared store)."""
+        """Remove the repo's records (its blobs stay in the shared store). Waits for a commit in
+        progress; commits waiting for the lock then find the repo gone."""
         trash = Path(tempfile.mkdtemp(dir=self.tmp, prefix="deleted-"))
         try:
-            os.rename(meta.dir, trash / "repo")
-        except FileNotFoundError:
-            raise RepoNotFound(f"Repository not found: {meta.id}") from None
+            with self._locked(meta):
+                os.rename(meta.dir, trash / "repo")
         finally:
             shutil.rmtree(trash, ignore_errors=True)
 
@@ -511,7 +369,7 @@ class Store:
             commit_id = refs["tags"].get(revision[len("refs/tags/"):])
         else:
             commit_id = refs["branches"].get(revision) or refs["tags"].get(revision)
-        if commit_id is None and _HEX40.fullmatch(revision.lower()):
+        if commit_id is None and COMMIT_ID.fullmatch(revision.lower()):
             if (meta.dir / "commits" / f"{revision.lower()}.json").exists():
                 commit_id = revision.lower()
         if commit_id is None:
@@ -537,7 +395,7 @@ class Store:
             refs = self.refs(meta)
             head_id = refs["branches"].get(branch)
             if head_id is None:
-                if branch in refs["tags"] or _HEX40.fullmatch(branch):
+                if branch in refs["tags"] or COMMIT_ID.fullmatch(branch):
                     raise BadRequest(f"cannot commit to {branch!r}: not a branch")
                 raise RevisionNotFound(f"Invalid rev id: {branch}")
             if parent_commit is not None:
@@ -620,19 +478,3 @@ def _apply_ops(tree: dict[str, dict[str, Any]], ops: list[Op]) -> dict[str, dict
     if clash:
         raise BadRequest(f"{clash[0]!r} cannot be both a file and a folder")
     return tree
-
-
-def decode_content(value: dict[str, Any]) -> bytes:
-    """The bytes of a ``file`` line of a commit (base64, or plain text with ``utf-8``)."""
-    content = value.get("content")
-    encoding = value.get("encoding", "base64")
-    if not isinstance(content, str):
-        raise BadRequest("commit file line without a string 'content'")
-    if encoding == "base64":
-        try:
-            return base64.b64decode(content, validate=True)
-        except ValueError:
-            raise BadRequest(f"invalid base64 content for {value.get('path')!r}") from None
-    if encoding == "utf-8":
-        return content.encode("utf-8")
-    raise BadRequest(f"unsupported content encoding {encoding!r}")

@@ -17,8 +17,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from .storage import (BadRequest, Forbidden, HubRequestError, PayloadTooLarge, RepoMeta,
-                      RepoNotFound, Store, Unauthorized)
+from .request_errors import (BadRequest, Forbidden, HubRequestError, PayloadTooLarge,
+                             RepoNotFound, Unauthorized)
+from .storage import RepoMeta, Store
 from .tokens import Identity, TokenTable
 
 JSON_BODY_LIMIT = 16 * 1024 * 1024
@@ -94,12 +95,13 @@ class Hub:
             raise Forbidden("upload URL expired; request a new one from the LFS batch endpoint")
 
 
-def require_write(who: Identity | None, namespace: str) -> Identity:
+def require_write(who: Identity | None, namespace: str | None) -> Identity:
+    """``who`` if it holds a write token for ``namespace`` (None: any namespace)."""
     if who is None:
         raise Unauthorized("You must be authenticated with a write token to do this")
     if not who.write:
         raise Forbidden("your token is read-only")
-    if not who.owns(namespace):
+    if namespace is not None and not who.owns(namespace):
         raise Forbidden(f"you cannot write to namespace {namespace!r}")
     return who
 

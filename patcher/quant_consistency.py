@@ -1,0 +1,68 @@
+"""Warnings when a planned output's quantization declarations and its tensors disagree.
+
+After tensor work, the config may still declare quantization for tensors that no longer have it
+(a dequantized model whose config says NVFP4 fails to load), or the tensors may be quantized with
+no declaration left. Both are legal to write, and both deserve a warning before anything runs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+QUANTIZED_DTYPES = {"F8_E4M3", "F8_E5M2", "F4"}
+
+
+def _declared(config: Any, hf_quant: Any) -> str | None:
+    """A short label of the quantization the configs declare, or None."""
+    for scope in (config, (config or {}).get("text_config") if isinstance(config, dict) else None):
+        if isinstance(scope, dict) and isinstance(scope.get("quantization_config"), dict):
+            qc = scope["quantization_config"]
+            return str(qc.get("quant_algo") or qc.get("quant_method") or "quantization")
+    if isinstance(hf_quant, dict):
+        algo = (hf_quant.get("quantization") or {}).get("quant_algo")
+        if algo:
+            return str(algo)
+    return None
+
+
+def quantized_tensors(dtypes: Mapping[str, str]) -> list[str]:
+    """Names of tensors holding quantized weights: FP8 data, or packed FP4 bytes with scales."""
+    out = []
+    for name, dtype in dtypes.items():
+        if dtype in QUANTIZED_DTYPES and not name.endswith("_scale"):
+            out.append(name)
+        elif dtype == "U8" and (name.endswith(".weight_packed") or (
+                name.endswith(".weight") and f"{name[:-7]}.weight_scale" in dtypes)):
+            out.append(name)
+    return out
+
+
+def quantization_warnings(config: Any, hf_quant: Any, dtypes: Mapping[str, str],
+                          changes: list[dict]) -> list[str]:
+    declared = _declared(config, hf_quant)
+    quantized = quantized_tensors(dtypes)
+    dequantized = [c["tensor"] for c in changes
+                   if c.get("kind") == "tensor_converted" and c["how"].startswith("dequantize")]
+    warnings = []
+    if declared and not quantized:
+        warnings.append(f"the output config still declares {declared} quantization but no tensor "
+                        f"is quantized any more: drop quantization_config (and "
+                        f"hf_quant_config.json) in the recipe")
+    elif declared and dequantized:
+        warnings.append(f"{len(dequantized)} tensors were dequantized while the config still "
+                        f"declares {declared} for the model (e.g. {dequantized[0]}): add their "
+                        f"modules to the ignore/exclude lists")
+    if quantized and not declared:
+        warnings.append(f"{len(quantized)} tensors are quantized (e.g. {quantized[0]}) but the "
+                        f"output config declares no quantization")
+    return warnings
+
+
+def final_json(replaced_content: bytes | None, dropped: bool, original: Any) -> Any:
+    """A JSON file as the output will have it."""
+    if dropped:
+        return None
+    if replaced_content is not None:
+        return json.loads(replaced_content)
+    return original

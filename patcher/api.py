@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from .engine import ApplyResult, Progress, apply_plan, default_output
+from .errors import InputError
 from .model_dir import ModelDir
 from .plan import Plan, plan as make_plan
 from .recipe import Recipe, load_recipe, resolve_recipe
@@ -110,3 +111,40 @@ def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None
     if out is not None:
         return rebuild_base(directory, out, all_patches=all_patches, force=force, jobs=jobs)
     return revert_here(directory, all_patches=all_patches, force=force, jobs=jobs)
+
+
+HF_SCHEME = "hf://"
+
+
+def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None) -> Path:
+    """A model directory; ``hf://org/name[@rev]`` is resolved through the huggingface_hub cache
+    (downloaded if needed) to its snapshot directory."""
+    text = os.fspath(model)
+    if not text.startswith(HF_SCHEME):
+        return Path(text)
+    from huggingface_hub import snapshot_download
+
+    from .hub.client import _client, _hub_call
+
+    repo_id, _, revision = text[len(HF_SCHEME):].partition("@")
+    if repo_id.count("/") != 1:
+        raise InputError(f"{text!r} is not hf://ORG/NAME[@REVISION]")
+    endpoint = endpoint or os.environ.get("HF_ENDPOINT")
+    client = _client(endpoint)
+    return Path(_hub_call("download", repo_id, snapshot_download, repo_id,
+                          revision=revision or None, endpoint=endpoint, token=client.token))
+
+
+def publish(directory: str | os.PathLike, repo_id: str, **kwargs):
+    """Verify and upload a variant in one commit (see ``hub.client.publish``)."""
+    from .hub.client import publish as run
+
+    _recovered(directory)
+    return run(directory, repo_id, **kwargs)
+
+
+def pull(repo_id: str, out: str | os.PathLike | None = None, **kwargs):
+    """Download and verify a published variant (see ``hub.client.pull``)."""
+    from .hub.client import pull as run
+
+    return run(repo_id, out, **kwargs)

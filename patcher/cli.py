@@ -37,6 +37,7 @@ def _set_quiet(ctx: click.Context, _param, value: bool) -> bool:
     if value:
         ctx.ensure_object(dict)["quiet"] = True
         logging.getLogger().setLevel(logging.ERROR)
+        logging.getLogger("modelpatch").setLevel(logging.ERROR)
     return value
 
 
@@ -56,8 +57,9 @@ def _emit_json(data) -> None:
 def main(ctx: click.Context, debug: bool, quiet: bool) -> None:
     """Declarative, verifiable, reversible patches for model checkpoints."""
     ctx.obj = {"debug": debug, "quiet": quiet}
-    logging.basicConfig(level=logging.ERROR if quiet else logging.INFO,
+    logging.basicConfig(level=logging.ERROR if quiet else logging.WARNING,
                         format="modelpatch: %(message)s", stream=sys.stderr)
+    logging.getLogger("modelpatch").setLevel(logging.ERROR if quiet else logging.INFO)
 
 
 @main.command()
@@ -121,7 +123,7 @@ def plan(recipe: str, model: str, as_json: bool, device: str) -> None:
 
 @main.command()
 @click.argument("recipe")
-@click.argument("model", type=click.Path(file_okay=False, path_type=str))
+@click.argument("model")
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
               help="Where to write the variant (default: <model>-<recipe name>).")
 @click.option("--in-place", is_flag=True, help="Patch MODEL itself (revertible).")
@@ -141,6 +143,12 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, d
 
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")
+    if model.startswith(api.HF_SCHEME):
+        resolved = api.resolve_model(model)
+        if out is None and not in_place:       # never write beside a cache snapshot
+            out = f"{model[len(api.HF_SCHEME):].split('@')[0].split('/')[-1]}-" \
+                  f"{api.load(recipe).name}"
+        model = str(resolved)
     if dry_run:
         data = api.plan(recipe, model,
                         options=_plan_options(in_place, force_copy, jobs, device)).to_json()
@@ -213,6 +221,63 @@ def revert(directory, out, all_patches, force, jobs, as_json):
         click.echo(f"reverted {', '.join(result.reverted)}: {result.output}")
 
 
+@main.command()
+@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.argument("repo_id")
+@click.option("--endpoint", default=None, envvar="HF_ENDPOINT",
+              help="Hub URL (default: huggingface.co, or $HF_ENDPOINT).")
+@click.option("--private/--public", default=True, show_default=True)
+@click.option("--revision", default=None, help="Branch to commit to (created if needed).")
+@click.option("-m", "--message", default=None, help="Commit message.")
+@click.option("--json", "as_json", is_flag=True)
+def publish(directory, repo_id, endpoint, private, revision, message, as_json):
+    """Verify the variant DIRECTORY and upload it to REPO_ID in one commit."""
+    from . import api
+
+    r = api.publish(directory, repo_id, endpoint=endpoint, private=private, revision=revision,
+                    message=message)
+    if as_json:
+        _emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
+                    "files": r.files})
+    else:
+        click.echo(f"{r.repo_id}@{r.revision} {r.commit}")
+
+
+@main.command()
+@click.argument("repo_id")
+@click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
+              help="Directory to create (default: ./<name>).")
+@click.option("--endpoint", default=None, envvar="HF_ENDPOINT")
+@click.option("--revision", default=None, help="Branch, tag or commit.")
+def pull(repo_id, out, endpoint, revision):
+    """Download REPO_ID and verify every file against the hub's digests and the manifest."""
+    from . import api
+
+    click.echo(str(api.pull(repo_id, out, endpoint=endpoint, revision=revision).output))
+
+
+@main.group()
+def hub() -> None:
+    """A self-hosted hub speaking the Hugging Face Hub API (needs modelpatch[hub])."""
+
+
+@hub.command("serve")
+@click.option("--root", required=True, type=click.Path(file_okay=False, path_type=str),
+              help="Storage directory (blobs, repositories, tokens.json).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8080, show_default=True, type=int)
+def hub_serve(root, host, port):
+    """Serve repositories stored under ROOT until interrupted."""
+    try:
+        from .hub.server import serve
+    except ImportError as exc:
+        raise click.ClickException(f"the hub server needs its extra: pip install "
+                                   f"'modelpatch[hub]' ({exc.name} is missing)") from None
+    from pathlib import Path
+
+    serve(Path(root), host=host, port=port)
+
+
 @main.group()
 def recipes() -> None:
     """List and show the built-in recipes."""
@@ -236,3 +301,7 @@ def recipes_show(name: str) -> None:
     from .recipe import resolve_recipe
 
     click.echo(resolve_recipe(name).read_text(encoding="utf-8"), nl=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -117,7 +117,11 @@ class DigestCache:
     """
 
     def __init__(self, path: str | os.PathLike | None = None, *, enabled: bool = True):
-        self._path = Path(path) if path is not None else default_cache_path()
+        self._open_error: BaseException | None = None
+        try:
+            self._path = Path(path) if path is not None else default_cache_path()
+        except (RuntimeError, KeyError, OSError) as exc:  # no home directory to expand
+            self._path, self._open_error = Path(os.devnull), exc
         self._enabled = enabled
         self._conn: sqlite3.Connection | None = None
         self._pid: int | None = None
@@ -156,6 +160,9 @@ class DigestCache:
 
     def _connection(self) -> sqlite3.Connection | None:
         if not self._enabled:
+            return None
+        if self._open_error is not None:
+            self._disable(self._open_error)
             return None
         if self._conn is not None and self._pid == os.getpid():
             return self._conn

@@ -1,17 +1,37 @@
 """The journal that makes in-place patching and reverting crash-safe.
 
 Before the first file of a directory changes, ``.modelpatch/journal.json`` records the whole list
-of steps. Every step is a rename inside one filesystem, so each is either taken or not, and whether
-it was taken can be read back from the directory. That makes both directions idempotent:
+of steps. Every step is a rename (or a symlink creation or removal) inside one filesystem, so each
+is either taken or not, and whether it was taken can be read back from the directory:
 
 - phase ``preparing``: new files are being written to a staging directory and nothing the
   engine serves has changed yet; recovery **rolls back** (removes staging and the new patch dir).
 - phase ``switching``: staging is complete and durable; recovery **rolls forward** by taking the
   remaining steps, then finishes.
 
-Steps: ``["stash", rel]`` moves ``rel`` into the patch's ``originals/``; ``["install", rel]``
-moves the staged file to ``rel``; ``["unstash", rel]`` moves an original back; ``["discard", rel]``
-moves ``rel`` into a trash directory. Each is taken with a check that makes a retaken step a no-op.
+The journal also counts the steps taken (``done``, saved after each step). Recovery skips those
+and retakes the one that may have been in flight, which is a no-op when its source is gone. The
+count matters because a path can be the target of one step and the source of a later one
+(``discard X`` then ``unstash X`` in a revert): a presence check alone would take the first again
+and throw away what the second restored.
+
+Steps (``rel`` is relative to the directory):
+
+- ``["stash", rel]``: move ``rel`` into the patch's ``originals/``;
+- ``["install", rel]``: move the staged new file to ``rel`` (atomically replacing a symlink there);
+- ``["unlink", rel, target]``: remove ``rel`` if it is still the symlink to ``target`` (a dropped
+  symlink; its original was recreated under ``originals/`` while preparing, see below);
+- ``["unstash", rel]``: move an original back;
+- ``["relink", rel, target]``: make ``rel`` the symlink to ``target`` again (atomically);
+- ``["discard", rel]``: move ``rel`` into a trash directory;
+- ``["rmdir", rel]``: remove the directory ``rel`` if it is empty.
+
+Symlinks (Hugging Face cache snapshots link every file into ``../../blobs/``) are never written
+through. A symlink cannot be moved into ``originals/`` as is: its relative target would dangle
+there, and ``huggingface_hub.scan_cache_dir()`` reports dangling links as a corrupted cache. So
+while preparing, the patch records the exact link text and creates under ``originals/`` an
+equivalent symlink (same blob, target relative to its new place); the switch then replaces or
+removes the live link, and a revert recreates it with its original text.
 """
 
 from __future__ import annotations
@@ -28,7 +48,12 @@ from .jsonfile import parse_json
 from .model_dir import STATE_DIR
 
 JOURNAL_NAME = f"{STATE_DIR}/journal.json"
+JOURNAL_TMP = f"{JOURNAL_NAME}.tmp"
 JOURNAL_VERSION = 1
+PATCHES_SUBDIR = f"{STATE_DIR}/patches"
+_PATCH_IN_TRASH = ".patch-dir.modelpatch"
+_ACTIONS = {"stash": 2, "install": 2, "unlink": 3, "unstash": 2, "relink": 3, "discard": 2,
+            "rmdir": 2}
 
 
 @dataclass
@@ -40,10 +65,19 @@ class Journal:
     trash: str                     # relpath of the trash directory (discarded files)
     steps: list[list[str]] = field(default_factory=list)
     remove_patch_dir: bool = False  # revert: the patch dir goes when done
+    done: int = 0                  # steps taken so far (saved after each)
+
+    def create(self, root: Path) -> None:
+        """Save the journal for the first time (creating ``.modelpatch/`` if needed)."""
+        state = root / STATE_DIR
+        if not state.is_dir():
+            state.mkdir()
+            fsync_dir(root)
+        self.save(root)
 
     def save(self, root: Path) -> None:
         data = dict(self.__dict__, version=JOURNAL_VERSION)
-        tmp = root / f"{JOURNAL_NAME}.tmp"
+        tmp = root / JOURNAL_TMP
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=1)
             f.flush()
@@ -58,36 +92,50 @@ class Journal:
             return None
         data = parse_json(path.read_bytes(), str(path))
         try:
-            data.pop("version")
-            return cls(**data)
-        except (TypeError, KeyError, AttributeError):
+            if data.pop("version") != JOURNAL_VERSION:
+                raise ValueError
+            journal = cls(**data)
+            for step in journal.steps:
+                if _ACTIONS.get(step[0]) != len(step):
+                    raise ValueError
+            if journal.phase not in ("preparing", "switching") or \
+                    journal.op not in ("apply", "revert"):
+                raise ValueError
+        except (TypeError, KeyError, AttributeError, ValueError, IndexError):
             raise ModelDirError("unreadable journal; move it aside only if you know the "
                                 "directory's state", where=path) from None
+        return journal
 
 
 def take_step(root: Path, journal: Journal, step: list[str]) -> None:
-    """Take one step if it has not been taken yet."""
-    action, rel = step
+    """Take one step unless it was taken already (its source is gone)."""
+    action, rel = step[0], step[1]
     live = root / rel
-    original = root / journal.patch_dir / "originals" / rel
-    staged = root / journal.staging / rel
-    trashed = root / journal.trash / rel
     faults.point(f"journal:{action}:{rel}")
     if action == "stash":
-        _move_if_present(live, original, done_if=original)
+        _move_if_present(live, root / journal.patch_dir / "originals" / rel)
     elif action == "install":
-        _move_if_present(staged, live, done_if=None)
+        _move_if_present(root / journal.staging / rel, live)
+    elif action == "unlink":
+        if live.is_symlink() and os.readlink(live) == step[2]:
+            live.unlink()
+            fsync_dir(live.parent)
     elif action == "unstash":
-        _move_if_present(original, live, done_if=None)
+        _move_if_present(root / journal.patch_dir / "originals" / rel, live)
+    elif action == "relink":
+        _relink(root, journal, live, step[2])
     elif action == "discard":
-        _move_if_present(live, trashed, done_if=trashed)
+        _move_if_present(live, root / journal.trash / rel)
+    elif action == "rmdir":
+        if live.is_dir() and not live.is_symlink() and not any(live.iterdir()):
+            live.rmdir()
+            fsync_dir(live.parent)
     else:
         raise ModelDirError(f"unknown journal step {action!r}", where=root / JOURNAL_NAME)
+    faults.point(f"journal:{action}:{rel}:taken")
 
 
-def _move_if_present(src: Path, dst: Path, done_if: Path | None) -> None:
-    if done_if is not None and os.path.lexists(done_if):
-        return
+def _move_if_present(src: Path, dst: Path) -> None:
     if not os.path.lexists(src):
         return            # taken before a crash (the source is gone, the destination holds it)
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -97,43 +145,89 @@ def _move_if_present(src: Path, dst: Path, done_if: Path | None) -> None:
         fsync_dir(src.parent)
 
 
+def _relink(root: Path, journal: Journal, live: Path, target: str) -> None:
+    if live.is_symlink() and os.readlink(live) == target:
+        return
+    tmp = root / journal.patch_dir / "relink.tmp"
+    remove_tree(tmp)
+    os.symlink(target, tmp)
+    live.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(tmp, live)       # replaces whatever is there (the discard step moved it away)
+    fsync_dir(live.parent)
+
+
 def switch(root: Path, journal: Journal) -> None:
     """Record the switch, take every step, then clean up. Safe to call again after a crash."""
     if journal.phase != "switching":
+        faults.point("journal:switch")
         journal.phase = "switching"
         journal.save(root)
-    for step in journal.steps:
-        take_step(root, journal, step)
+    for index in range(journal.done, len(journal.steps)):
+        take_step(root, journal, journal.steps[index])
+        journal.done = index + 1
+        journal.save(root)
     finish(root, journal)
 
 
 def finish(root: Path, journal: Journal) -> None:
     faults.point("journal:finish")
+    if journal.remove_patch_dir:
+        patch_dir = root / journal.patch_dir
+        if patch_dir.exists():
+            # One rename takes the patch off the stack; the files go with the trash.
+            (root / journal.trash).mkdir(parents=True, exist_ok=True)
+            os.rename(patch_dir, root / journal.trash / _PATCH_IN_TRASH)
+            fsync_dir(patch_dir.parent)
     remove_tree(root / journal.staging)
     remove_tree(root / journal.trash)
-    if journal.remove_patch_dir:
-        remove_tree(root / journal.patch_dir)
-    (root / JOURNAL_NAME).unlink()
-    _remove_empty_state_dir(root)
-    fsync_dir(root)
+    faults.point("journal:finish:cleaned")
+    _end(root)
 
 
 def roll_back(root: Path, journal: Journal) -> None:
     """Undo a journal still in its ``preparing`` phase: nothing live has changed."""
+    faults.point("journal:rollback")
+    if journal.op == "apply":
+        patch_dir = root / journal.patch_dir
+        if patch_dir.exists():
+            (root / journal.trash).mkdir(parents=True, exist_ok=True)
+            os.rename(patch_dir, root / journal.trash / _PATCH_IN_TRASH)
     remove_tree(root / journal.staging)
     remove_tree(root / journal.trash)
-    if journal.op == "apply":
-        remove_tree(root / journal.patch_dir)
+    faults.point("journal:rollback:cleaned")
+    _end(root)
+
+
+def _end(root: Path) -> None:
+    """Remove the journal, and the state directory if nothing else remains in it."""
+    patches = root / PATCHES_SUBDIR
+    if patches.is_dir() and not any(patches.iterdir()):
+        patches.rmdir()
+    remove_tree(root / JOURNAL_TMP)
     (root / JOURNAL_NAME).unlink()
     _remove_empty_state_dir(root)
     fsync_dir(root)
 
 
 def _remove_empty_state_dir(root: Path) -> None:
-    for rel in (f"{STATE_DIR}/patches", STATE_DIR):
+    for rel in (PATCHES_SUBDIR, STATE_DIR):
         path = root / rel
-        if path.is_dir() and not any(path.iterdir()):
+        if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
             path.rmdir()
+
+
+def pending(root: Path) -> bool:
+    """Whether ``recover`` has anything to do in ``root``: a journal, or the leftovers of a kill
+    in the instant between creating ``.modelpatch/`` and its journal (or between removing the
+    journal and the then empty ``.modelpatch/``)."""
+    state = root / STATE_DIR
+    if not state.is_dir():
+        return False
+    if (root / JOURNAL_NAME).exists() or (root / JOURNAL_TMP).exists():
+        return True
+    patches = root / PATCHES_SUBDIR
+    return not any(p for p in state.iterdir() if p != patches) and \
+        not (patches.is_dir() and any(patches.iterdir()))
 
 
 def recover(root: Path) -> str | None:
@@ -143,9 +237,13 @@ def recover(root: Path) -> str | None:
     """
     journal = Journal.load(root)
     if journal is None:
+        if pending(root):           # an empty .modelpatch/ or a lone journal.json.tmp
+            remove_tree(root / JOURNAL_TMP)
+            _remove_empty_state_dir(root)
         return None
+    name = Path(journal.patch_dir).name
     if journal.phase == "switching":
         switch(root, journal)
-        return f"completed the interrupted {journal.op} of {journal.patch_dir}"
+        return f"completed the interrupted {journal.op} of {name}"
     roll_back(root, journal)
-    return f"rolled back the interrupted {journal.op} of {journal.patch_dir}"
+    return f"rolled back the interrupted {journal.op} of {name}"

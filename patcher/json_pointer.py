@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_INDEX = re.compile(r"0|[1-9][0-9]*\Z")
+_INDEX = re.compile(r"(?:0|[1-9][0-9]*)\Z")
 _BAD_ESCAPE = re.compile(r"~(?![01])")
 
 MISSING: Any = type("Missing", (), {"__repr__": lambda self: "<missing>",

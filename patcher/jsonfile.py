@@ -178,10 +178,9 @@ def _guess_style(body: str, value: Any, newline: str, leading: str, trailing: st
             seen_key = True
         if seen_item and seen_key:
             break
-    if any(ord(c) > 127 for c in body):
-        ensure_ascii = False
-    else:
-        ensure_ascii = True  # pure ASCII: both settings read back the same; keep the file ASCII
+    # Raw non-ASCII means ensure_ascii=False. A pure-ASCII file reads back the same either way;
+    # keep it ASCII.
+    ensure_ascii = body.isascii()
     return JsonStyle(indent=indent, item_separator=item_sep, key_separator=key_sep,
                      ensure_ascii=ensure_ascii, sort_keys=_all_sorted(value), newline=newline,
                      leading=leading, trailing=trailing, bom=bom)

@@ -7,8 +7,10 @@ Layout, one directory per patch, oldest first::
 
 ``record.json`` lists every base file (digest, size, mode, symlink target), the files this patch
 replaced or dropped (kept under ``originals/``) and the files it added. For a variant, originals
-are links to the base's files, so they cost no space while both share a filesystem; after an
-in-place patch they are the very files, moved aside by rename.
+are hardlinks (or reflinks) to the base's files, so they cost no space while both share a
+filesystem, and they outlive the base. After an in-place patch they are the very files, moved
+aside by rename; a replaced symlink (a Hugging Face snapshot's link into ``blobs/``) is kept as an
+equivalent symlink, its original text in ``links``.
 """
 
 from __future__ import annotations
@@ -48,6 +50,12 @@ class PatchRecord:
     added: list[str] = field(default_factory=list)      # did not exist in the base
     base_manifest: bool = False           # the base's own provenance is under originals/
     base_path: str | None = None          # where the base was, for messages
+    # In place: the exact text of each replaced or dropped file that was a symlink (for
+    # example into a Hugging Face blob). Its original under originals/ is an equivalent
+    # symlink whose target is relative to that place; revert restores this text.
+    links: dict[str, str] = field(default_factory=dict)
+    # In place: directories the patch created (for added files); revert removes them.
+    made_dirs: list[str] = field(default_factory=list)
 
     @property
     def dirname(self) -> str:
@@ -66,7 +74,9 @@ class PatchRecord:
                        mode=str(data["mode"]), base_files=files,
                        replaced=list(data["replaced"]), added=list(data["added"]),
                        base_manifest=bool(data.get("base_manifest", False)),
-                       base_path=data.get("base_path"))
+                       base_path=data.get("base_path"),
+                       links={str(k): str(v) for k, v in (data.get("links") or {}).items()},
+                       made_dirs=[str(d) for d in data.get("made_dirs") or []])
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"malformed patch record: {exc}", where=where) from None
 

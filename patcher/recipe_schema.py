@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
+from .json_pointer import join_pointer
+
 RECIPE_FORMAT_VERSIONS = (1,)
 
 # safetensors dtype names (the header's "dtype" field).
@@ -144,7 +146,6 @@ class PatchOp:
 
     def as_json_patch(self, scope: str = "") -> dict[str, Any]:
         """The RFC 6902 operation object, pointers read inside ``scope``."""
-        from .json_pointer import join_pointer
         out: dict[str, Any] = {"op": self.op, "path": join_pointer(scope, self.path)}
         if self.op in ("add", "replace", "test"):
             out["value"] = self.value

@@ -1,28 +1,43 @@
 """Undoing patches: in place (``revert DIR``) or by rebuilding the base elsewhere (``-o OUT``).
 
-In place, the last patch's files are moved aside and its originals renamed back, under the same
-journal as an in-place apply, so a crash is finished by the next command. Rebuilding links each
-base file from the variant (unchanged files) or from the patch's ``originals/`` (replaced ones)
-into a staging directory, checks every digest against the patch record, and renames it into place.
+In place, the last patch's files are moved aside and its originals renamed back (a replaced
+symlink is recreated with its original text), under the same journal as an in-place apply, so a
+crash is finished by the next command. The restored files are then checked against the base
+digests in the patch record, and ``.modelpatch/`` disappears with the last patch.
 
-Originals of a variant are hardlinks to the base's files: deleting the base does not lose them,
-it only makes the variant the files' last owner (their space is then charged to it).
+Rebuilding links each base file from the variant (unchanged files) or from the patch's
+``originals/`` (replaced ones) into a staging directory beside OUT, checks every digest against
+the patch record, and renames it into place. Links are reflinks or hardlinks where the
+filesystem allows (else copies), so the rebuilt base costs no space either.
+
+What the revert data costs, and what happens when the base is deleted: the originals of a variant
+made without ``--in-place`` are hardlinks (or reflinks) to the base's files, made when the variant
+was written. While the base exists they share its storage, so they cost nothing. Deleting the base
+does not lose them: a hardlinked file lives as long as one name for it does, so ``revert VARIANT
+-o OUT`` still rebuilds the base byte for byte; the originals' space is then simply charged to the
+variant. Only where linking was impossible (``--copy``, or a variant on another filesystem than its
+base) are the originals copies, which cost their size but are equally independent of the base.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import faults
 from .digest_cache import KnownDigests
 from .engine import make_staging_dir, _commit, _fsync_tree, _prepare, _remove_stale_staging
-from .errors import InputError, OperationFailed, VerifyMismatch
+from .errors import InputError, ModelDirError, OperationFailed, VerifyMismatch
 from .fsops import link_or_copy, remove_tree
-from .journal import Journal, switch
+from .journal import JOURNAL_NAME, Journal, recover, switch
 from .locking import lock_directory, lock_new_path
 from .model_dir import MANIFEST_NAME, STATE_DIR
 from .patch_record import PATCHES_DIR, PatchRecord, patch_dirs, read_record
+
+log = logging.getLogger("modelpatch")
 
 
 @dataclass(frozen=True)
@@ -42,22 +57,53 @@ def _check_unmodified(root: Path, force: bool, jobs: int | None) -> None:
     from .verify import verify_dir
 
     report = verify_dir(root, jobs=jobs, fast=True)
-    if not report.ok and not force:
+    if not report.ok:
+        if force:
+            log.warning("%s: changed since the patch (%s); reverting anyway (--force)", root,
+                        report.summary())
+            return
         raise VerifyMismatch(f"changed since the patch: {report.summary()}", where=root,
                              hint="run `modelpatch verify` for the list; --force reverts anyway")
 
 
-def _check_restored(root: Path, record: PatchRecord, jobs: int | None) -> None:
-    """Every file of the base is back with its recorded digest (symlinks read through)."""
+def _check_restored(root: Path, record: PatchRecord, jobs: int | None, *,
+                    force: bool = False, links: dict[str, str] | None = None) -> None:
+    """Every file of the base is back with its recorded digest (symlinks read through) and
+    every symlink in ``links`` with its recorded target."""
     expected = record.base_files
     missing = [rel for rel in expected if not os.path.exists(root / rel)]
     paths = {root / rel: rel for rel in expected if rel not in missing}
     digests = KnownDigests().digests(list(paths), jobs=jobs)
     bad = sorted(paths[p] for p, d in digests.items() if d != expected[paths[p]].sha256)
+    bad += sorted(rel for rel, target in (links or {}).items()
+                  if rel not in missing and rel not in bad
+                  and (not (root / rel).is_symlink() or os.readlink(root / rel) != target))
     if missing or bad:
-        raise VerifyMismatch(f"restored base does not match the patch record: "
-                             f"{len(bad)} differ, {len(missing)} missing (first: "
-                             f"{(bad + missing)[0]})", where=root)
+        message = (f"restored base does not match the patch record: {len(bad)} differ, "
+                   f"{len(missing)} missing (first: {(bad + missing)[0]})")
+        if force:
+            log.warning("%s: %s", root, message)
+            return
+        raise VerifyMismatch(message, where=root)
+
+
+def revert_steps(patch_dir: Path, record: PatchRecord) -> list[list[str]]:
+    """The journal steps that undo ``record`` in place: move the patch's files aside, then put
+    the originals back (symlinks recreated with their original text), manifest last."""
+    steps = [["discard", rel] for rel in sorted(set(record.replaced) | set(record.added))]
+    steps.append(["discard", MANIFEST_NAME])
+    steps += [["rmdir", d] for d in record.made_dirs]
+    restore = list(record.replaced) + ([MANIFEST_NAME] if record.base_manifest else [])
+    for rel in restore:
+        original = patch_dir / "originals" / rel
+        link = record.links.get(rel)
+        # The original is a symlink made by the apply, unless the revert data was carried to
+        # another directory, where it became a link to the file itself.
+        if link is not None and (original.is_symlink() or not original.exists()):
+            steps.append(["relink", rel, link])
+        else:
+            steps.append(["unstash", rel])
+    return steps
 
 
 def revert_in_place(root: Path, *, force: bool = False, jobs: int | None = None) -> str:
@@ -70,32 +116,51 @@ def revert_in_place(root: Path, *, force: bool = False, jobs: int | None = None)
             f"{record.base_path}; reverting it in place would turn the variant into a copy of "
             f"its base", where=root, hint="rebuild the base with `modelpatch revert DIR -o OUT`")
     _check_unmodified(root, force, jobs)
-    steps = [["discard", rel] for rel in sorted(set(record.replaced) | set(record.added))]
-    steps.append(["discard", MANIFEST_NAME])
-    steps += [["unstash", rel] for rel in record.replaced]
-    if record.base_manifest:
-        steps.append(["unstash", MANIFEST_NAME])
+    for rel in list(record.replaced) + ([MANIFEST_NAME] if record.base_manifest else []):
+        original = patch_dir / "originals" / rel
+        if not os.path.lexists(original) and rel not in record.links:
+            raise InputError(f"the original of {rel} is missing from the revert data",
+                             where=original)
+    steps = revert_steps(patch_dir, record)
     journal = Journal(op="revert", phase="preparing",
                       patch_dir=patch_dir.relative_to(root).as_posix(),
                       staging=f"{STATE_DIR}/staging-{record.sequence:04d}",
-                      trash=f"{STATE_DIR}/trash-{record.sequence:04d}", steps=steps,
-                      remove_patch_dir=True)
-    journal.save(root)
-    switch(root, journal)
-    _check_restored(root, record, jobs)
+                      trash=f"{STATE_DIR}/trash-{record.sequence:04d}",
+                      steps=steps, remove_patch_dir=True)
+    faults.point("revert:begin")
+    journal.create(root)
+    faults.point("revert:prepared")
+    try:
+        switch(root, journal)
+    except OSError as exc:
+        raise OperationFailed(exc.strerror or str(exc), where=exc.filename or root,
+                              hint="the revert is half-done; its journal is kept and the next "
+                                   "modelpatch command on this directory completes it") from None
+    _check_restored(root, record, jobs, force=force,
+                    links={step[1]: step[2] for step in steps if step[0] == "relink"})
     return patch_dir.name
 
 
 def revert(root: str | os.PathLike, *, all_patches: bool = False, force: bool = False,
            jobs: int | None = None) -> RevertResult:
+    """Undo the last in-place patch of ``root`` (with ``all_patches``, every in-place patch, last
+    first, down to the original or to the variant an out-of-place apply made)."""
     root = Path(root)
     reverted = []
     with lock_directory(root, exclusive=True):
+        state = root / STATE_DIR
+        if state.is_symlink():
+            raise ModelDirError(f"{STATE_DIR} is a symlink", where=state)
+        done = recover(root)
+        if done:
+            log.warning("%s: %s", root, done)
         while True:
             reverted.append(revert_in_place(root, force=force, jobs=jobs))
             if not all_patches or not patch_dirs(root):
                 break
             if read_record(patch_dirs(root)[-1]).mode != "in-place":
+                log.warning("%s: the remaining patches made this directory as a variant; "
+                            "rebuild its base with `modelpatch revert DIR -o OUT`", root)
                 break
     return RevertResult(output=root, reverted=reverted)
 
@@ -103,9 +168,20 @@ def revert(root: str | os.PathLike, *, all_patches: bool = False, force: bool = 
 def rebuild_base(variant: str | os.PathLike, out: str | os.PathLike, *,
                  all_patches: bool = False, force: bool = False,
                  jobs: int | None = None) -> RevertResult:
-    """Write the directory as it was before the last patch (or before all) to ``out``."""
+    """Write the directory as it was before the last patch (or before all) to ``out``.
+
+    ``variant`` is only read (under a shared lock). Works on a variant made without
+    ``--in-place`` and on a directory patched in place alike.
+    """
     variant, out = Path(variant), Path(os.path.abspath(out))
+    if out == Path(os.path.abspath(variant)):
+        raise InputError("the output is the directory itself", where=out,
+                         hint="to revert in place, leave out -o")
     with lock_directory(variant, exclusive=False), lock_new_path(out):
+        if (variant / JOURNAL_NAME).exists():
+            raise OperationFailed("an interrupted in-place operation left a journal here",
+                                  where=variant, hint="run `modelpatch verify` on it to recover, "
+                                                      "then retry")
         if os.path.lexists(out):
             raise InputError("output already exists", where=out)
         _check_unmodified(variant, force, jobs)
@@ -115,14 +191,16 @@ def rebuild_base(variant: str | os.PathLike, out: str | os.PathLike, *,
             while True:
                 staging = make_staging_dir(out)
                 temps.append(staging)
-                reverted.append(_rebuild_one(source, staging, jobs))
+                reverted.append(_rebuild_one(source, staging, jobs, force))
                 source = staging
                 if not all_patches or not patch_dirs(source):
                     break
+            faults.point("revert:rebuilt")
             _fsync_tree(source)
             _commit(source, out)
         except OSError as exc:
-            raise OperationFailed(exc.strerror or str(exc), where=exc.filename or out) from None
+            raise OperationFailed(exc.strerror or str(exc), where=exc.filename or out,
+                                  hint="nothing was written") from None
         finally:
             for temp in temps:
                 if temp != out:
@@ -130,26 +208,44 @@ def rebuild_base(variant: str | os.PathLike, out: str | os.PathLike, *,
     return RevertResult(output=out, reverted=reverted)
 
 
-def _rebuild_one(source: Path, staging: Path, jobs: int | None) -> str:
+def _original(path: Path, live: Path) -> Path:
+    """What an original under ``originals/`` holds. An in-place original may be a symlink: one
+    made by this version points at its file from where it is; one moved there as is by an older
+    version holds a target relative to where it lived (``live``)."""
+    if path.is_symlink() and not path.exists():
+        return live.parent / os.readlink(path)
+    return path
+
+
+def _link(src: Path, dst: Path, mode: int | None) -> None:
+    if link_or_copy(src, dst) == "copy" and mode is not None:
+        os.chmod(dst, mode)       # a copy is ours alone; a link keeps the shared inode's mode
+
+
+def _rebuild_one(source: Path, staging: Path, jobs: int | None, force: bool) -> str:
     patch_dir, record = last_patch(source)
+    faults.point(f"revert:rebuild:{patch_dir.name}")
     originals = patch_dir / "originals"
     restored = set(record.replaced) | ({MANIFEST_NAME} if record.base_manifest else set())
     for rel, base_file in record.base_files.items():
-        src = originals / rel if rel in restored else source / rel
-        if src.is_symlink() and base_file.link_target is not None:
-            # An in-place original moved as a symlink: its relative target is relative to
-            # where the file lived, not to originals/.
-            src = (source / rel).parent / base_file.link_target
-        if not os.path.lexists(src):
+        src = _original(originals / rel, source / rel) if rel in restored else source / rel
+        if not os.path.exists(src):
             raise InputError(f"the original of {rel} is missing from the revert data",
                              where=src)
-        link_or_copy(src, _prepare(staging, rel))
+        _link(src, _prepare(staging, rel), base_file.mode)
     if record.base_manifest:
-        link_or_copy(originals / MANIFEST_NAME, _prepare(staging, MANIFEST_NAME))
+        src = _original(originals / MANIFEST_NAME, source / MANIFEST_NAME)
+        _link(src, _prepare(staging, MANIFEST_NAME), None)
     for older in patch_dirs(source)[:-1]:
+        # Older revert data comes along (symlinked originals as links to their files).
         for path in sorted(older.rglob("*")):
-            if path.is_file() and not path.is_symlink():
-                link_or_copy(path, _prepare(staging / PATCHES_DIR / older.name,
-                                            path.relative_to(older).as_posix()))
-    _check_restored(staging, record, jobs)
+            rel = path.relative_to(older).as_posix()
+            if path.is_dir() and not path.is_symlink():
+                continue
+            live = source / posixpath.relpath(rel, "originals") if rel.startswith(
+                "originals/") else path
+            src = _original(path, live)
+            if os.path.isfile(src):
+                link_or_copy(src, _prepare(staging / PATCHES_DIR / older.name, rel))
+    _check_restored(staging, record, jobs, force=force)
     return patch_dir.name

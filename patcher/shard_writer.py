@@ -1,20 +1,27 @@
 """Executes ``ShardTask``s: streams output shards tensor by tensor, hashing while writing.
 
 The header is written first (the layout is known from the plan), then each tensor: unchanged
-tensors are copied in bulk from the source range, computed ones are produced one at a time from
-their source ranges. Peak memory is bounded by the largest tensor involved, never the shard. The
-sha256 comes from the bytes as they are written; nothing is read back.
+tensors are copied in bulk from the source range (consecutive tensors that are contiguous in the
+same source file as one range), computed ones are produced one at a time from their source
+ranges. Peak memory is bounded by the largest tensor involved, never the shard. The sha256 comes
+from the bytes as they are written; nothing is read back.
+
+``--jobs N`` runs shard tasks in N worker processes. On the CPU they are forked after torch is
+imported (only when some task computes), so each worker starts at once, and each worker's torch
+uses its share of the cores rather than all of them. For a GPU device they are spawned, since
+CUDA does not survive a fork.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from .errors import OperationFailed
-from .hashing import HashingWriter, hash_while_copying
+from .hashing import HashingWriter, default_jobs, hash_while_copying
 from .tensor_tasks import ShardTask, TensorJob
 
 # safetensors dtype name -> torch dtype attribute name
@@ -22,27 +29,62 @@ _TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": 
                  "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U8": "uint8",
                  "I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64", "BOOL": "bool"}
 
+# Computed tensors are hashed and written in pieces of this size, so each piece is hashed while
+# it is still in the CPU cache and no single write(2) is huge.
+WRITE_PIECE = 4 << 20
+
+# Threads torch may use in this process (set in pool workers; None: torch's default).
+_torch_threads: int | None = None
+
 
 def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None = None,
                     on_progress: Callable[[int], None] | None = None) -> dict[str, str]:
     """Write every task's shard under ``staging``; returns relpath -> sha256.
 
-    With ``jobs`` > 1 the shards are written by worker processes, one task each.
+    With ``jobs`` > 1 the shards are written by worker processes, one task each, the biggest
+    first. The first failure cancels the tasks not started yet and is raised once the running
+    ones end.
     """
-    jobs = min(jobs or os.cpu_count() or 1, len(tasks))
+    jobs = max(1, min(jobs or default_jobs(), len(tasks)))
     results: dict[str, str] = {}
     if jobs <= 1:
         for task in tasks:
             results[task.output] = write_shard(task, staging / task.output, on_progress)
         return results
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(write_shard, t, staging / t.output): t for t in tasks}
-        for future in as_completed(futures):
-            task = futures[future]
-            results[task.output] = future.result()
-            if on_progress:
-                on_progress(task.file_size)
+    computes = any(j.op != "copy" for t in tasks for j in t.jobs)
+    devices = {t.device for t in tasks}
+    on_cpu = devices <= {"cpu"}
+    if computes and on_cpu:
+        from . import tensor_compute  # noqa: F401  (torch, imported once, inherited by workers)
+    method = "fork" if on_cpu and "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    threads = max(1, default_jobs() // jobs)
+    order = sorted(tasks, key=lambda t: t.file_size, reverse=True)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method),
+                             initializer=_init_worker, initargs=(threads,)) as pool:
+        futures = {pool.submit(write_shard, t, staging / t.output): t for t in order}
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    task = futures[future]
+                    results[task.output] = future.result()
+                    if on_progress:
+                        on_progress(task.file_size)
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
     return results
+
+
+def _init_worker(threads: int) -> None:
+    global _torch_threads
+    _torch_threads = threads
+    import sys
+
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
 
 
 def write_shard(task: ShardTask, target: Path,
@@ -58,25 +100,49 @@ def write_shard(task: ShardTask, target: Path,
         sources: dict[str, int] = {}
         cache: dict = {}
         try:
-            for job in task.jobs:
-                faults.point(f"tensor:{job.out.name}")
+            for group in _groups(task.jobs):
+                for job in group:
+                    faults.point(f"tensor:{job.out.name}")
                 before = writer.size
-                if job.op == "copy":
-                    src = job.inputs[0]
-                    hash_while_copying(_fd(sources, src.path), src.offset, src.nbytes, writer)
+                expected = sum(j.out.nbytes for j in group)
+                if group[0].op == "copy":
+                    first = group[0].inputs[0]
+                    hash_while_copying(_fd(sources, first.path), first.offset, expected, writer)
                 else:
-                    writer.write(_compute(job, sources, cache, task.device))
-                if writer.size - before != job.out.nbytes:
+                    _write_pieces(writer, _compute(group[0], sources, cache, task.device))
+                if writer.size - before != expected:
                     raise OperationFailed(f"wrote {writer.size - before} bytes, expected "
-                                          f"{job.out.nbytes}", where=target, tensor=job.out.name)
+                                          f"{expected}", where=target, tensor=group[0].out.name)
                 if on_progress:
-                    on_progress(job.out.nbytes)
+                    on_progress(expected)
         finally:
             for src_fd in sources.values():
                 os.close(src_fd)
         os.fsync(raw.fileno())
         os.fchmod(raw.fileno(), 0o444)
     return writer.sha256
+
+
+def _groups(jobs: tuple[TensorJob, ...]) -> Iterator[list[TensorJob]]:
+    """Jobs in order, byte copies of consecutive ranges of one source file merged into one group
+    (one bulk copy); every computed job alone."""
+    group: list[TensorJob] = []
+    for job in jobs:
+        if job.op == "copy" and group and group[-1].op == "copy":
+            prev, src = group[-1].inputs[0], job.inputs[0]
+            if src.path == prev.path and src.offset == prev.offset + prev.nbytes:
+                group.append(job)
+                continue
+        if group:
+            yield group
+        group = [job]
+    if group:
+        yield group
+
+
+def _write_pieces(writer: HashingWriter, data: memoryview) -> None:
+    for start in range(0, data.nbytes, WRITE_PIECE):
+        writer.write(data[start:start + WRITE_PIECE])
 
 
 def _fd(sources: dict[str, int], path: str) -> int:
@@ -105,6 +171,12 @@ def _read(sources: dict[str, int], src):
 def _compute(job: TensorJob, sources: dict[str, int], cache: dict, device: str) -> memoryview:
     from .tensor_compute import compute
 
+    global _torch_threads
+    if _torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(_torch_threads)
+        _torch_threads = None
     tensor = compute(job, lambda: [_read(sources, s) for s in job.inputs], cache, device)
     return _as_bytes(tensor)
 

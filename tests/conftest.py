@@ -49,3 +49,18 @@ def tiny_bf16_dir(examples_dir: Path) -> Path:
     from examples import generate
 
     return examples_dir / generate.TINY_BF16
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_digest_cache(tmp_path_factory):
+    """Keep the tests' digest cache out of the user's ~/.cache (tests may still override it)."""
+    import os
+
+    path = tmp_path_factory.mktemp("digest-cache")
+    old = os.environ.get("MODELPATCH_CACHE_DIR")
+    os.environ["MODELPATCH_CACHE_DIR"] = str(path)
+    yield
+    if old is None:
+        os.environ.pop("MODELPATCH_CACHE_DIR", None)
+    else:
+        os.environ["MODELPATCH_CACHE_DIR"] = old

@@ -514,3 +514,29 @@ def test_unified_diff():
     assert unified_diff(b'{"a": 1}', b'{"a": 2}', "c.json") == (
         '--- a/c.json\n+++ b/c.json\n@@ -1 +1 @@\n-{"a": 1}\n\\ No newline at end of file\n'
         '+{"a": 2}\n\\ No newline at end of file\n')
+
+
+# ----------------------------------------------------------------------------- JSON pointers
+
+def test_json_pointer_rules():
+    from patcher.json_pointer import MISSING, json_equal, pointer_error, resolve
+
+    doc = {"a/b": {"m~n": 1}, "l": [10, 20], "": 3}
+    assert resolve(doc, "/a~1b/m~0n") == 1
+    assert resolve(doc, "/l/1") == 20 and resolve(doc, "/l/0") == 10
+    assert resolve(doc, "/l/01") is MISSING and resolve(doc, "/l/-") is MISSING
+    assert resolve(doc, "/l/2") is MISSING and resolve(doc, "/l/x") is MISSING
+    assert resolve(doc, "/") == 3 and resolve(doc, "") is doc
+    assert resolve(doc, "/a~1b/m~0n/deeper") is MISSING
+    assert pointer_error("/a~1b/m~0n") is None and pointer_error("") is None
+    assert pointer_error("/a~") and pointer_error("a") and pointer_error(1)
+    assert json_equal(1, 1.0) and json_equal({"a": [1]}, {"a": [1.0]})
+    assert not json_equal(True, 1) and not json_equal(None, False) and not json_equal(0, False)
+    assert not json_equal([1, 2], [2, 1]) and json_equal({"a": 1, "b": 2}, {"b": 2, "a": 1})
+
+
+def test_escaped_pointers_in_ops():
+    new, changes = apply({"auto_map": {"a/b": 1, "c~d": 2}},
+                         "- drop: /auto_map/a~1b\n- {rename: /auto_map/c~0d, to: /auto_map/e}\n")
+    assert new == {"auto_map": {"e": 2}}
+    assert [c.path for c in changes] == ["/auto_map/a~1b", "/auto_map/e"]

@@ -152,6 +152,20 @@ def test_corrupt_cache_degrades_to_noop(tmp_path, caplog):
     assert any("unavailable" in r.getMessage() for r in caplog.records)
 
 
+def test_no_home_directory_degrades_to_noop(monkeypatch, caplog):
+    monkeypatch.delenv("MODELPATCH_CACHE_DIR")
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(digest_cache.Path, "home", staticmethod(no_home))
+    c = DigestCache()
+    st = SimpleNamespace(st_dev=1, st_ino=2, st_size=3, st_mtime_ns=4)
+    with caplog.at_level(logging.WARNING):
+        assert c.get(st) is None
+    assert not c.enabled and "home directory" in caplog.text
+
+
 def test_disabled_cache():
     c = DigestCache.disabled()
     st = SimpleNamespace(st_dev=1, st_ino=2, st_size=3, st_mtime_ns=4)

@@ -105,6 +105,27 @@ def test_whoami_and_create_repo(hub: RunningHub) -> None:
     assert api.create_repo("team/shared", repo_type="dataset").repo_type == "dataset"
 
 
+def test_dataset_repos_settings_and_delete(hub: RunningHub, tmp_path: Path) -> None:
+    api = hub.api("write-alice")
+    api.create_repo("alice/calib", repo_type="dataset")
+    rows = os.urandom(64 * 1024)
+    api.upload_file(path_or_fileobj=rows, path_in_repo="data/rows.bin", repo_id="alice/calib",
+                    repo_type="dataset")  # LFS, through /datasets/alice/calib.git/info/lfs
+    path = hf_hub_download("alice/calib", "data/rows.bin", repo_type="dataset",
+                           endpoint=hub.endpoint, token=False, cache_dir=tmp_path / "c")
+    assert Path(path).read_bytes() == rows
+    assert "datasets--alice--calib" in path
+    with pytest.raises(RepositoryNotFoundError):  # a dataset is not a model
+        api.model_info("alice/calib")
+
+    api.update_repo_settings("alice/calib", repo_type="dataset", private=True)
+    assert not hub.api(False).repo_exists("alice/calib", repo_type="dataset")
+    assert api.dataset_info("alice/calib").private is True
+    api.delete_repo("alice/calib", repo_type="dataset")
+    assert not api.repo_exists("alice/calib", repo_type="dataset")
+    assert sha256(rows) in blob_names(hub.root)  # blobs are kept (no garbage collection)
+
+
 def test_private_repo_invisible_without_valid_token(hub: RunningHub, tmp_path: Path) -> None:
     owner = hub.api("write-alice")
     owner.create_repo("alice/secret", private=True)

@@ -217,7 +217,8 @@ def build_server(root: Path, host: str = "127.0.0.1", port: int = 8080, *,
     try:
         sock = socket.create_server((host, port))
     except OSError as exc:
-        raise HubError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise HubError(f"cannot listen on {host}:{port}: {reason}",
                        hint="pick another --port or --host") from None
     # proxy_headers: a TLS proxy on 127.0.0.1 may set X-Forwarded-Proto, so that the upload URLs
     # handed to clients say https (uvicorn trusts only 127.0.0.1 for this by default).

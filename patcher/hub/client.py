@@ -1,0 +1,214 @@
+"""Publishing variants to a hub and pulling them back, verified, with huggingface_hub.
+
+``publish`` verifies the variant against its provenance manifest, creates the repository (private
+by default) and uploads the variant in one commit, without the revert data under ``.modelpatch/``,
+with a model card naming the base and the recipe. ``pull`` downloads into a staging directory,
+checks every file against the hub's own digests (LFS sha256, git blob sha1) and the provenance
+manifest, and only then renames it into place.
+
+The token comes from ``HF_TOKEN`` or huggingface_hub's login and is only ever handed to the
+client: never printed, logged or written. huggingface_hub 1.20+ uploads through Xet, which a
+self-hosted hub does not speak: for any endpoint other than huggingface.co, Xet is turned off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from ..errors import HubError, InputError, VerifyMismatch
+from ..fsops import remove_tree
+from ..manifest import read_manifest
+from ..model_dir import MANIFEST_NAME
+from ..patch_record import patch_dirs, read_record
+from .model_card import CARD_NAME, render_card
+
+HF_HOSTS = ("huggingface.co", "hf.co")
+# The hub's README.md is the model card publish writes, not the variant's file. The variant's own
+# README.md (when it has one) travels under this name; pull puts it back and keeps the card
+# under .modelpatch/hub/, where verify does not look.
+ORIGINAL_README = "modelpatch-original-README.md"
+HUB_CARD_COPY = ".modelpatch/hub/README.md"
+
+
+def _client(endpoint: str | None):
+    """An ``HfApi`` for ``endpoint``, with Xet disabled where the endpoint cannot speak it."""
+    host = urlparse(endpoint).hostname if endpoint else "huggingface.co"
+    if not any(host == h or (host or "").endswith("." + h) for h in HF_HOSTS):
+        os.environ["HF_HUB_DISABLE_XET"] = "1"
+        from huggingface_hub import constants
+
+        constants.HF_HUB_DISABLE_XET = True
+    from huggingface_hub import HfApi
+
+    return HfApi(endpoint=endpoint)
+
+
+def _hub_call(what: str, repo_id: str, fn, *args, **kwargs):
+    """Run a huggingface_hub call, turning its errors into one-line ``HubError``s."""
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+
+    try:
+        return fn(*args, **kwargs)
+    except RepositoryNotFoundError:
+        raise HubError(f"{what}: repository not found or not visible with this token",
+                       where=repo_id, hint="check the name, the endpoint and HF_TOKEN") from None
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else "?"
+        raise HubError(f"{what}: the hub answered HTTP {status}", where=repo_id) from None
+    except OSError as exc:
+        raise HubError(f"{what}: {exc.strerror or exc}", where=repo_id) from None
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    repo_id: str
+    revision: str
+    commit: str
+    files: int
+
+
+def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None = None,
+            private: bool = True, revision: str | None = None,
+            message: str | None = None) -> PublishResult:
+    """Upload the variant at ``directory`` to ``repo_id`` in one commit."""
+    from huggingface_hub import CommitOperationAdd
+
+    from ..verify import verify_dir
+
+    root = Path(directory)
+    report = verify_dir(root)
+    if not report.ok:
+        raise VerifyMismatch(f"refusing to publish a variant that does not verify: "
+                             f"{report.summary()}", where=root)
+    manifest = read_manifest(root)
+    base = _base_name(root)
+    api = _client(endpoint)
+    _hub_call("create_repo", repo_id, api.create_repo, repo_id, private=private, exist_ok=True)
+    branch = revision or "main"
+    if branch != "main":
+        _hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
+                  exist_ok=True)
+    existing = _existing_card(root, api, repo_id, branch)
+    card = render_card(existing, manifest, base).encode("utf-8")
+    ops = [CommitOperationAdd(path_in_repo=ORIGINAL_README if rel == CARD_NAME else rel,
+                              path_or_fileobj=str(root / rel))
+           for rel in sorted(manifest.subjects)]
+    ops.append(CommitOperationAdd(path_in_repo=MANIFEST_NAME,
+                                  path_or_fileobj=str(root / MANIFEST_NAME)))
+    ops.append(CommitOperationAdd(path_in_repo=CARD_NAME, path_or_fileobj=card))
+    recipe = manifest.recipe["name"]
+    info = _hub_call("create_commit", repo_id, api.create_commit, repo_id, operations=ops,
+                     revision=branch,
+                     commit_message=message or f"modelpatch: {recipe} applied to {base}")
+    return PublishResult(repo_id=repo_id, revision=branch, commit=info.oid, files=len(ops))
+
+
+def _base_name(root: Path) -> str:
+    dirs = patch_dirs(root)
+    if dirs:
+        base_path = read_record(dirs[-1]).base_path
+        if base_path:
+            return Path(base_path).name
+    return "unknown base"
+
+
+def _existing_card(root: Path, api, repo_id: str, revision: str) -> str | None:
+    """The card to keep: the variant's own README.md, else the one already on the hub."""
+    local = root / CARD_NAME
+    if local.is_file():
+        return local.read_text(encoding="utf-8")
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, RevisionNotFoundError
+
+    try:
+        path = hf_hub_download(repo_id, CARD_NAME, revision=revision, endpoint=api.endpoint,
+                               token=api.token)
+    except (EntryNotFoundError, RevisionNotFoundError):
+        return None
+    return Path(path).read_text(encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class PullResult:
+    output: Path
+    commit: str
+    files: int
+
+
+def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | None = None,
+         revision: str | None = None) -> PullResult:
+    """Download ``repo_id`` into ``out`` and verify it; nothing appears at ``out`` unless every
+    file matches both the hub's digests and the provenance manifest."""
+    from huggingface_hub import snapshot_download
+
+    from ..engine import make_staging_dir
+    from ..locking import lock_new_path
+
+    out = Path(os.path.abspath(out or repo_id.split("/")[-1]))
+    api = _client(endpoint)
+    with lock_new_path(out):
+        if os.path.lexists(out):
+            raise InputError("output already exists", where=out)
+        info = _hub_call("model_info", repo_id, api.model_info, repo_id, revision=revision,
+                         files_metadata=True)
+        staging = make_staging_dir(out)
+        try:
+            _hub_call("download", repo_id, snapshot_download, repo_id, revision=info.sha,
+                      local_dir=staging, endpoint=api.endpoint, token=api.token)
+            remove_tree(staging / ".cache")          # huggingface_hub's local-dir bookkeeping
+            _check_hub_digests(staging, info)
+            _restore_readme(staging)
+            _check_manifest(staging)
+            os.rename(staging, out)
+        except BaseException:
+            remove_tree(staging)
+            raise
+    return PullResult(output=out, commit=info.sha, files=len(info.siblings or []))
+
+
+def _git_blob_sha1(path: Path) -> str:
+    h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_hub_digests(root: Path, info) -> None:
+    from ..hashing import hash_files
+
+    lfs = {s.rfilename: s.lfs.sha256 for s in info.siblings if s.lfs is not None}
+    plain = {s.rfilename: s.blob_id for s in info.siblings if s.lfs is None}
+    got = hash_files([root / rel for rel in lfs])
+    bad = [rel for rel, sha in lfs.items() if got[root / rel] != sha]
+    bad += [rel for rel, oid in plain.items() if oid and _git_blob_sha1(root / rel) != oid]
+    if bad:
+        raise VerifyMismatch(f"downloaded files differ from the hub's digests: {', '.join(bad)}",
+                             where=root.name, hint="the hub's storage may be corrupted")
+
+
+def _restore_readme(root: Path) -> None:
+    """Move the hub's card aside and put the variant's own README.md back."""
+    card = root / CARD_NAME
+    if card.exists():
+        target = root / HUB_CARD_COPY
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(card, target)
+    if (root / ORIGINAL_README).exists():
+        os.rename(root / ORIGINAL_README, card)
+
+
+def _check_manifest(root: Path) -> None:
+    """Every downloaded file is the one the provenance manifest lists, and nothing is missing."""
+    from ..verify import verify_dir
+
+    if not (root / MANIFEST_NAME).exists():
+        raise InputError("not a modelpatch variant: no provenance manifest in the repository")
+    report = verify_dir(root)
+    if not report.ok:
+        raise VerifyMismatch(f"downloaded files do not match the provenance manifest: "
+                             f"{report.summary()}")

@@ -1,0 +1,233 @@
+"""publish / pull / hf:// through the embedded hub on 127.0.0.1 with the real client."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hub_fixtures import TOKENS, configure_hf_client, hub, running_hub  # noqa: F401
+from patcher import api
+from patcher.cli import main
+from patcher.manifest import read_manifest
+
+
+@pytest.fixture(autouse=True)
+def _digest_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MODELPATCH_CACHE_DIR", str(tmp_path / "digest-cache"))
+
+
+@pytest.fixture
+def variant(kimi_dir, tmp_path) -> Path:
+    base = tmp_path / "kimi"
+    shutil.copytree(kimi_dir, base)
+    return api.apply("sm120-fp16-kv", base, out=tmp_path / "kimi-fixed").output
+
+
+def cli(*args, env_token: str | None = None, monkeypatch=None):
+    if monkeypatch is not None:
+        if env_token:
+            monkeypatch.setenv("HF_TOKEN", env_token)
+        else:
+            monkeypatch.delenv("HF_TOKEN", raising=False)
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def test_round_trip_publish_pull_verify(hub, variant, tmp_path, monkeypatch):
+    result = cli("publish", variant, "alice/kimi-fixed", "--endpoint", hub.endpoint,
+                 env_token="write-alice", monkeypatch=monkeypatch)
+    assert result.exit_code == 0, result.output
+    pulled = tmp_path / "pulled"
+    result = cli("pull", "alice/kimi-fixed", "-o", pulled, "--endpoint", hub.endpoint)
+    assert result.exit_code == 0, result.output
+    assert api.verify(pulled).ok
+    manifest = read_manifest(variant)
+    for rel, (sha, size) in manifest.subjects.items():
+        data = (pulled / rel).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == sha and len(data) == size
+    # No revert data travels; the hub's card is kept aside, where verify does not look.
+    assert [p.name for p in (pulled / ".modelpatch").iterdir()] == ["hub"]
+    assert not (pulled / ".cache").exists()
+
+    info = hub.api("write-alice").model_info("alice/kimi-fixed")
+    assert info.private
+    commits = hub.api("write-alice").list_repo_commits("alice/kimi-fixed")
+    assert "sm120-fp16-kv" in commits[0].title and "kimi" in commits[0].title
+    card = (pulled / ".modelpatch" / "hub" / "README.md").read_text()
+    assert "base_model: kimi" in card and "- modelpatch" in card
+    assert "/quantization_config/kv_cache_scheme" in card
+
+
+def test_card_keeps_existing_text_and_replaces_its_section(hub, variant, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "write-alice")
+    client = hub.api("write-alice")
+    client.create_repo("alice/v", private=True)
+    client.upload_file(path_or_fileobj=b"---\nlicense: mit\n---\n# My model\nKeep me.\n",
+                       path_in_repo="README.md", repo_id="alice/v")
+    api.publish(variant, "alice/v", endpoint=hub.endpoint)
+    api.publish(variant, "alice/v", endpoint=hub.endpoint)       # a second time: replaced
+    card = Path(client.hf_hub_download("alice/v", "README.md")).read_text()
+    assert "license: mit" in card and "Keep me." in card
+    assert card.count("## Patched with modelpatch") == 1
+
+
+def test_private_repo_invisible_without_token_and_wrong_token_refused(hub, variant, tmp_path,
+                                                                      monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "write-alice")
+    api.publish(variant, "alice/secret", endpoint=hub.endpoint)
+    monkeypatch.delenv("HF_TOKEN")
+    result = cli("pull", "alice/secret", "-o", tmp_path / "a", "--endpoint", hub.endpoint)
+    assert result.exit_code == 3 and "not found or not visible" in result.stderr
+    monkeypatch.setenv("HF_TOKEN", "wrong-token")
+    result = cli("pull", "alice/secret", "-o", tmp_path / "b", "--endpoint", hub.endpoint)
+    assert result.exit_code == 3
+    assert "wrong-token" not in result.output
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_tampered_blob_makes_pull_fail_and_leaves_nothing(hub, variant, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "write-alice")
+    api.publish(variant, "alice/t", endpoint=hub.endpoint)
+    shard = read_manifest(variant).subjects["model-00003-of-00004.safetensors"].sha256
+    blob = hub.root / "blobs" / "sha256" / shard[:2] / shard
+    blob.chmod(0o644)
+    data = bytearray(blob.read_bytes())
+    data[100] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    result = cli("pull", "alice/t", "-o", tmp_path / "p", "--endpoint", hub.endpoint)
+    assert result.exit_code == 1
+    assert "model-00003-of-00004.safetensors" in result.stderr
+    assert not (tmp_path / "p").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".p")]
+
+
+def test_publishing_twice_stores_no_duplicate_blobs(hub, variant, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "write-alice")
+    api.publish(variant, "alice/twice", endpoint=hub.endpoint)
+    blobs = sorted(p.name for p in (hub.root / "blobs").rglob("*") if p.is_file())
+    api.publish(variant, "alice/twice", endpoint=hub.endpoint, revision="v2")
+    assert sorted(p.name for p in (hub.root / "blobs").rglob("*") if p.is_file()) == blobs
+
+
+def test_publish_refuses_a_variant_that_no_longer_verifies(hub, variant, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "write-alice")
+    (variant / "extra.bin").write_bytes(b"x")
+    result = cli("publish", variant, "alice/x", "--endpoint", hub.endpoint)
+    assert result.exit_code == 1 and "does not verify" in result.stderr
+    assert not hub.api("write-alice").repo_exists("alice/x")
+
+
+def test_apply_to_hf_model_resolves_through_the_cache(hub, kimi_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "write-alice")
+    client = hub.api("write-alice")
+    client.create_repo("team/kimi", private=True)
+    client.upload_folder(folder_path=str(kimi_dir), repo_id="team/kimi")
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    monkeypatch.chdir(tmp_path)
+    from huggingface_hub import constants
+
+    result = cli("apply", "sm120-fp16-kv", "hf://team/kimi@main", "-q")
+    assert result.exit_code == 0, result.output
+    out = Path(result.stdout.strip())
+    assert out == tmp_path / "kimi-sm120-fp16-kv" and api.verify(out).ok
+    # The cache holds blobs named by their digests, and the snapshot was not modified.
+    blobs = list((Path(constants.HF_HUB_CACHE) / "models--team--kimi" / "blobs").iterdir())
+    for blob in blobs:
+        if len(blob.name) == 64:
+            assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name
+
+
+@pytest.mark.slow
+def test_large_file_streams_through_publish_and_pull(tmp_path, monkeypatch):
+    """A 600 MB shard goes through publish and pull in child processes (server included);
+    the largest child's peak RSS stays far below the file size."""
+    from safetensors.torch import save_file
+    import torch
+
+    base = tmp_path / "big"
+    base.mkdir()
+    (base / "config.json").write_text(json.dumps({
+        "architectures": ["X"], "model_type": "x",
+        "quantization_config": {"quant_method": "modelopt", "kv_cache_scheme":
+                                {"num_bits": 8, "type": "float"}}}))
+    save_file({"w": torch.zeros(300 * 1024 * 1024 // 2, dtype=torch.bfloat16)},
+              base / "model.safetensors", metadata={"format": "pt"})
+    variant = api.apply("sm120-fp16-kv", base, out=tmp_path / "v").output
+    size = (variant / "model.safetensors").stat().st_size
+
+    home = tmp_path / "hf-home"
+    env = dict(os.environ, HF_HUB_DISABLE_XET="1", HF_HOME=str(home), HF_TOKEN="write-alice",
+               MODELPATCH_CACHE_DIR=str(tmp_path / "dc"))
+    env.pop("HF_HUB_OFFLINE", None)
+    root = tmp_path / "hub"
+    root.mkdir()
+    (root / "tokens.json").write_text(json.dumps({"tokens": TOKENS}))
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, "-c", RSS_WRAPPER, sys.executable, "-m",
+                               "patcher.cli", "hub", "serve", "--root", str(root), "--port",
+                               str(port)], env=env, stdout=subprocess.PIPE, text=True)
+    peaks = {}
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        _wait_for(endpoint)
+        for args in (["publish", str(variant), "alice/big", "--endpoint", endpoint],
+                     ["pull", "alice/big", "-o", str(tmp_path / "pulled"), "--endpoint",
+                      endpoint]):
+            peaks[args[0]] = peak_rss([sys.executable, "-m", "patcher.cli", "-q", *args], env=env)
+    finally:
+        server.terminate()
+        peaks["server"] = int(server.communicate(timeout=60)[0].split()[-1])
+    assert api.verify(tmp_path / "pulled").ok
+    for who, peak in peaks.items():
+        assert peak < size / 2, f"{who}: peak RSS {peak >> 20} MiB for a {size >> 20} MiB file"
+
+
+# Runs a command and prints its peak RSS in bytes. A child forked straight from pytest would
+# count pytest's own pages (ru_maxrss includes the image before exec); a fresh, small
+# interpreter in between measures only the command. SIGTERM is passed on to the command.
+RSS_WRAPPER = """
+import resource, signal, subprocess, sys
+child = subprocess.Popen(sys.argv[1:])
+signal.signal(signal.SIGTERM, lambda *_: child.terminate())
+code = child.wait()
+assert code in (0, -15), code
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+"""
+
+
+def peak_rss(cmd: list[str], env: dict) -> int:
+    out = subprocess.run([sys.executable, "-c", RSS_WRAPPER, *cmd], env=env, check=True,
+                         capture_output=True, text=True, timeout=300).stdout
+    return int(out.split()[-1])
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(endpoint: str) -> None:
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(endpoint + "/api/whoami-v2", timeout=1)
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.1)
+        else:
+            return
+    raise RuntimeError("hub did not start")

@@ -614,7 +614,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("outdir", type=Path, help="directory to create the examples in")
     parser.add_argument("--only", nargs="+", choices=list(BUILDERS), metavar="NAME",
                         help=f"build only these ({', '.join(BUILDERS)})")
+    parser.add_argument("--force", action="store_true",
+                        help="replace example directories that already exist")
     args = parser.parse_args(argv)
+    if args.force:
+        for name in args.only or BUILDERS:
+            shutil.rmtree(args.outdir / name, ignore_errors=True)
     for path in make_all(args.outdir, args.only).values():
         print(path)
     return 0

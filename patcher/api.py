@@ -80,11 +80,11 @@ def recover(directory: str | os.PathLike) -> str | None:
 
     Every command calls this first; it returns a sentence saying what it did, or None.
     """
-    from .journal import JOURNAL_NAME, recover as recover_journal
+    from .journal import pending, recover as recover_journal
     from .locking import lock_directory
 
     root = Path(directory)
-    if not (root / JOURNAL_NAME).exists():
+    if not pending(root):       # a journal, or the leftovers of an interrupted one
         return None
     with lock_directory(root, exclusive=True):
         return recover_journal(root)

@@ -28,6 +28,16 @@ class _Group(click.Group):
                 raise
             click.echo(f"modelpatch: error: {exc.one_line()}", err=True)
             ctx.exit(exc.exit_code)
+        except OSError as exc:
+            # An I/O error no layer below turned into an OperationFailed: still one line and
+            # exit code 3, never a traceback (the commands leave their directories consistent
+            # or journaled whatever raises).
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"modelpatch: error: {where}{exc.strerror or exc}".replace("\n", " "),
+                       err=True)
+            ctx.exit(3)
         except KeyboardInterrupt:
             click.echo("modelpatch: interrupted", err=True)
             ctx.exit(130)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import hashlib
+import logging
 import os
 import signal
 import tempfile
@@ -31,6 +32,7 @@ from .patch_record import (PATCHES_DIR, RECORD_NAME, BaseFile, PatchRecord, enco
 from .plan import Action, Plan
 
 STAGING_MARK = ".modelpatch-staging-"
+log = logging.getLogger("modelpatch")
 
 
 @dataclass(frozen=True)
@@ -72,22 +74,31 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
     if out == Path(os.path.abspath(model.root)):
         raise InputError("the output is the base directory itself", where=out,
                          hint="use --in-place to patch a directory in place")
-    with lock_directory(model.root, exclusive=False), lock_new_path(out):
-        if (out.exists() or out.is_symlink()) and not force:
-            raise InputError("output already exists", where=out, hint="pass --force to replace it")
-        _remove_stale_staging(out)
-        staging = make_staging_dir(out)
-        try:
-            with _signals_raise_interrupt():
-                result = _build(plan, model, staging, force_copy, jobs, progress or Progress())
-                _commit(staging, out)
-        except OSError as exc:
-            remove_tree(staging)
-            raise OperationFailed(f"{exc.strerror or exc}", where=exc.filename or out,
-                                  hint="the base is untouched and no output was written") from None
-        except BaseException:
-            remove_tree(staging)
-            raise
+    if not out.parent.is_dir():
+        raise InputError("the output's parent directory does not exist", where=out.parent)
+    untouched = "the base is untouched and no output was written"
+    try:
+        with lock_directory(model.root, exclusive=False), lock_new_path(out):
+            if (out.exists() or out.is_symlink()) and not force:
+                raise InputError("output already exists", where=out,
+                                 hint="pass --force to replace it")
+            _remove_stale_staging(out)
+            staging = make_staging_dir(out)
+            try:
+                with _signals_raise_interrupt():
+                    result = _build(plan, model, staging, force_copy, jobs,
+                                    progress or Progress())
+                    _commit(staging, out)
+            finally:
+                remove_tree(staging)        # gone already after a successful commit
+    except OSError as exc:
+        raise OperationFailed(f"{exc.strerror or exc}", where=exc.filename or out,
+                              hint=untouched) from None
+    except OperationFailed as exc:
+        # Raised below us (a failed copy, a short write) without naming the output.
+        if exc.where is None:
+            exc.where, exc.hint = str(out), exc.hint or untouched
+        raise
     return ApplyResult(output=out, **{k: v for k, v in result.items()})
 
 
@@ -284,16 +295,33 @@ def _fsync_tree(root: Path) -> None:
 
 
 def _commit(staging: Path, out: Path) -> None:
+    """Rename ``staging`` to ``out`` (moving a previous ``out`` aside first, for --force).
+
+    On failure nothing has changed: the new tree is back at ``staging`` for the caller to remove,
+    and a previous ``out`` is back in place."""
     faults.point("commit")
     old = None
     if out.exists() or out.is_symlink():
         with lock_directory(out, exclusive=True) if out.is_dir() else contextlib.nullcontext():
             old = out.with_name(f".{out.name}.modelpatch-replaced-{os.getpid()}")
             os.rename(out, old)
-    os.rename(staging, out)
-    fsync_dir(out.parent)
+    try:
+        os.rename(staging, out)
+        try:
+            fsync_dir(out.parent)
+        except BaseException:
+            os.rename(out, staging)     # not durable: take it back
+            raise
+    except BaseException:
+        if old is not None:
+            os.rename(old, out)
+        raise
     if old is not None:
-        remove_tree(old)
+        try:
+            remove_tree(old)
+        except OSError as exc:          # the new output is in place; this is only clutter
+            log.warning("%s: could not remove the replaced output: %s", old,
+                        exc.strerror or exc)
 
 
 def _now() -> str:

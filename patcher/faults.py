@@ -6,7 +6,9 @@
 - ``kill``: SIGKILL this process (a crash at that instant). Reached in a worker process of a
   pool, it kills the main modelpatch process first, then the worker;
 - ``enospc`` / ``eio``: raise ``OSError`` as a full disk or a failing device would;
-- ``sleep:SECONDS``: pause there (tests use it to hold a lock at a known instant).
+- ``sleep:SECONDS``: pause there;
+- ``wait:PATH``: pause there until ``PATH`` exists (at most ten minutes). Tests use it to hold
+  a lock at a known instant for exactly as long as they need.
 
 ``MODELPATCH_FAULT_TRACE`` names a file to which every point reached is appended, one name a
 line (worker processes included): the crash tests run a command once with it to enumerate the
@@ -67,6 +69,11 @@ def point(name: str) -> None:
         raise OSError(code, os.strerror(code), f"<injected at {name}>")
     if action.startswith("sleep:"):
         time.sleep(float(action.partition(":")[2]))
+        return
+    if action.startswith("wait:"):
+        deadline = time.monotonic() + 600
+        while not os.path.exists(action.partition(":")[2]) and time.monotonic() < deadline:
+            time.sleep(0.01)
         return
     raise ValueError(f"{_ENV}: unknown action {action!r}")
 

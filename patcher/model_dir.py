@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from .errors import ModelDirError, PatchError, ShardIndexError
 from .jsonfile import parse_json
-from .safetensors_io import ShardHeader, TensorInfo, read_header
+from .safetensors_io import ShardHeader, TensorInfo, parse_header, read_raw_header
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_SHARD_NAME = "model.safetensors"
@@ -191,10 +191,11 @@ def _model_file(entry: Path, relpath: str, allowed: list[str]) -> ModelFile:
 
 
 def _read_headers(root: Path, names: list[str]) -> dict[str, ShardHeader]:
-    # Threads overlap the per-file latency of network filesystems; each read is two syscalls.
+    # Threads overlap the per-file latency of network filesystems for the reads; the parsing
+    # holds the GIL, so it runs here, serially (threads made it slower).
     with ThreadPoolExecutor(max_workers=min(8, max(1, len(names)))) as pool:
-        headers = pool.map(lambda n: read_header(root / n, display=str(root / n)), names)
-        return dict(zip(names, headers))
+        raw = list(pool.map(lambda n: read_raw_header(root / n, str(root / n)), names))
+    return {name: parse_header(*r, str(root / name)) for name, r in zip(names, raw)}
 
 
 def _read_index(root: Path, files: dict[str, ModelFile]) -> ShardIndex | None:
@@ -205,10 +206,12 @@ def _read_index(root: Path, files: dict[str, ModelFile]) -> ShardIndex | None:
     if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
         raise ShardIndexError("no weight_map object", where=where)
     weight_map = doc["weight_map"]
-    for tensor, shard in weight_map.items():
-        if not isinstance(shard, str) or not _safe_relpath(shard):
-            raise ShardIndexError(f"shard name {shard!r} is not a relative path inside the model",
-                                  where=where, tensor=tensor)
+    bad_names = {s for s in set(map(_hashable, weight_map.values()))
+                 if not (isinstance(s, str) and _safe_relpath(s))}
+    if bad_names:
+        tensor, shard = next((t, s) for t, s in weight_map.items() if _hashable(s) in bad_names)
+        raise ShardIndexError(f"shard name {shard!r} is not a relative path inside the model",
+                              where=where, tensor=tensor)
     metadata = doc.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise ShardIndexError("metadata is not an object", where=where)
@@ -216,6 +219,10 @@ def _read_index(root: Path, files: dict[str, ModelFile]) -> ShardIndex | None:
     if total is not None and not (isinstance(total, int) and not isinstance(total, bool)):
         raise ShardIndexError(f"metadata.total_size is not an integer: {total!r}", where=where)
     return ShardIndex(weight_map=dict(weight_map), total_size=total, metadata=metadata)
+
+
+def _hashable(value: object) -> object:
+    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
 
 
 def _safe_relpath(name: str) -> bool:

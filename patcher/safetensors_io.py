@@ -89,6 +89,12 @@ def read_header(path: str | os.PathLike, display: str | None = None) -> ShardHea
     Raises:
         SafetensorsFormatError: naming the file (and tensor) for every kind of defect.
     """
+    return parse_header(*read_raw_header(path, display), display or str(path))
+
+
+def read_raw_header(path: str | os.PathLike,
+                    display: str | None = None) -> tuple[Path, int, bytes]:
+    """The I/O half of ``read_header``: (path, file size, header JSON bytes), size-checked."""
     path = Path(path)
     where = display or str(path)
     with open(path, "rb") as f:
@@ -105,8 +111,15 @@ def read_header(path: str | os.PathLike, display: str | None = None) -> ShardHea
                 f"header length {header_len} runs past the end of the {file_size}-byte file",
                 where=where, hint="the file is truncated or not safetensors")
         raw = f.read(header_len)
+    if len(raw) != header_len:
+        raise SafetensorsFormatError("the file shrank while being read", where=where)
+    return path, file_size, raw
+
+
+def parse_header(path: Path, file_size: int, raw: bytes, where: str) -> ShardHeader:
+    """The CPU half of ``read_header``: parse and validate header bytes read from ``path``."""
     tensors, metadata = _parse_header_json(raw, where)
-    header = ShardHeader(path=path, header_len=header_len, file_size=file_size,
+    header = ShardHeader(path=path, header_len=len(raw), file_size=file_size,
                          tensors=tensors, metadata=metadata)
     _check_layout(header, where)
     return header
@@ -117,12 +130,7 @@ def _parse_header_json(raw: bytes, where: str) -> tuple[dict[str, TensorInfo], d
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SafetensorsFormatError(f"header is not UTF-8 (byte {exc.start})", where=where) from None
-    try:
-        obj = json.loads(text, object_pairs_hook=_reject_duplicates)
-    except ValueError as exc:
-        raise SafetensorsFormatError(f"header is not valid JSON: {exc}", where=where) from None
-    except RecursionError:
-        raise SafetensorsFormatError("header JSON is nested too deeply", where=where) from None
+    obj = _loads(text, where)
     if not isinstance(obj, dict):
         raise SafetensorsFormatError("header is not a JSON object", where=where)
     metadata = obj.pop("__metadata__", None)
@@ -134,45 +142,66 @@ def _parse_header_json(raw: bytes, where: str) -> tuple[dict[str, TensorInfo], d
     return tensors, metadata
 
 
+def _loads(text: str, where: str):
+    try:
+        return json.loads(text, object_pairs_hook=_reject_duplicates)
+    except ValueError as exc:
+        raise SafetensorsFormatError(f"header is not valid JSON: {exc}", where=where) from None
+    except RecursionError:
+        raise SafetensorsFormatError("header JSON is nested too deeply", where=where) from None
+
+
 def _reject_duplicates(pairs: list) -> dict:
-    out: dict = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"duplicate key {duplicate!r}")
     return out
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _parse_entry(name: str, entry: object, where: str) -> TensorInfo:
+    if type(entry) is dict and len(entry) == 3:
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        # Fast path for a well-formed entry (type(x) is int excludes bool).
+        if (dtype in DTYPE_BITS and type(shape) is list and type(offsets) is list
+                and len(offsets) == 2 and type(offsets[0]) is int and type(offsets[1]) is int
+                and all(type(d) is int and d >= 0 for d in shape)
+                and 0 <= offsets[0] <= offsets[1]
+                and tensor_nbytes(dtype, shape) == offsets[1] - offsets[0]):
+            return TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1])
+    raise _entry_defect(name, entry, where)
+
+
+def _entry_defect(name: str, entry: object, where: str) -> SafetensorsFormatError:
+    """The precise defect of an entry the fast path refused."""
     def bad(message: str) -> SafetensorsFormatError:
         return SafetensorsFormatError(message, where=where, tensor=name)
 
     if not isinstance(entry, dict):
-        raise bad("entry is not an object")
+        return bad("entry is not an object")
     extra = set(entry) - {"dtype", "shape", "data_offsets"}
     if extra:
-        raise bad(f"unexpected field(s) {sorted(extra)}")
+        return bad(f"unexpected field(s) {sorted(extra)}")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if dtype not in DTYPE_BITS:
-        raise bad(f"unknown dtype {dtype!r}")
+        return bad(f"unknown dtype {dtype!r}")
     if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
-        raise bad(f"shape must be a list of integers, got {shape!r}")
+        return bad(f"shape must be a list of integers, got {shape!r}")
     if any(d < 0 for d in shape):
-        raise bad(f"negative dimension in shape {shape}")
+        return bad(f"negative dimension in shape {shape}")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
-        raise bad(f"data_offsets must be [begin, end], got {offsets!r}")
+        return bad(f"data_offsets must be [begin, end], got {offsets!r}")
     start, end = offsets
     if start < 0 or end < start:
-        raise bad(f"data_offsets {offsets} are not an increasing non-negative range")
+        return bad(f"data_offsets {offsets} are not an increasing non-negative range")
     expected = tensor_nbytes(dtype, shape)
-    if expected != end - start:
-        raise bad(f"shape {shape} x {dtype} needs {expected} bytes but data_offsets span "
-                  f"{end - start}")
-    return TensorInfo(name=name, dtype=dtype, shape=tuple(shape), start=start, end=end)
+    return bad(f"shape {shape} x {dtype} needs {expected} bytes but data_offsets span "
+               f"{end - start}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check_layout(header: ShardHeader, where: str) -> None:

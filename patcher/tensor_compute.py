@@ -33,11 +33,12 @@ def _dequantize(job: TensorJob, inputs: list[torch.Tensor], device: str) -> torc
     scheme, out = job.param("scheme"), _OUT[job.param("to")]
     if scheme == "fp8-tensor":
         weight, scale = inputs
-        layout = "modelopt" if scale.dtype == torch.float32 else "compressed-tensors"
-        return fp8.dequantize_fp8_per_tensor(weight, scale, out, layout=layout, device=device)
+        return fp8.dequantize_fp8_per_tensor(weight, scale, out,
+                                             layout=_fp8_layout(scale, "modelopt"), device=device)
     if scheme == "fp8-block":
         weight, scale_inv = inputs
-        return fp8.dequantize_fp8_block(weight, scale_inv, out, device=device)
+        return fp8.dequantize_fp8_block(weight, scale_inv, out,
+                                        layout=_fp8_layout(scale_inv, "deepseek"), device=device)
     if scheme == "nvfp4-modelopt":
         return nvfp4.dequantize_nvfp4_modelopt(*inputs, out, device=device)
     if scheme == "nvfp4-compressed-tensors":
@@ -45,9 +46,18 @@ def _dequantize(job: TensorJob, inputs: list[torch.Tensor], device: str) -> torc
     raise ValueError(f"unknown scheme {scheme!r}")
 
 
+def _fp8_layout(scale: torch.Tensor, float32_layout: str) -> str:
+    """FP8 scales in float32 (ModelOpt, DeepSeek): the product in float32, rounded once. Scales
+    in bfloat16/float16 come from compressed-tensors, which multiplies in the scale's dtype:
+    mirrored, so the result equals its decompression bit for bit."""
+    return float32_layout if scale.dtype == torch.float32 else "compressed-tensors"
+
+
 def _quantize(job: TensorJob, read_inputs, cache: dict, device: str) -> torch.Tensor:
+    """The weight job leaves its scale in ``cache`` for the scale job that follows it in the same
+    shard; a scale job that finds none (run alone, or on another worker) computes it again."""
     key = job.inputs[0].name
-    if job.param("role") == "scale":
+    if job.param("role") == "scale" and key in cache:
         return cache.pop(key).reshape(job.out.shape)
     (weight,) = read_inputs()
     if job.param("scheme") == "fp8-block":
@@ -55,5 +65,7 @@ def _quantize(job: TensorJob, read_inputs, cache: dict, device: str) -> torch.Te
                                           device=device)
     else:
         q, scale = fp8.quantize_fp8_per_tensor(weight, device=device)
+    if job.param("role") == "scale":
+        return scale.reshape(job.out.shape)
     cache[key] = scale
     return q

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from .errors import PlanError
+from .errors import InputError, PlanError
 from .model_dir import INDEX_NAME, ModelDir
 from .plan import Action, FilePlan
 from .safetensors_io import OutputTensor, tensor_nbytes
@@ -61,9 +61,50 @@ def initial_view(model: ModelDir) -> dict[str, VirtualTensor]:
 def select(view: dict[str, VirtualTensor], op) -> list[str]:
     names = [n for n, t in view.items() if op.select.matches(n, t.dtype)]
     if not names and not op.allow_empty:
-        raise PlanError("the selection matches no tensor", where=op.loc,
-                        hint="fix the pattern, or set allow_empty: true")
+        raise PlanError(f"the selection {_describe_select(op.select)} matches no tensor",
+                        where=op.loc, hint="fix the pattern, or set allow_empty: true")
     return sorted(names)
+
+
+def _describe_select(sel) -> str:
+    kind, patterns = ("glob", sel.globs) if sel.globs else ("regex", sel.regexes)
+    text = patterns[0] if len(patterns) == 1 else list(patterns)
+    dtypes = f", dtype: {list(sel.dtypes)}" if sel.dtypes else ""
+    return f"{{{kind}: {text!r}{dtypes}}}"
+
+
+def check_device(device: str | None) -> str:
+    """The device the kernels will run on, checked now: asking for one that this machine lacks
+    fails here, at plan time, not in the middle of writing shards."""
+    device = device or "cpu"
+    if device == "cpu":
+        return device
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise InputError(f"--device {device!r} is not a device torch knows",
+                         hint="use cpu, cuda or cuda:N") from None
+    if dev.type == "cpu":
+        return device
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = ("this torch build has no CUDA support" if torch.version.cuda is None
+                   else "no CUDA GPU is visible")
+            raise InputError(f"--device {device}: CUDA is not available ({why}; torch "
+                             f"{torch.__version__})", hint="use --device cpu")
+        count = torch.cuda.device_count()
+        if dev.index is not None and dev.index >= count:
+            raise InputError(f"--device {device}: there are only {count} CUDA device(s)",
+                             hint=f"use cuda:0 to cuda:{count - 1}")
+        return device
+    try:
+        torch.empty(1, device=dev)
+    except (RuntimeError, AssertionError) as exc:
+        raise InputError(f"--device {device}: not usable here ({str(exc).splitlines()[0]})",
+                         hint="use --device cpu") from None
+    return device
 
 
 @dataclass(frozen=True)
@@ -75,6 +116,7 @@ class TensorPlan:
 def plan_tensor_ops(recipe, model: ModelDir, changes: list[dict], *,
                     device: str = "cpu") -> TensorPlan:
     """Run the recipe's tensor ops over a virtual view of the model's tensors."""
+    device = check_device(device)
     view = initial_view(model)
     for op in recipe.tensors:
         names = select(view, op)
@@ -85,11 +127,20 @@ def plan_tensor_ops(recipe, model: ModelDir, changes: list[dict], *,
 
 # --- operations -----------------------------------------------------------------------------
 
+def _layout(t) -> dict:
+    return {"dtype": t.dtype, "shape": list(t.shape)}
+
+
+def _dropped(t: VirtualTensor, loc: str, **extra) -> dict:
+    entry = {"kind": "tensor_dropped", "tensor": t.name, "dtype": t.dtype, "shape": list(t.shape),
+             "before": _layout(t), "after": None, "recipe_line": loc}
+    entry.update(extra)
+    return entry
+
+
 def _drop(view, names, op, changes) -> None:
     for name in names:
-        t = view.pop(name)
-        changes.append({"kind": "tensor_dropped", "tensor": name, "dtype": t.dtype,
-                        "shape": list(t.shape), "recipe_line": op.loc})
+        changes.append(_dropped(view.pop(name), op.loc))
 
 
 def _rename(view, names, op, changes) -> None:
@@ -98,6 +149,9 @@ def _rename(view, names, op, changes) -> None:
     moves = {a: b for a, b in moves.items() if a != b}
     targets: dict[str, str] = {}
     for old, new in moves.items():
+        if not new or new == "__metadata__":
+            raise PlanError(f"rename would give the tensor the name {new!r}, which is empty or "
+                            f"reserved", where=op.loc, tensor=old)
         if new in targets:
             raise PlanError(f"rename collision: {targets[new]!r} and {old!r} both become {new!r}",
                             where=op.loc, tensor=old)
@@ -110,7 +164,7 @@ def _rename(view, names, op, changes) -> None:
         new = moves[old]
         view[new] = replace(t, name=new, job=replace(t.job, out=replace(t.job.out, name=new)))
         changes.append({"kind": "tensor_renamed", "tensor": old, "to": new,
-                        "recipe_line": op.loc})
+                        "before": _layout(t), "after": _layout(t), "recipe_line": op.loc})
 
 
 def _cast(view, names, op, changes) -> None:
@@ -134,25 +188,27 @@ def _dequantize(view, names, op, changes) -> None:
     target = CAST_TARGETS[op.action.to]
     for name in names:
         t = view[name]
-        scheme = (find_scheme(name, view) if op.action.scheme == "auto"
-                  else scheme_named(op.action.scheme))
-        if scheme is None:
-            raise PlanError("no quantization scheme recognised from its companions",
-                            where=op.loc, tensor=name)
         try:
+            scheme = (find_scheme(name, view) if op.action.scheme == "auto"
+                      else scheme_named(op.action.scheme))
             parts = scheme.companions(name, view)
         except CompanionError as exc:
             raise PlanError(str(exc), where=op.loc, tensor=name) from None
-        inputs = (_primary(t),) + tuple(_primary(view[c]) for c in parts.inputs)
         out_name = parts.output_name
+        if out_name != name and out_name in view:
+            raise PlanError(f"its dequantized output {out_name!r} already exists",
+                            where=op.loc, tensor=name)
+        inputs = (_primary(t),) + tuple(_primary(view[c]) for c in parts.inputs)
         job = TensorJob(out=OutputTensor(out_name, target, parts.shape), op="dequantize",
                         inputs=inputs, params=(("scheme", scheme.name), ("to", target)))
-        for gone in parts.inputs + parts.dropped:
-            view.pop(gone, None)
+        how = f"dequantize:{scheme.name}"
+        removed = list(parts.inputs + parts.dropped)
         view.pop(name)
         view[out_name] = replace(t, name=out_name, dtype=target, shape=parts.shape, job=job)
-        changes.append(_converted(name, t, target, parts.shape, f"dequantize:{scheme.name}",
-                                  op.loc, removed=list(parts.inputs + parts.dropped)))
+        changes.append(_converted(name, t, target, parts.shape, how, op.loc, removed=removed,
+                                  **({"to": out_name} if out_name != name else {})))
+        for gone in removed:
+            changes.append(_dropped(view.pop(gone), op.loc, companion_of=name, reason=how))
 
 
 def _quantize(view, names, op, changes) -> None:
@@ -174,8 +230,14 @@ def _quantize(view, names, op, changes) -> None:
                             inputs=(_primary(t),), params=params)
             view[out_name] = replace(t, name=out_name, dtype=dtype, shape=shape, job=job,
                                      order=t.order + i * 1e-3)
-        changes.append(_converted(name, t, outputs[0][1], t.shape, f"quantize:{scheme.name}",
-                                  op.loc, added=[o[0] for o in outputs[1:]]))
+        how = f"quantize:{scheme.name}"
+        changes.append(_converted(name, t, outputs[0][1], t.shape, how, op.loc,
+                                  added=[o[0] for o in outputs[1:]]))
+        for out_name, dtype, shape, _role in outputs[1:]:
+            changes.append({"kind": "tensor_added", "tensor": out_name, "companion_of": name,
+                            "reason": how, "before": None,
+                            "after": {"dtype": dtype, "shape": list(shape)},
+                            "recipe_line": op.loc})
 
 
 def _primary(t: VirtualTensor) -> TensorSource:
@@ -209,7 +271,8 @@ def _shard_plans(model: ModelDir, view: dict[str, VirtualTensor], changes: list[
     for shard, tensors in by_shard.items():
         tensors.sort(key=lambda t: (t.order, t.name))
         header = model.shards[shard]
-        original = [(i.name, i.dtype, i.shape) for i in header.tensors.values()]
+        original = [(i.name, i.dtype, i.shape)
+                    for i in sorted(header.tensors.values(), key=lambda i: (i.start, i.name))]
         unchanged = ([(t.name, t.dtype, t.shape) for t in tensors] == original
                      and not any(t.changed for t in tensors))
         if unchanged:

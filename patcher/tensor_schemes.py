@@ -26,6 +26,10 @@ class CompanionError(ValueError):
     """A companion tensor is missing or has the wrong dtype or shape."""
 
 
+class NotThisScheme(CompanionError):
+    """The weight itself (its name, dtype or rank) is not stored the way the scheme stores it."""
+
+
 class _Tensor(Protocol):
     dtype: str
     shape: tuple[int, ...]
@@ -41,7 +45,7 @@ class Companions:
 
 def _stem(name: str, suffix: str) -> str:
     if not name.endswith("." + suffix):
-        raise CompanionError(f"expected a tensor name ending in '.{suffix}'")
+        raise NotThisScheme(f"expected a tensor name ending in '.{suffix}'")
     return name[: -len(suffix) - 1]
 
 
@@ -63,9 +67,9 @@ def _ceil_div(a: int, b: int) -> int:
 
 def _matrix(weight: _Tensor, dtype: str) -> tuple[int, int]:
     if weight.dtype != dtype:
-        raise CompanionError(f"is {weight.dtype}, expected {dtype} for this scheme")
+        raise NotThisScheme(f"is {weight.dtype}, expected {dtype} for this scheme")
     if len(weight.shape) != 2:
-        raise CompanionError(f"has shape {list(weight.shape)}, expected a 2-D weight")
+        raise NotThisScheme(f"has shape {list(weight.shape)}, expected a 2-D weight")
     return weight.shape[0], weight.shape[1]
 
 
@@ -113,8 +117,12 @@ class Fp8Block(QuantScheme):
         rows, cols = _matrix(view[name], "F8_E4M3")
         expected = (_ceil_div(rows, self.block[0]), _ceil_div(cols, self.block[1]))
         scale = f"{name}_scale_inv"                       # DeepSeek-V3
-        if scale not in view and name.endswith(".weight"):
-            scale = f"{name[:-len('.weight')]}.weight_scale"   # compressed-tensors FP8_BLOCK
+        ct_scale = f"{name[:-len('.weight')]}.weight_scale" if name.endswith(".weight") else None
+        if scale not in view and ct_scale in view:
+            scale = ct_scale                              # compressed-tensors FP8_BLOCK
+        elif scale not in view:
+            also = f" (or compressed-tensors' {ct_scale!r})" if ct_scale else ""
+            raise CompanionError(f"missing block scale {scale!r}{also}")
         _need(view, scale, ("F32", "BF16", "F16"), (expected,), "block scale")
         dropped = tuple(n for n in (f"{name[:-len('weight')]}input_scale",) if n in view)
         return Companions((scale,), dropped, name, view[name].shape)
@@ -170,9 +178,24 @@ def scheme_named(name: str) -> QuantScheme:
     return SCHEMES[name]
 
 
-def find_scheme(name: str, view: Mapping[str, _Tensor]) -> QuantScheme | None:
-    """The scheme whose companions ``name`` has (for ``scheme: auto``)."""
+def find_scheme(name: str, view: Mapping[str, _Tensor]) -> QuantScheme:
+    """The scheme whose companions ``name`` has (for ``scheme: auto``).
+
+    Raises:
+        CompanionError: no scheme fits; the message says what each plausible scheme missed.
+    """
+    problems = []
     for scheme in SCHEMES.values():
-        if scheme.matches(name, view):
+        try:
+            scheme.companions(name, view)
             return scheme
-    return None
+        except NotThisScheme:
+            continue
+        except CompanionError as exc:
+            problems.append(f"{scheme.name}: {exc}")
+    if not problems:
+        t = view[name]
+        raise CompanionError(f"no quantization scheme stores a weight as {t.dtype} "
+                             f"{list(t.shape)} under this name (FP8: F8_E4M3 '.weight'; NVFP4: "
+                             f"U8 '.weight' or '.weight_packed')")
+    raise CompanionError("no quantization scheme fits: " + "; ".join(problems))

@@ -9,6 +9,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 MANIFEST = "modelpatch.provenance.json"
@@ -83,23 +84,28 @@ def copy_tree(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     return Path(dst)
 
 
-def cli(*args: str, env: dict | None = None, cwd: str | os.PathLike | None = None,
+def _command(args, env: dict | None) -> tuple[list[str], dict]:
+    cmd = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-c",
+                                                     "from patcher.cli import main; main()"]
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MODELPATCH_FAULT")}
+    # Hundreds of short CLI runs: let them cache bytecode (outside the repository).
+    full_env.pop("PYTHONDONTWRITEBYTECODE", None)
+    full_env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(
+        tempfile.gettempdir(), f"modelpatch-tests-pycache-{os.getuid()}"))
+    full_env.update(env or {})
+    return cmd + [str(a) for a in args], full_env
+
+
+def cli(*args, env: dict | None = None, cwd: str | os.PathLike | None = None,
         timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run ``modelpatch ARGS`` in a subprocess (text output captured)."""
-    cmd = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-c",
-                                                     "from patcher.cli import main; main()"]
-    full_env = {k: v for k, v in os.environ.items()
-                if not k.startswith("MODELPATCH_FAULT")}
-    full_env.update(env or {})
-    return subprocess.run(cmd + [str(a) for a in args], env=full_env, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+    """Run ``modelpatch ARGS`` in a subprocess (text output captured). ``MODELPATCH_FAULT*``
+    variables come from ``env`` only."""
+    cmd, full_env = _command(args, env)
+    return subprocess.run(cmd, env=full_env, cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
 
 
-def popen(*args: str, env: dict | None = None) -> subprocess.Popen:
-    cmd = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-c",
-                                                     "from patcher.cli import main; main()"]
-    full_env = {k: v for k, v in os.environ.items()
-                if not k.startswith("MODELPATCH_FAULT")}
-    full_env.update(env or {})
-    return subprocess.Popen(cmd + [str(a) for a in args], env=full_env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def popen(*args, env: dict | None = None) -> subprocess.Popen:
+    cmd, full_env = _command(args, env)
+    return subprocess.Popen(cmd, env=full_env, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)

@@ -98,9 +98,12 @@ def assert_bits_equal(a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:
 
 def ref_nvfp4_modelopt(packed: torch.Tensor, scale: torch.Tensor, scale_2: torch.Tensor,
                        dtype: torch.dtype) -> torch.Tensor:
-    """W = LUT[code] * float(weight_scale[r, c // 16]) * weight_scale_2, even element low."""
+    """W = LUT[code] * float(weight_scale[r, c // 16]) * weight_scale_2, even element low.
+
+    Code 8 (sign bit, zero magnitude) is +0.0, as in ModelOpt's ``NVFP4QTensor.e2m1_values``
+    (``[0, 0.5, ..., 6, 0, -0.5, ...]``); compressed-tensors decodes it to -0.0."""
     codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1).long()
-    lut = torch.tensor(E2M1 + tuple(-v for v in E2M1), dtype=torch.float32)
+    lut = torch.tensor(E2M1 + (0.0,) + tuple(-v for v in E2M1[1:]), dtype=torch.float32)
     w = lut[codes] * scale.float().repeat_interleave(16, dim=1) * scale_2.float().reshape(())
     return w.to(dtype)
 

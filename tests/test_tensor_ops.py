@@ -421,7 +421,8 @@ def test_tiny_deepseek_v3_fp8_block_round_trip_keeps_logits(tiny_bf16_dir, tmp_p
     similarity above 0.995. Why: e4m3 keeps 3 mantissa bits, so each weight moves by at most
     2^-4 (6.25%) of itself and by about 2.5% RMS (uniform rounding error over a binade,
     relative to the value); each layer's output error is then about that RMS, and three layers
-    of random, independently rounded weights add in quadrature to about 4-5% (measured: ~3%).
+    of random, independently rounded weights add in quadrature to about 4-5% (measured: 3.6%,
+    cosine 0.9993).
     The bf16 round-trip itself adds at most 2^-9 per weight. A broken dequantization (a wrong
     block, a divide instead of a multiply, a transposed scale) gives errors of order 1.
     """
@@ -466,6 +467,7 @@ def test_tiny_deepseek_v3_fp8_block_round_trip_keeps_logits(tiny_bf16_dir, tmp_p
     ref, got = logits
     rel = float((got - ref).norm() / ref.norm())
     cos = float(torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0))
+    print(f"logits: relative L2 error {rel:.4f}, cosine {cos:.6f}")
     assert 0 < rel < 0.08, rel
     assert cos > 0.995, cos
 
@@ -563,7 +565,7 @@ def test_change_log_of_nvfp4_to_bf16_lists_every_tensor(kimi_dir, tmp_path):
     assert converted[0]["before"]["dtype"] == "U8" and converted[0]["after"]["dtype"] == "BF16"
     assert converted[0]["after"]["shape"][1] == 2 * converted[0]["before"]["shape"][1]
     for c in changes:
-        assert c["recipe_line"].startswith("nvfp4-to-bf16.yaml:")
+        assert "nvfp4-to-bf16.yaml:" in c["recipe_line"]
 
 
 def test_change_log_of_quantize_lists_added_scales(tmp_path):

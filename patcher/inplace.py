@@ -104,7 +104,11 @@ def apply_in_place(plan: Plan, model: ModelDir, *, jobs: int | None = None,
             _fsync_tree(root / STATE_DIR)
             faults.point("inplace:prepared")
         except BaseException as exc:
-            roll_back(root, journal)
+            try:
+                roll_back(root, journal)
+            except OSError as cleanup:
+                log.warning("%s: could not roll back (%s); the next modelpatch command on "
+                            "this directory retries", root, cleanup.strerror or cleanup)
             if isinstance(exc, OSError):
                 raise _failed(exc, root, "nothing was changed") from None
             raise

@@ -204,7 +204,7 @@ def _end(root: Path) -> None:
     if patches.is_dir() and not any(patches.iterdir()):
         patches.rmdir()
     remove_tree(root / JOURNAL_TMP)
-    (root / JOURNAL_NAME).unlink()
+    (root / JOURNAL_NAME).unlink(missing_ok=True)
     _remove_empty_state_dir(root)
     fsync_dir(root)
 

@@ -45,12 +45,15 @@ import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping
 
 from . import __version__
 from .errors import InputError, OperationFailed
 from .hashing import is_sha256_hex
 from .jsonfile import parse_json
+from .manifest_rules import (BASE_PROVENANCE_ROLE, PREDICATE_TYPE, STATEMENT_TYPE, DigestEntry,
+                             Invalid, check_relpath, is_excluded, validate_statement)
+from .model_dir import MANIFEST_NAME, STATE_DIR
 
 __all__ = [
     "BUILDER_ID",
@@ -71,56 +74,14 @@ __all__ = [
     "write_manifest",
 ]
 
-MANIFEST_NAME = "modelpatch.provenance.json"
-STATE_DIR = ".modelpatch"
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 # No project domain exists yet; URNs avoid claiming someone else's. Change both in one place.
 BUILD_TYPE = "urn:modelpatch:buildtype:apply:v1"
 BUILDER_ID = "urn:modelpatch:builder:local"
 CHANGES_BYPRODUCT = "modelpatch.changes"
-BASE_PROVENANCE_ROLE = "base-provenance"
 IN_TOTO_MEDIA_TYPE = "application/vnd.in-toto+json"
 MAX_MANIFEST_BYTES = 256 << 20
 
 _VERSIONED_DISTS = ("safetensors", "huggingface_hub", "jsonpatch", "ruamel.yaml", "torch")
-
-
-class DigestEntry(NamedTuple):
-    """A file's sha256 (lowercase hex) and size in bytes; plain ``(sha256, size)`` tuples work too.
-    """
-
-    sha256: str
-    size: int
-
-
-# -- paths ---------------------------------------------------------------------------------------
-
-def is_excluded(name: str) -> bool:
-    """True for the names a manifest never lists: the manifest and ``.modelpatch/...``."""
-    return name == MANIFEST_NAME or name == STATE_DIR or name.startswith(STATE_DIR + "/")
-
-
-def check_relpath(name: object) -> str | None:
-    """Return why ``name`` is not a normalized relative POSIX path inside a variant, else None."""
-    if not isinstance(name, str):
-        return "name is not a string"
-    if name == "":
-        return "empty path"
-    if "\\" in name:
-        return "backslash in path (paths use '/')"
-    if "\x00" in name:
-        return "NUL character in path"
-    if name.startswith("/"):
-        return "absolute path"
-    parts = name.split("/")
-    if ".." in parts:
-        return "path escapes the directory ('..')"
-    if any(p in ("", ".") for p in parts):
-        return "path is not normalized (empty or '.' component)"
-    if is_excluded(name):
-        return f"reserved path ({MANIFEST_NAME} and {STATE_DIR}/ are never listed)"
-    return None
 
 
 def _posix_name(path: str | os.PathLike) -> str:
@@ -316,94 +277,6 @@ class Manifest:
         return []
 
 
-class _Invalid(Exception):
-    pass
-
-
-def _obj(value: Any, where: str) -> dict:
-    if not isinstance(value, dict):
-        raise _Invalid(f"{where}: expected an object")
-    return value
-
-
-def _file_entry(entry: Any, where: str) -> tuple[str, DigestEntry]:
-    entry = _obj(entry, where)
-    name = entry.get("name")
-    label = f"{where} ({name!r})" if isinstance(name, str) else where
-    problem = check_relpath(name)
-    if problem:
-        raise _Invalid(f"{label}: {problem}")
-    digest = entry.get("digest")
-    sha256 = digest.get("sha256") if isinstance(digest, dict) else None
-    if not is_sha256_hex(sha256):
-        raise _Invalid(f"{label}: digest.sha256 must be 64 lowercase hex characters, "
-                       f"got {sha256!r}")
-    annotations = entry.get("annotations")
-    size = annotations.get("size") if isinstance(annotations, dict) else None
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise _Invalid(f"{label}: annotations.size must be a non-negative integer, got {size!r}")
-    return name, DigestEntry(sha256, size)
-
-
-def _validate(statement: Any, where: str = "") -> tuple[dict, dict, DigestEntry | None]:
-    statement = _obj(statement, where or "top level")
-    prefix = f"{where}." if where else ""
-    if statement.get("_type") != STATEMENT_TYPE:
-        raise _Invalid(f"{prefix}_type is {statement.get('_type')!r}, expected {STATEMENT_TYPE!r}")
-    if statement.get("predicateType") != PREDICATE_TYPE:
-        raise _Invalid(f"{prefix}predicateType is {statement.get('predicateType')!r}, "
-                       f"expected {PREDICATE_TYPE!r}")
-    subject = statement.get("subject")
-    if not isinstance(subject, list):
-        raise _Invalid(f"{prefix}subject: expected a list")
-    subjects: dict[str, DigestEntry] = {}
-    for i, entry in enumerate(subject):
-        name, value = _file_entry(entry, f"{prefix}subject[{i}]")
-        if name in subjects:
-            raise _Invalid(f"{prefix}subject[{i}] ({name!r}): duplicate name")
-        subjects[name] = value
-
-    predicate = _obj(statement.get("predicate"), f"{prefix}predicate")
-    build = _obj(predicate.get("buildDefinition"), f"{prefix}predicate.buildDefinition")
-    ext_where = f"{prefix}predicate.buildDefinition.externalParameters"
-    external = _obj(build.get("externalParameters"), ext_where)
-    recipe = _obj(external.get("recipe"), f"{ext_where}.recipe")
-    if not isinstance(recipe.get("name"), str) or not isinstance(recipe.get("text"), str):
-        raise _Invalid(f"{ext_where}.recipe: name and text must be strings")
-    if not is_sha256_hex(recipe.get("sha256")):
-        raise _Invalid(f"{ext_where}.recipe.sha256 must be 64 lowercase hex characters, "
-                       f"got {recipe.get('sha256')!r}")
-
-    deps_where = f"{prefix}predicate.buildDefinition.resolvedDependencies"
-    deps = build.get("resolvedDependencies", [])
-    if not isinstance(deps, list):
-        raise _Invalid(f"{deps_where}: expected a list")
-    base_files: dict[str, DigestEntry] = {}
-    link: DigestEntry | None = None
-    for i, entry in enumerate(deps):
-        annotations = entry.get("annotations") if isinstance(entry, dict) else None
-        if isinstance(annotations, dict) and annotations.get("role") == BASE_PROVENANCE_ROLE:
-            digest = entry.get("digest")
-            sha256 = digest.get("sha256") if isinstance(digest, dict) else None
-            size = annotations.get("size")
-            if (not is_sha256_hex(sha256) or not isinstance(size, int) or isinstance(size, bool)
-                    or size < 0):
-                raise _Invalid(f"{deps_where}[{i}] (base provenance link): bad digest or size")
-            if link is not None:
-                raise _Invalid(f"{deps_where}[{i}]: a second base provenance link")
-            link = DigestEntry(sha256, size)
-            continue
-        name, value = _file_entry(entry, f"{deps_where}[{i}]")
-        if name in base_files:
-            raise _Invalid(f"{deps_where}[{i}] ({name!r}): duplicate name")
-        base_files[name] = value
-
-    base = external.get("base_provenance")
-    if base is not None:
-        _validate(base, f"{ext_where}.base_provenance")
-    return subjects, base_files, link
-
-
 def read_manifest(directory: str | os.PathLike) -> Manifest:
     """Read and strictly validate ``<directory>/modelpatch.provenance.json``.
 
@@ -432,8 +305,8 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
         raise InputError(f"provenance manifest larger than {MAX_MANIFEST_BYTES} bytes", where=path)
     statement = parse_json(data, str(path))
     try:
-        subjects, base_files, link = _validate(statement)
-    except _Invalid as exc:
+        subjects, base_files, link = validate_statement(statement)
+    except Invalid as exc:
         raise InputError(str(exc), where=path) from None
     return Manifest(path=path, statement=statement, sha256=hashlib.sha256(data).hexdigest(),
                     size=len(data), subjects=subjects, base_files=base_files, base_manifest=link)
@@ -452,8 +325,8 @@ def write_manifest(directory: str | os.PathLike, statement: dict) -> DigestEntry
         OperationFailed: an I/O error (nothing is left behind but the previous manifest).
     """
     try:
-        _validate(statement)
-    except _Invalid as exc:
+        validate_statement(statement)
+    except Invalid as exc:
         raise ValueError(f"invalid statement: {exc}") from None
     data = canonical_json(statement)
     directory = Path(directory)

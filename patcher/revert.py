@@ -146,6 +146,15 @@ def revert(root: str | os.PathLike, *, all_patches: bool = False, force: bool = 
     """Undo the last in-place patch of ``root`` (with ``all_patches``, every in-place patch, last
     first, down to the original or to the variant an out-of-place apply made)."""
     root = Path(root)
+    if not root.is_dir():
+        raise InputError("no such directory", where=root)
+    try:
+        return _revert(root, all_patches, force, jobs)
+    except OSError as exc:
+        raise OperationFailed(exc.strerror or str(exc), where=exc.filename or root) from None
+
+
+def _revert(root: Path, all_patches: bool, force: bool, jobs: int | None) -> RevertResult:
     reverted = []
     with lock_directory(root, exclusive=True):
         state = root / STATE_DIR
@@ -174,9 +183,22 @@ def rebuild_base(variant: str | os.PathLike, out: str | os.PathLike, *,
     ``--in-place`` and on a directory patched in place alike.
     """
     variant, out = Path(variant), Path(os.path.abspath(out))
+    if not variant.is_dir():
+        raise InputError("no such directory", where=variant)
+    if not out.parent.is_dir():
+        raise InputError("the output's parent directory does not exist", where=out.parent)
     if out == Path(os.path.abspath(variant)):
         raise InputError("the output is the directory itself", where=out,
                          hint="to revert in place, leave out -o")
+    try:
+        return _rebuild(variant, out, all_patches, force, jobs)
+    except OSError as exc:
+        raise OperationFailed(exc.strerror or str(exc), where=exc.filename or out,
+                              hint="nothing was written") from None
+
+
+def _rebuild(variant: Path, out: Path, all_patches: bool, force: bool,
+             jobs: int | None) -> RevertResult:
     with lock_directory(variant, exclusive=False), lock_new_path(out):
         if (variant / JOURNAL_NAME).exists():
             raise OperationFailed("an interrupted in-place operation left a journal here",
@@ -198,9 +220,6 @@ def rebuild_base(variant: str | os.PathLike, out: str | os.PathLike, *,
             faults.point("revert:rebuilt")
             _fsync_tree(source)
             _commit(source, out)
-        except OSError as exc:
-            raise OperationFailed(exc.strerror or str(exc), where=exc.filename or out,
-                                  hint="nothing was written") from None
         finally:
             for temp in temps:
                 if temp != out:

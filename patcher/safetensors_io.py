@@ -256,7 +256,7 @@ def encode_header(tensors: Iterable[OutputTensor],
     offset = 0
     for t in tensors:
         if t.name in entries or t.name == "__metadata__":
-            raise SafetensorsFormatError(f"duplicate tensor name in output", tensor=t.name)
+            raise SafetensorsFormatError("duplicate tensor name in output", tensor=t.name)
         end = offset + t.nbytes
         entries[t.name] = {"dtype": t.dtype, "shape": list(t.shape), "data_offsets": [offset, end]}
         layout.append(TensorInfo(t.name, t.dtype, tuple(t.shape), offset, end))

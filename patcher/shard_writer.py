@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .errors import OperationFailed
-from .hashing import HashingWriter, default_jobs, hash_while_copying
+from .hash_writer import HashingWriter, hash_while_copying
+from .hashing import default_jobs
 from .tensor_tasks import ShardTask, TensorJob
 
 # safetensors dtype name -> torch dtype attribute name

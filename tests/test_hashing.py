@@ -10,10 +10,10 @@ import random
 
 import pytest
 
-from patcher import hashing
+from patcher import hash_writer, hashing
 from patcher.errors import InputError, OperationFailed
-from patcher.hashing import (HashingWriter, hash_files, hash_files_stat, hash_while_copying,
-                             hf_blob_sha256, sha256_file)
+from patcher.hash_writer import HashingWriter, hash_while_copying
+from patcher.hashing import hash_files, hash_files_stat, hf_blob_sha256, sha256_file
 
 CHUNK = hashing.CHUNK_SIZE
 
@@ -150,7 +150,7 @@ RANGES = [(0, 0), (0, 1), (1, 4097), (12_345, 150_000), (299_999, 1), (0, 300_00
 
 @pytest.mark.parametrize("buffering", [-1, 0])  # a buffered file object, or a raw FileIO
 def test_hash_while_copying(tmp_path, monkeypatch, buffering):
-    monkeypatch.setattr(hashing, "COPY_WINDOW", 40_000)  # several unaligned windows per range
+    monkeypatch.setattr(hash_writer, "COPY_WINDOW", 40_000)  # several unaligned windows per range
     _copy_case(tmp_path, RANGES, buffering=buffering)
 
 
@@ -172,7 +172,7 @@ def test_hash_while_copying_uses_copy_file_range(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("failure", ["exdev", "zero", "absent"])
 def test_hash_while_copying_fallbacks(tmp_path, monkeypatch, failure):
-    monkeypatch.setattr(hashing, "COPY_WINDOW", 64 << 10)
+    monkeypatch.setattr(hash_writer, "COPY_WINDOW", 64 << 10)
     if failure == "exdev":
         def cfr(*args):
             raise OSError(errno.EXDEV, "cross-device")

@@ -293,3 +293,49 @@ def test_modes_of_written_files_are_read_only_and_originals_keep_theirs(kimi_dir
     assert stat.S_IMODE(kept.stat().st_mode) == 0o640
     api.revert(root)
     assert stat.S_IMODE((root / "config.json").stat().st_mode) == 0o640
+
+
+def test_a_plan_made_before_another_process_patched_is_not_applied(kimi_dir, tmp_path):
+    """The plan is recomputed under the lock: a stale one (here: made before the same recipe
+    was applied by someone else) cannot patch the directory a second time."""
+    from patcher import inplace
+    from patcher.model_dir import ModelDir
+
+    root = copy_tree(kimi_dir, tmp_path / "m")
+    stale_model = ModelDir.open(root)
+    stale_plan = api.plan("sm120-fp16-kv", root, options={"in_place": True})
+    api.apply_in_place("sm120-fp16-kv", root)
+    patched = snapshot(root, vary=(MANIFEST,))
+    with pytest.raises(GuardRefused):
+        inplace.apply_in_place(stale_plan, stale_model)
+    assert snapshot(root, vary=(MANIFEST,)) == patched
+
+
+def test_failure_to_create_the_journal_is_a_clean_error(kimi_dir, tmp_path, monkeypatch):
+    import errno
+
+    from patcher.errors import OperationFailed
+    from patcher.journal import Journal
+
+    root = copy_tree(kimi_dir, tmp_path / "m")
+    original = snapshot(root)
+
+    def refuse(self, root):
+        raise PermissionError(errno.EACCES, "Permission denied", str(root / ".modelpatch"))
+
+    monkeypatch.setattr(Journal, "create", refuse)
+    with pytest.raises(OperationFailed, match="Permission denied"):
+        api.apply_in_place("sm120-fp16-kv", root)
+    assert diff(snapshot(root), original) == []
+
+
+def test_leftovers_of_a_kill_before_the_journal_are_cleaned(kimi_dir, tmp_path):
+    """A kill between creating .modelpatch/ and writing the journal leaves at most an empty
+    state directory (or a journal.json.tmp): the next command removes it."""
+    root = copy_tree(kimi_dir, tmp_path / "m")
+    original = snapshot(root)
+    (root / ".modelpatch").mkdir()
+    (root / ".modelpatch/journal.json.tmp").write_text('{"op": "apply"')
+    r = cli("verify", root)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert diff(snapshot(root), original) == []

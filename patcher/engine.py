@@ -32,6 +32,7 @@ from .patch_record import (PATCHES_DIR, RECORD_NAME, BaseFile, PatchRecord, enco
 from .plan import Action, Plan
 
 STAGING_MARK = ".modelpatch-staging-"
+REPLACED_MARK = ".modelpatch-replaced-"
 log = logging.getLogger("modelpatch")
 
 
@@ -71,9 +72,14 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
         OperationFailed: an I/O error; staging is removed and ``out`` is untouched.
     """
     out = Path(os.path.abspath(out))
-    if out == Path(os.path.abspath(model.root)):
+    base = Path(os.path.realpath(model.root))
+    real_out = Path(os.path.realpath(out))
+    if real_out == base:
         raise InputError("the output is the base directory itself", where=out,
                          hint="use --in-place to patch a directory in place")
+    if base in real_out.parents or real_out in base.parents:
+        raise InputError(f"the output and the base {model.root} contain one another", where=out,
+                         hint="write the variant beside the base")
     if not out.parent.is_dir():
         raise InputError("the output's parent directory does not exist", where=out.parent)
     untouched = "the base is untouched and no output was written"
@@ -115,8 +121,9 @@ def make_staging_dir(out: Path) -> Path:
 def _remove_stale_staging(out: Path) -> None:
     """Staging dirs for ``out`` left by a killed process (we hold ``out``'s lock, so no live
     process owns them)."""
-    for entry in out.parent.glob(f".{out.name}{STAGING_MARK}*"):
-        remove_tree(entry)
+    for pattern in (f".{out.name}{STAGING_MARK}*", f".{out.name}{REPLACED_MARK}*"):
+        for entry in out.parent.glob(pattern):
+            remove_tree(entry)
 
 
 @contextlib.contextmanager
@@ -303,7 +310,7 @@ def _commit(staging: Path, out: Path) -> None:
     old = None
     if out.exists() or out.is_symlink():
         with lock_directory(out, exclusive=True) if out.is_dir() else contextlib.nullcontext():
-            old = out.with_name(f".{out.name}.modelpatch-replaced-{os.getpid()}")
+            old = out.with_name(f".{out.name}{REPLACED_MARK}{os.getpid()}")
             os.rename(out, old)
     try:
         os.rename(staging, out)

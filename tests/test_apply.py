@@ -273,3 +273,12 @@ def test_config_only_patch_keeps_transformers_logits(tiny_bf16_dir, tmp_path):
         with torch.no_grad():
             logits.append(model(ids).logits)
     assert torch.equal(logits[0], logits[1])
+
+
+@pytest.mark.parametrize("where", ["inside", "ancestor"])
+def test_output_inside_the_base_or_containing_it_is_refused(kimi, where):
+    before = snapshot(kimi)
+    out = kimi / "variant" if where == "inside" else kimi.parent
+    result = run("apply", "sm120-fp16-kv", kimi, "-o", out, "--force", ok=False)
+    assert result.exit_code == 2 and "contain one another" in result.stderr
+    assert snapshot(kimi) == before

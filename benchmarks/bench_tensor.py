@@ -266,7 +266,8 @@ def _describe(model: Path) -> dict:
 # --------------------------------------------------------------------------- measuring
 
 def measure(cmd: list[str], env: dict | None = None) -> dict:
-    """Run ``cmd``; wall seconds and the peak RSS of the child (and its children) in bytes."""
+    """Run ``cmd``; wall seconds, CPU seconds (user + system, the child and its children) and
+    the peak RSS of the child (and its children) in bytes."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
@@ -276,7 +277,8 @@ def measure(cmd: list[str], env: dict | None = None) -> dict:
     proc.stderr.close()
     if proc.returncode != 0:
         raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{err}")
-    return {"wall_s": wall, "peak_rss": usage.ru_maxrss * 1024}
+    return {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "peak_rss": usage.ru_maxrss * 1024}
 
 
 def _out_bytes(directory: Path) -> int:
@@ -293,6 +295,7 @@ def _clean(*paths: Path) -> None:
 def _stats(runs: list[dict]) -> dict:
     walls = [r["wall_s"] for r in runs]
     return {"wall_s_median": statistics.median(walls), "wall_s": walls,
+            "cpu_s_median": statistics.median(r["cpu_s"] for r in runs),
             "peak_rss_max": max(r["peak_rss"] for r in runs),
             **({"out_bytes": runs[0]["out_bytes"]} if "out_bytes" in runs[0] else {})}
 
@@ -313,7 +316,8 @@ def run_benchmark(args) -> dict:
     script = Path(sys.executable).with_name("modelpatch")
     mp = [str(script)] if script.exists() else [py, "-c", "from patcher.cli import main; main()"]
     jobs = ["--jobs", str(args.jobs)] if args.jobs else []
-    base_env = dict(os.environ, PYTHONPATH=str(REPO))
+    base_env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     warm_cache = work / "cache-warm"
     scripts = work / "scripts"
     scripts.mkdir(exist_ok=True)
@@ -325,10 +329,11 @@ def run_benchmark(args) -> dict:
         cache = work / f"cache-cold-{next(counter)}"
         return dict(base_env, MODELPATCH_CACHE_DIR=str(cache)), cache
 
-    def mp_apply(recipe: str, out: Path, warm: bool) -> dict:
+    def mp_apply(recipe: str, out: Path, warm: bool, device: str = "cpu") -> dict:
         env, cache = (dict(base_env, MODELPATCH_CACHE_DIR=str(warm_cache)), None) if warm \
             else env_cold()
-        r = measure(mp + ["apply", recipe, str(model), "-o", str(out), "-q"] + jobs, env)
+        r = measure(mp + ["apply", recipe, str(model), "-o", str(out), "-q", "--device", device]
+                    + jobs, env)
         r["out_bytes"] = _out_bytes(out)
         _clean(out, *([cache] if cache else []))
         return r
@@ -358,6 +363,9 @@ def run_benchmark(args) -> dict:
         "fp8_to_bf16/cp_same_bytes": cp,
         "fp8_to_bf16/torch_script": lambda: plain("fp8_cast_bf16_cpu.py", work / "o5"),
     }
+    if args.device != "cpu":
+        commands[f"fp8_to_bf16/modelpatch_{args.device}"] = lambda: mp_apply(
+            "fp8-block-to-bf16", work / "o6", False, args.device)
     # Warm-up: page cache, the warm digest cache, and the BF16 files cp copies.
     _clean(bf16_ref)
     measure(mp + ["apply", "fp8-block-to-bf16", str(model), "-o", str(bf16_ref), "-q"],
@@ -389,20 +397,27 @@ def run_benchmark(args) -> dict:
                                                "drop_kv/load_save", "wall_s_median"),
         "drop_kv_time_ratio_warm_cache": ratio("drop_kv/modelpatch_warm_cache",
                                                "drop_kv/load_save", "wall_s_median"),
+        "drop_kv_cpu_ratio_cold_cache": ratio("drop_kv/modelpatch_cold_cache",
+                                              "drop_kv/load_save", "cpu_s_median"),
+        "drop_kv_cpu_ratio_warm_cache": ratio("drop_kv/modelpatch_warm_cache",
+                                              "drop_kv/load_save", "cpu_s_median"),
         "drop_kv_rss_ratio": ratio("drop_kv/modelpatch_cold_cache", "drop_kv/load_save",
                                    "peak_rss_max"),
         "fp8_to_bf16_gbps_modelpatch": gbps("fp8_to_bf16/modelpatch"),
         "fp8_to_bf16_gbps_cp": gbps("fp8_to_bf16/cp_same_bytes"),
         "fp8_to_bf16_gbps_torch_script": gbps("fp8_to_bf16/torch_script"),
+        **({f"fp8_to_bf16_gbps_modelpatch_{args.device}":
+            gbps(f"fp8_to_bf16/modelpatch_{args.device}")} if args.device != "cpu" else {}),
         "fp8_to_bf16_rss_modelpatch": stats["fp8_to_bf16/modelpatch"]["peak_rss_max"],
         "fp8_to_bf16_rss_torch_script": stats["fp8_to_bf16/torch_script"]["peak_rss_max"],
     }
     return {
         "benchmark": "bench_tensor",
         "params": {"size_gb": args.size_gb, "shard_mb": args.shard_mb, "repeat": args.repeat,
-                   "jobs": args.jobs},
+                   "jobs": args.jobs, "device": args.device},
         "model": desc,
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+        "machine": {"python": platform.python_version(), "cpus": len(os.sched_getaffinity(0)),
+                    "load_before": os.getloadavg(),
                     "platform": platform.platform(),
                     "torch": importlib.metadata.version("torch"),
                     "safetensors": importlib.metadata.version("safetensors")},
@@ -421,12 +436,15 @@ def _print_summary(report: dict) -> None:
     for name, st in report["results"].items():
         extra = (f"  {st['out_bytes'] / st['wall_s_median'] / 1e9:5.2f} GB/s"
                  if "out_bytes" in st else "")
-        lines.append(f"  {name:<32} {st['wall_s_median']:7.2f} s  peak RSS "
+        lines.append(f"  {name:<32} {st['wall_s_median']:7.2f} s  cpu {st['cpu_s_median']:6.2f} s"
+                     f"  peak RSS "
                      f"{st['peak_rss_max'] / mb:7.0f} MiB{extra}")
     lines += [
         f"drop-kv-scales vs load/save: time {s['drop_kv_time_ratio_cold_cache']:.2f}x "
         f"(cold digest cache), {s['drop_kv_time_ratio_warm_cache']:.2f}x (warm); "
-        f"peak RSS {s['drop_kv_rss_ratio']:.2f}x   (targets <= 1.0x, <= 0.5x)",
+        f"peak RSS {s['drop_kv_rss_ratio']:.2f}x   (targets <= 1.0x, <= 0.5x); CPU time "
+        f"{s['drop_kv_cpu_ratio_cold_cache']:.2f}x cold, "
+        f"{s['drop_kv_cpu_ratio_warm_cache']:.2f}x warm",
         f"fp8-block-to-bf16: {s['fp8_to_bf16_gbps_modelpatch']:.2f} GB/s of output; cp "
         f"{s['fp8_to_bf16_gbps_cp']:.2f} GB/s; torch script "
         f"{s['fp8_to_bf16_gbps_torch_script']:.2f} GB/s",
@@ -441,6 +459,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=None,
                         help="modelpatch --jobs (default: all cores)")
+    parser.add_argument("--device", default="cpu",
+                        help="also time fp8-block-to-bf16 with modelpatch --device DEVICE")
     parser.add_argument("--quick", action="store_true",
                         help="small sizes: 0.25 GB in 64 MB shards, 2 rounds")
     parser.add_argument("--workdir", default=None,

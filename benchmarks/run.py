@@ -62,32 +62,41 @@ CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os
 
 # --------------------------------------------------------------------------- child scripts
 
-# Runs one command; prints {"wall_s", "rc", "maxrss", "tree_peak"} as JSON on its own stdout.
+# Runs one command and prints, as JSON on its own stdout: wall_s (until the command itself
+# exits), rc, maxrss (getrusage(RUSAGE_CHILDREN).ru_maxrss: the largest process of the command's
+# tree), and with "sample" the sampled peaks of the tree's summed RSS and of its largest process.
+# The wrapper makes itself a child subreaper, so descendants that outlive their parent (a
+# multiprocessing fork server and the workers it forked, which modelpatch itself never waits
+# for) are reparented to it and reaped here: their peak RSS then counts in RUSAGE_CHILDREN too.
 WRAPPER = r"""
-import json, os, resource, subprocess, sys, threading, time
+import ctypes, json, os, resource, subprocess, sys, threading, time
 spec = json.loads(sys.argv[1])
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)   # PR_SET_CHILD_SUBREAPER
+    subreaper = True
+except (OSError, AttributeError):
+    subreaper = False
 out = open(spec["stdout"], "wb")
 err = open(spec["stderr"], "wb")
-peak = [0]
+tree_peak, proc_peak = [0], [0]
 done = threading.Event()
 def sample(pid):
     import psutil
-    try:
-        root = psutil.Process(pid)
-    except psutil.Error:
-        return
+    me = psutil.Process()
     while not done.is_set():
         total = 0
         try:
-            procs = [root] + root.children(recursive=True)
+            procs = me.children(recursive=True)
         except psutil.Error:
-            break
+            procs = []
         for p in procs:
             try:
-                total += p.memory_info().rss
+                rss = p.memory_info().rss
             except psutil.Error:
-                pass
-        peak[0] = max(peak[0], total)
+                continue
+            total += rss
+            proc_peak[0] = max(proc_peak[0], rss)
+        tree_peak[0] = max(tree_peak[0], total)
         done.wait(0.05)
 t0 = time.perf_counter()
 proc = subprocess.Popen(spec["cmd"], stdout=out, stderr=err, cwd=spec.get("cwd"),
@@ -98,12 +107,26 @@ if spec.get("sample"):
     sampler.start()
 rc = proc.wait()
 wall = time.perf_counter() - t0
+stragglers = 0
+deadline = time.monotonic() + 30
+while subreaper:                       # reap what the command left behind (fork servers ...)
+    try:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        break
+    if pid == 0:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    else:
+        stragglers += 1
 done.set()
 if sampler is not None:
     sampler.join()
 ru = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"wall_s": wall, "rc": rc, "maxrss": ru.ru_maxrss * 1024,
-                  "tree_peak": peak[0] or None, "user_s": ru.ru_utime, "sys_s": ru.ru_stime}))
+                  "tree_peak": tree_peak[0] or None, "proc_peak": proc_peak[0] or None,
+                  "stragglers": stragglers, "user_s": ru.ru_utime, "sys_s": ru.ru_stime}))
 """
 
 EDIT_JSON = r"""
@@ -265,21 +288,50 @@ def stats(runs: list[dict], key: str = "wall_s") -> dict:
     return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "runs": vals}
 
 
+EXTRA_ROUNDS = {"allowed": 0, "budget_ok": lambda cost: False}
+SPREAD_LIMIT = 1.25
+
+
 def alternate(commands: dict[str, Callable[[], dict]], repeat: int, warmup: int,
-              label: str) -> dict[str, list[dict]]:
-    """Warm-up rounds (discarded), then ``repeat`` rounds in alternating order."""
+              label: str, extra: bool = False) -> dict[str, list[dict]]:
+    """Warm-up rounds (discarded), then ``repeat`` rounds, the order of the commands reversed
+    every other round. With ``extra``, up to EXTRA_ROUNDS["allowed"] more rounds while some
+    command's runs still differ by more than SPREAD_LIMIT (max / min) and the time budget of the
+    whole run allows another round."""
     names = list(commands)
     for w in range(warmup):
         for name in names:
             commands[name]()
         log(f"  {label}: warm-up {w + 1}/{warmup} done")
     results: dict[str, list[dict]] = {n: [] for n in names}
-    for i in range(repeat):
+
+    def one_round(i: int) -> float:
+        t0 = time.perf_counter()
         for name in (names if i % 2 == 0 else names[::-1]):
             results[name].append(commands[name]())
-        log(f"  {label}: round {i + 1}/{repeat}: " + ", ".join(
+        log(f"  {label}: round {i + 1}: " + ", ".join(
             f"{n} {results[n][-1]['wall_s']:.2f}s" for n in names))
+        return time.perf_counter() - t0
+
+    cost = 0.0
+    for i in range(repeat):
+        cost = one_round(i)
+    for i in range(repeat, repeat + (EXTRA_ROUNDS["allowed"] if extra else 0)):
+        spread = max(max(w) / min(w) for w in
+                     ([r["wall_s"] for r in results[n]] for n in names))
+        if spread <= SPREAD_LIMIT:
+            break
+        if not EXTRA_ROUNDS["budget_ok"](cost):
+            log(f"  {label}: runs differ by {spread:.2f}x, but no time is left for another round")
+            break
+        log(f"  {label}: runs differ by {spread:.2f}x: one more round")
+        cost = one_round(i)
     return results
+
+
+def pair_ratios(results: dict[str, list[dict]], a: str, b: str) -> list[float]:
+    """a / b within each round (the two ran minutes apart at most, under the same load)."""
+    return [x["wall_s"] / y["wall_s"] for x, y in zip(results[a], results[b])]
 
 
 def summarize(results: dict[str, list[dict]], rss: bool = False) -> dict:
@@ -287,7 +339,12 @@ def summarize(results: dict[str, list[dict]], rss: bool = False) -> dict:
     for name, runs in results.items():
         entry = {"wall_s": stats(runs)}
         if rss:
-            entry["peak_rss"] = stats(runs, "maxrss")
+            # The larger of ru_maxrss and the sampled largest process (they agree when every
+            # process of the tree was reaped inside it).
+            for r in runs:
+                r["peak"] = max(r["maxrss"], r.get("proc_peak") or 0)
+            entry["peak_rss"] = stats(runs, "peak")
+            entry["ru_maxrss"] = stats(runs, "maxrss")
             entry["tree_peak_rss"] = stats(runs, "tree_peak")
         extra = {k: runs[-1][k] for k in ("bytes_hashed", "out_bytes", "files_hashed")
                  if k in runs[-1]}
@@ -302,8 +359,25 @@ def med(summary: dict, name: str, key: str = "wall_s") -> float:
     return summary[name][key]["median"]
 
 
-def ratio(summary: dict, a: str, b: str, key: str = "wall_s") -> float:
+def ratio(summary: dict, a: str, b: str, key: str = "wall_s") -> float | None:
+    """median(a) / median(b); None when either command did not run here."""
+    if a not in summary or b not in summary or not summary[a].get(key) \
+            or not summary[b].get(key):
+        return None
     return med(summary, a, key) / med(summary, b, key)
+
+
+def preload(model: Path) -> float:
+    """Read every file of ``model`` once (untimed), so that the timed runs find it in the page
+    cache whatever ran before. Returns the seconds it took."""
+    t0 = time.perf_counter()
+    buf = bytearray(8 << 20)
+    for p in sorted(model.iterdir()):
+        if p.is_file():
+            with open(p, "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
+    return time.perf_counter() - t0
 
 
 def finish(r: dict) -> dict:
@@ -413,6 +487,12 @@ def prepare_models(args, work: Path) -> dict:
         for i in (info, info_nokv):
             i.pop("shard_headers", None)
         models["sizes"][size] = {"kv": info, "nokv": info_nokv}
+    if 1 in args.cases:
+        log(f"many-tensor model {args.many_gb:g} GB / {args.many_shards} shards ...")
+        info = synth.generate(work / "models" / "nvfp4-many-tensors", size_gb=args.many_gb,
+                              shards=args.many_shards)
+        info.pop("shard_headers", None)
+        models["many_tensors"] = info
     if 4 in args.cases:
         shards = max(1, round(args.fp8_size * 1000 / args.shard_mb))
         log(f"fp8-block model {args.fp8_size:g} GB / {shards} shards ...")
@@ -430,7 +510,7 @@ def dir_bytes(path: Path, pattern: str = "*.safetensors") -> int:
 
 # --------------------------------------------------------------------------- cases
 
-def case_config_only(b: Bench, model: Path, size: float, args) -> dict:
+def case_config_only(b: Bench, model: Path, size: float, args, warmup: int) -> dict:
     out = b.work / "out" / "c1"
     warm_cache = b.work / "caches" / f"c1-warm-{size:g}"
     rmtree(warm_cache)
@@ -469,16 +549,21 @@ def case_config_only(b: Bench, model: Path, size: float, args) -> dict:
     rmtree(out)
     commands = {"modelpatch_first_time": mp(None), "cp_r_json_edit": cp(False),
                 "modelpatch_digests_known": mp(warm_cache), "cp_r_json_edit_sync": cp(True)}
-    res = summarize(alternate(commands, args.repeat, args.warmup, f"config-only {size:g} GB"))
+    runs = alternate(commands, args.repeat, warmup, f"config-only {size:g} GB",
+                     extra=size == max(args.sizes))
+    res = summarize(runs)
     rmtree(warm_cache)
-    return {"commands": res, "ratios": {
+    return {"commands": res, "rounds": len(runs["cp_r_json_edit"]),
+            "pair_ratios": {"first_time_vs_cp": pair_ratios(runs, "modelpatch_first_time",
+                                                            "cp_r_json_edit")},
+            "ratios": {
         "first_time_vs_cp": ratio(res, "modelpatch_first_time", "cp_r_json_edit"),
         "first_time_vs_cp_sync": ratio(res, "modelpatch_first_time", "cp_r_json_edit_sync"),
         "digests_known_vs_cp": ratio(res, "modelpatch_digests_known", "cp_r_json_edit"),
     }}
 
 
-def case_verify(b: Bench, model: Path, size: float, args) -> dict:
+def case_verify(b: Bench, model: Path, size: float, args, warmup: int) -> dict:
     variant = b.work / "out" / f"variant-{size:g}"
     cache = b.work / "caches" / "verify"
     b.measure(b.mp + ["apply", "sm120-fp16-kv", model, "-o", variant, "--force", "-q"],
@@ -504,11 +589,16 @@ def case_verify(b: Bench, model: Path, size: float, args) -> dict:
 
     commands = {"modelpatch_verify": verify, "hashlib_serial": hashlib_(1),
                 f"hashlib_pool{CORES}": hashlib_(CORES)}
-    res = summarize(alternate(commands, args.repeat, args.warmup, f"verify {size:g} GB"))
+    runs = alternate(commands, args.repeat, warmup, f"verify {size:g} GB",
+                     extra=size == max(args.sizes))
+    res = summarize(runs)
     rmtree(variant)
     rmtree(cache)
     nbytes = res["modelpatch_verify"]["bytes_hashed"]
-    return {"commands": res, "bytes": nbytes, "ratios": {
+    return {"commands": res, "bytes": nbytes, "rounds": len(runs["modelpatch_verify"]),
+            "pair_ratios": {"verify_vs_hashlib_pool": pair_ratios(
+                runs, "modelpatch_verify", f"hashlib_pool{CORES}")},
+            "ratios": {
         "verify_vs_hashlib_pool": ratio(res, "modelpatch_verify", f"hashlib_pool{CORES}"),
         "verify_vs_hashlib_serial": ratio(res, "modelpatch_verify", "hashlib_serial"),
     }, "verify_gbps": nbytes / med(res, "modelpatch_verify") / GB,
@@ -516,7 +606,10 @@ def case_verify(b: Bench, model: Path, size: float, args) -> dict:
         "hashlib_serial_gbps": nbytes / med(res, "hashlib_serial") / GB}
 
 
-def case_drop_kv(b: Bench, model: Path, size: float, args, scripts: dict) -> dict:
+def case_drop_kv(b: Bench, model: Path, twin: Path, size: float, args, scripts: dict,
+                 warmup: int, extras: bool) -> dict:
+    """``extras``: also run modelpatch with digests known and the script followed by ``sync``
+    (done at the largest size only: each run rewrites the whole model, at disk speed)."""
     out = b.work / "out" / "c3"
     warm_cache = b.work / "caches" / f"c3-warm-{size:g}"
     rmtree(warm_cache)
@@ -551,15 +644,22 @@ def case_drop_kv(b: Bench, model: Path, size: float, args, scripts: dict) -> dic
             return finish(r)
         return run
 
-    b.measure(b.mp + ["apply", "drop-kv-scales", model, "-o", out, "--force", "-q"],
-              env=b.env(warm_cache))
-    rmtree(out)
-    commands = {"modelpatch_first_time": mp(None), "load_save": plain(False),
-                "modelpatch_digests_known": mp(warm_cache), "load_save_sync": plain(True)}
-    res = summarize(alternate(commands, args.repeat, args.warmup, f"drop-kv-scales {size:g} GB"),
-                    rss=True)
+    commands = {"modelpatch_first_time": mp(None), "load_save": plain(False)}
+    if extras:
+        # The warm cache, without rewriting the model: the no-KV twin's shards are hardlinks of
+        # the FP8-KV model's (same inodes), so a config-only apply to that model records them.
+        b.measure(b.mp + ["apply", "sm120-fp16-kv", twin, "-o", out, "--force", "-q"],
+                  env=b.env(warm_cache))
+        rmtree(out)
+        commands.update({"modelpatch_digests_known": mp(warm_cache),
+                         "load_save_sync": plain(True)})
+    runs = alternate(commands, args.repeat, warmup, f"drop-kv-scales {size:g} GB", extra=extras)
+    res = summarize(runs, rss=True)
     rmtree(warm_cache)
-    return {"commands": res, "ratios": {
+    return {"commands": res, "rounds": len(runs["load_save"]),
+            "pair_ratios": {"time_first_time_vs_load_save": pair_ratios(
+                runs, "modelpatch_first_time", "load_save")},
+            "ratios": {
         "time_first_time_vs_load_save": ratio(res, "modelpatch_first_time", "load_save"),
         "time_digests_known_vs_load_save": ratio(res, "modelpatch_digests_known", "load_save"),
         "time_first_time_vs_load_save_sync": ratio(res, "modelpatch_first_time",
@@ -612,7 +712,8 @@ def case_fp8(b: Bench, model: Path, args) -> dict:
 
     # modelpatch runs first in the first round, so cp finds its output there.
     commands = {"modelpatch": mp, "torch_fp8_cast_bf16": torch_script, "cp_same_bytes": cp}
-    res = summarize(alternate(commands, args.repeat, args.warmup, "fp8-block-to-bf16"), rss=True)
+    res = summarize(alternate(commands, args.repeat, args.warmup, "fp8-block-to-bf16"),
+                    rss=True)
     rmtree(ref)
     gbps = {n: res[n]["out_bytes"] / med(res, n) / GB for n in res}
     return {"commands": res, "output_gbps": gbps, "ratios": {
@@ -620,6 +721,57 @@ def case_fp8(b: Bench, model: Path, args) -> dict:
         "time_vs_cp_same_bytes": ratio(res, "modelpatch", "cp_same_bytes"),
         "peak_rss_vs_torch_script": ratio(res, "modelpatch", "torch_fp8_cast_bf16", "peak_rss"),
     }}
+
+
+JSON_HEADERS = r"""
+import json, struct, sys
+from pathlib import Path
+
+count = 0
+for path in sorted(Path(sys.argv[1]).glob("*.safetensors")):
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        count += len(json.loads(f.read(n))) - 1
+print(count)
+"""
+
+
+def case_tensor_count(b: Bench, model: Path, info: dict, args) -> dict:
+    """Config-only work at a real tensor count: the known-digest apply and plan read every shard
+    header, so their cost follows the number of tensors, not bytes."""
+    out = b.work / "out" / "c1b"
+    warm_cache = b.work / "caches" / "c1b-warm"
+    rmtree(warm_cache)
+    headers = b.scripts / "json_headers.py"
+    headers.write_text(JSON_HEADERS)
+    b.measure(b.mp + ["apply", "sm120-fp16-kv", model, "-o", out, "--force", "-q"],
+              env=b.env(warm_cache))
+    rmtree(out)
+
+    def known():
+        rmtree(out)
+        os.sync()
+        r = b.measure(b.mp + ["apply", "sm120-fp16-kv", model, "-o", out, "--force", "-q",
+                              "--json"], env=b.env(warm_cache))
+        r["bytes_hashed"] = json.loads(r["stdout"])["bytes_hashed"]
+        rmtree(out)
+        return finish(r)
+
+    def plan():
+        return finish(b.measure(b.mp + ["plan", "sm120-fp16-kv", model]))
+
+    def floor():
+        r = b.measure([PY, headers, model])
+        if int(r["stdout"]) != info["tensors"]:
+            raise SystemExit(f"run.py: json_headers counted {r['stdout']!r}")
+        return finish(r)
+
+    commands = {"modelpatch_digests_known": known, "modelpatch_plan": plan,
+                "python_json_loads_headers": floor}
+    res = summarize(alternate(commands, args.repeat, args.warmup, "config-only, many tensors"))
+    rmtree(warm_cache)
+    return {"commands": res, "model_gb": info["file_bytes"] / GB, "shards": info["shards"],
+            "tensors": info["tensors"]}
 
 
 def case_inspect(b: Bench, model: Path, info: dict, args) -> dict:
@@ -779,6 +931,7 @@ def evaluate_targets(report: dict) -> list[dict]:
                     "limit": 0.15,
                     "verdict": verdict(r["ratios"]["first_time_vs_cp"] <= 0.15),
                     "per_size": {s: by[s]["ratios"]["first_time_vs_cp"] for s in by},
+                    "per_round": r["pair_ratios"]["first_time_vs_cp"],
                     "also": {"vs_cp_with_sync": r["ratios"]["first_time_vs_cp_sync"],
                              "verdict_vs_cp_with_sync": verdict(
                                  r["ratios"]["first_time_vs_cp_sync"] <= 0.15)}})
@@ -790,6 +943,18 @@ def evaluate_targets(report: dict) -> list[dict]:
                     "verdict": verdict(known < 1.0),
                     "per_size": {s: med(by[s]["commands"], "modelpatch_digests_known")
                                  for s in by}})
+    if "config_only_tensor_count" in cases:
+        c = cases["config_only_tensor_count"]
+        known = med(c["commands"], "modelpatch_digests_known")
+        out.append({"id": "config_only_digests_known_tensor_count", "issues": [3],
+                    "target": f"the same < 1 s, at {c['tensors']} tensors in {c['shards']} "
+                              "shards (" + ("about nvidia/Kimi-K2.5-NVFP4's count"
+                                            if c["tensors"] > 200_000 else
+                                            "a reduced stand-in for Kimi-K2.5-NVFP4's ~273k")
+                              + "; beyond issue 3's 8 GB / 16-shard spec)",
+                    "at_gb": c["model_gb"], "measured": known, "limit": 1.0,
+                    "verdict": verdict(known < 1.0), "per_size": {},
+                    "per_round": c["commands"]["modelpatch_digests_known"]["wall_s"]["runs"]})
     if "verify" in cases:
         by = cases["verify"]["by_size"]
         big = max(by, key=float)
@@ -799,7 +964,8 @@ def evaluate_targets(report: dict) -> list[dict]:
                               "(the per-core hashlib limit on all cores)",
                     "at_gb": float(big), "measured": m, "limit": 1.1,
                     "verdict": verdict(m <= 1.1),
-                    "per_size": {s: by[s]["ratios"]["verify_vs_hashlib_pool"] for s in by}})
+                    "per_size": {s: by[s]["ratios"]["verify_vs_hashlib_pool"] for s in by},
+                    "per_round": by[big]["pair_ratios"]["verify_vs_hashlib_pool"]})
     if "drop_kv_scales" in cases:
         by = cases["drop_kv_scales"]["by_size"]
         big = max(by, key=float)
@@ -811,12 +977,13 @@ def evaluate_targets(report: dict) -> list[dict]:
                     "at_gb": float(big), "measured": r["time_first_time_vs_load_save"],
                     "limit": 1.0, "verdict": verdict(r["time_first_time_vs_load_save"] <= 1.0),
                     "per_size": {s: by[s]["ratios"]["time_first_time_vs_load_save"] for s in by},
+                    "per_round": by[big]["pair_ratios"]["time_first_time_vs_load_save"],
                     "also": {"digests_known": r["time_digests_known_vs_load_save"],
                              "first_time_vs_script_with_sync":
                                  r["time_first_time_vs_load_save_sync"]}})
         out.append({"id": "drop_kv_peak_rss", "issues": [4, 7],
                     "target": "drop-kv-scales peak RSS <= 0.5 x load_file/save_file script "
-                              "(ru_maxrss: the largest process of each command)",
+                              "(the largest process of each command)",
                     "at_gb": float(big), "measured": r["peak_rss_vs_load_save"], "limit": 0.5,
                     "verdict": verdict(r["peak_rss_vs_load_save"] <= 0.5),
                     "per_size": {s: by[s]["ratios"]["peak_rss_vs_load_save"] for s in by},
@@ -842,10 +1009,14 @@ def plots(report: dict, out: Path) -> list[str]:
         sizes = sorted(by, key=float)
         xs = [by[s]["model_gb"] for s in sizes]
         for name, label in names.items():
-            ys = [by[s]["commands"][name][key]["median"] * scale for s in sizes]
-            lo = [y - by[s]["commands"][name][key]["min"] * scale for y, s in zip(ys, sizes)]
-            hi = [by[s]["commands"][name][key]["max"] * scale - y for y, s in zip(ys, sizes)]
-            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=label)
+            have = [s for s in sizes if by[s]["commands"].get(name, {}).get(key)]
+            if not have:
+                continue
+            px = [by[s]["model_gb"] for s in have]
+            ys = [by[s]["commands"][name][key]["median"] * scale for s in have]
+            lo = [y - by[s]["commands"][name][key]["min"] * scale for y, s in zip(ys, have)]
+            hi = [by[s]["commands"][name][key]["max"] * scale - y for y, s in zip(ys, have)]
+            ax.errorbar(px, ys, yerr=[lo, hi], marker="o", capsize=3, label=label)
         return xs
 
     def finish_fig(fig, ax, name, title, ylabel="seconds (median, min-max bars)"):
@@ -909,6 +1080,10 @@ def fmt_s(x: float | None) -> str:
     return "-" if x is None else (f"{x:.3f} s" if x < 10 else f"{x:.1f} s")
 
 
+def fr(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
 def fmt_mib(x: float | None) -> str:
     return "-" if x is None else f"{x / 2**20:.0f} MiB"
 
@@ -922,19 +1097,30 @@ def markdown(report: dict) -> str:
         f"**{report['runtime_s'] / 60:.1f} min** ({report['runtime_s']:.0f} s). "
         f"Mode: {report['mode']}; sizes {', '.join(f'{s:g}' for s in report['args']['sizes'])} "
         f"GB (nominal) in shards of {report['args']['shard_mb']:g} MB; {report['args']['repeat']} "
-        f"timed round(s) after {report['args']['warmup']} warm-up round(s); medians.\n")
+        f"timed round(s) per command, medians (at the largest size of cases 1-3, up to "
+        f"{report['args']['extra_rounds']} more while runs differ by over {SPREAD_LIMIT}x and "
+        f"the {report['args']['budget_min']:g}-minute budget allows); "
+        f"{report['args']['warmup']} warm-up round(s) "
+        f"before the smallest size of cases 1-3 and before each of cases 4-6 (larger sizes read "
+        f"the same page-cached, hardlinked shards, preloaded before timing).\n")
     add("## Targets\n")
     add("| target | issues | at | measured | limit | verdict |")
     add("|---|---|---|---|---|---|")
     for t in report["targets"]:
-        unit = " s" if t["id"] == "config_only_digests_known" else "x"
+        unit = " s" if t["id"].startswith("config_only_digests_known") else "x"
         add(f"| {t['target']} | {', '.join(map(str, t['issues']))} | {t['at_gb']:g} GB | "
-            f"{t['measured']:.3f}{unit} | {t['limit']}{unit} | **{t['verdict']}** |")
+            f"{t['measured']:.3f}{unit} | {t['limit']}{unit} | **{t['verdict']}** |"
+            .replace(f"| {t['at_gb']:g} GB |", f"| {t['at_gb']:.3g} GB |"))
     add("")
     for t in report["targets"]:
         per = ", ".join(f"{float(s):g} GB: {x:.3f}" for s, x in sorted(t["per_size"].items(),
                                                                       key=lambda i: float(i[0])))
-        line = f"- `{t['id']}` per size: {per}."
+        line = f"- `{t['id']}`" + (f" per size: {per}." if per else ":")
+        if t.get("per_round"):
+            what = ("seconds" if t["id"].startswith("config_only_digests_known")
+                    else "modelpatch / the baseline run next to it")
+            line += (f" At {t['at_gb']:.3g} GB, per round ({what}): "
+                     + ", ".join(f"{x:.3f}" for x in t["per_round"]) + ".")
         if "also" in t:
             line += " Also: " + "; ".join(
                 f"{k} {x:.3f}" if isinstance(x, float) else f"{k} {x}"
@@ -1002,7 +1188,10 @@ def markdown(report: dict) -> str:
         for s in sorted(by, key=float):
             cells = []
             for n in names:
-                c = by[s]["commands"][n]
+                c = by[s]["commands"].get(n)
+                if c is None:
+                    cells.append("-")
+                    continue
                 cell = f"{fmt_s(c['wall_s']['median'])} ({c['wall_s']['min']:.2f}-" \
                        f"{c['wall_s']['max']:.2f})"
                 if rss:
@@ -1034,6 +1223,21 @@ def markdown(report: dict) -> str:
                 f"{c['modelpatch_first_time']['bytes_hashed'] / GB:.3f} GB | "
                 f"{c['modelpatch_digests_known']['bytes_hashed']} B |")
         add("\n![config-only](case1_config_only.png)\n")
+    if "config_only_tensor_count" in cases:
+        c = cases["config_only_tensor_count"]
+        add(f"## 1b. Config-only patch at a real tensor count ({c['tensors']} tensors, "
+            f"{c['shards']} shards, {c['model_gb']:.2f} GB)\n")
+        add("nvidia/Kimi-K2.5-NVFP4 has about 273k tensors (61 layers x 384 experts x 3 "
+            "projections x 4 NVFP4 tensors, and more) in 119 shards. With digests known, a config-only "
+            "apply reads no tensor data, but `plan` and `apply` parse every shard header; "
+            "`python_json_loads_headers` is the floor of any Python reader that parses them "
+            "all (`json.loads` of every header, nothing else).\n")
+        add("| command | wall (median, min-max) |")
+        add("|---|---|")
+        for n, e in c["commands"].items():
+            add(f"| {n} | {fmt_s(e['wall_s']['median'])} ({e['wall_s']['min']:.3f}-"
+                f"{e['wall_s']['max']:.3f}) |")
+        add("")
     if "verify" in cases:
         by = cases["verify"]["by_size"]
         add(f"## 2. `verify` vs hashlib sha256 per file (1 process, Pool({CORES}))\n")
@@ -1051,13 +1255,17 @@ def markdown(report: dict) -> str:
         by = cases["drop_kv_scales"]["by_size"]
         add("## 3. `apply drop-kv-scales` (every shard rewritten) vs load_file/save_file per "
             "shard\n")
-        add("Wall time median (min-max), peak RSS = ru_maxrss of the largest process (median), "
+        add("Wall time median (min-max), peak RSS of the largest process (median; "
+            "ru_maxrss of the command's tree, the measuring wrapper being its child subreaper so "
+            "that fork-server workers are counted, checked against a 50 ms sampling), "
             "and in brackets the peak of the whole process tree's summed RSS, sampled every 50 ms "
             "(pages that forked workers share with their parent count once per process, so it "
             "is an upper bound). "
             "modelpatch hashes what it writes and fsyncs every shard; the script does neither "
             "(`load_save_sync` adds a final `sync`). First time also hashes every base shard "
-            "(the provenance manifest records the base's digests).\n")
+            "(the provenance manifest records the base's digests). `digests_known` and "
+            "`load_save_sync` run at the largest size only: every run rewrites the whole model "
+            "at disk speed, and the time budget of one run does not allow them everywhere.\n")
         table(by, ["modelpatch_first_time", "modelpatch_digests_known", "load_save",
                    "load_save_sync"], rss=True)
         add("| size | time first / script | time known / script | time first / (script+sync) "
@@ -1065,11 +1273,11 @@ def markdown(report: dict) -> str:
         add("|---|---|---|---|---|---|---|")
         for s in sorted(by, key=float):
             r = by[s]["ratios"]
-            add(f"| {by[s]['model_gb']:.2f} GB | {r['time_first_time_vs_load_save']:.3f} | "
-                f"{r['time_digests_known_vs_load_save']:.3f} | "
-                f"{r['time_first_time_vs_load_save_sync']:.3f} | "
-                f"{r['time_digests_known_vs_load_save_sync']:.3f} | "
-                f"{r['peak_rss_vs_load_save']:.3f} | {r['tree_peak_rss_vs_load_save']:.3f} |")
+            add(f"| {by[s]['model_gb']:.2f} GB | {fr(r['time_first_time_vs_load_save'])} | "
+                f"{fr(r['time_digests_known_vs_load_save'])} | "
+                f"{fr(r['time_first_time_vs_load_save_sync'])} | "
+                f"{fr(r['time_digests_known_vs_load_save_sync'])} | "
+                f"{fr(r['peak_rss_vs_load_save'])} | {fr(r['tree_peak_rss_vs_load_save'])} |")
         add("\n![drop-kv-scales](case3_drop_kv_scales.png)\n")
     if "fp8_to_bf16" in cases:
         c = cases["fp8_to_bf16"]
@@ -1143,9 +1351,19 @@ def parse_args(argv=None):
     p.add_argument("--shard-mb", type=float, default=None, help="shard size (default 500)")
     p.add_argument("--fp8-size", type=float, default=None,
                    help="fp8-block model size in GB for case 4 (default 1)")
-    p.add_argument("--repeat", type=int, default=None, help="timed rounds (default 3)")
+    p.add_argument("--many-gb", type=float, default=None,
+                   help="size of the many-tensor model of case 1b (default 2.2 GB in 119 shards: "
+                        "about the 273k tensors of nvidia/Kimi-K2.5-NVFP4)")
+    p.add_argument("--many-shards", type=int, default=None)
+    p.add_argument("--repeat", type=int, default=None, help="timed rounds (default 2; quick 2, tiny 1)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up rounds (default 1)")
     p.add_argument("--cases", default="1,2,3,4,5,6", help="which cases to run")
+    p.add_argument("--extra-rounds", type=int, default=None,
+                   help="at the largest size of cases 1-3, up to this many more rounds while "
+                        "a command's runs differ by more than 1.25x (default 1; tiny 0)")
+    p.add_argument("--budget-min", type=float, default=14.0,
+                   help="extra rounds are only run while the whole run stays within this "
+                        "many minutes (default 14)")
     p.add_argument("--workdir", type=Path, default=None,
                    help="where models and outputs go (default: a temporary directory beside "
                         "the system temp dir, removed afterwards); generated models are kept "
@@ -1156,16 +1374,20 @@ def parse_args(argv=None):
     if args.quick and args.tiny:
         p.error("--quick and --tiny exclude each other")
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
-    defaults = {"full": ("1,2,4,8", 500, 1.0, 3, 1),
-                "quick": ("0.25,0.5", 62.5, 0.25, 2, 1),
-                "tiny": ("0.02", 10, 0.02, 1, 0)}[mode]
+    defaults = {"full": ("1,2,4,8", 500, 1.0, 2, 1, 2.2, 119),
+                "quick": ("0.25,0.5", 62.5, 0.25, 2, 1, 0.25, 30),
+                "tiny": ("0.02", 10, 0.02, 1, 0, 0.02, 4)}[mode]
     args.mode = mode
     args.sizes = [float(s) for s in (args.sizes or defaults[0]).split(",") if s.strip()]
     args.shard_mb = args.shard_mb or defaults[1]
     args.fp8_size = args.fp8_size or defaults[2]
     args.repeat = args.repeat if args.repeat is not None else defaults[3]
     args.warmup = args.warmup if args.warmup is not None else defaults[4]
+    args.many_gb = args.many_gb or defaults[5]
+    args.many_shards = args.many_shards or defaults[6]
     args.cases = sorted({int(c) for c in args.cases.split(",") if c.strip()})
+    if args.extra_rounds is None:
+        args.extra_rounds = 0 if mode == "tiny" else 1
     return args
 
 
@@ -1213,12 +1435,14 @@ def main(argv=None) -> int:
         (scripts_dir / "load_save_drop.py").write_text(tensor_scripts["load_save_drop"])
         (scripts_dir / "fp8_cast_bf16_cpu.py").write_text(tensor_scripts["fp8_cast_bf16"])
     b = Bench(work, scripts_dir)
+    EXTRA_ROUNDS["allowed"] = args.extra_rounds
     report: dict = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(["python", "benchmarks/run.py"] + (argv or sys.argv[1:])),
         "mode": args.mode,
         "args": {"sizes": args.sizes, "shard_mb": args.shard_mb, "fp8_size": args.fp8_size,
                  "repeat": args.repeat, "warmup": args.warmup, "cases": args.cases,
+                 "extra_rounds": args.extra_rounds, "budget_min": args.budget_min,
                  "workdir": str(work)},
         "machine": machine_info(work), "versions": versions(), "cases": {}, "notes": notes,
     }
@@ -1229,25 +1453,62 @@ def main(argv=None) -> int:
         models = prepare_models(args, work)
         report["models"] = models
         cases = report["cases"]
-        for size in sorted(args.sizes):
+        sizes = sorted(args.sizes)
+        spent: dict[tuple[int, float], float] = {}   # (case, size) -> seconds
+
+        def reserve_after(case: int, size: float) -> float:
+            """Estimated seconds of the work still to come after ``case`` at ``size`` (only
+            used at the largest size): the later cases at this size, scaled from the size
+            before it, and cases 4-6."""
+            prev = [s_ for s_ in sizes if s_ < size]
+            est = 0.0
+            for later in (c for c in (1, 2, 3) if c > case and c in args.cases):
+                if prev:
+                    factor = size / prev[-1] * (1.7 if later == 3 else 1)  # case 3: 2 more cmds
+                    est += spent.get((later, prev[-1]), 0.0) * factor
+            rounds = args.warmup + args.repeat
+            est += (1 in args.cases) * (rounds * 8 * args.many_gb / 2.2 + 10)
+            est += (4 in args.cases) * rounds * 30 * args.fp8_size
+            est += (5 in args.cases) * (rounds * 8 * max(sizes) / 8 + 5)
+            est += (6 in args.cases) * 35
+            return est
+
+        def budget_for(case: int, size: float):
+            def ok(cost: float) -> bool:
+                elapsed = time.perf_counter() - t_start
+                return elapsed + cost + reserve_after(case, size) <= args.budget_min * 60
+            return ok
+
+        for size in sizes:
             pair = models["sizes"][size]
             kv, nokv = Path(pair["kv"]["path"]), Path(pair["nokv"]["path"])
             gb = pair["kv"]["file_bytes"] / GB
-            if 1 in args.cases:
-                log(f"case 1: config-only patch, {size:g} GB")
-                r = case_config_only(b, kv, size, args)
-                cases.setdefault("config_only", {"by_size": {}})["by_size"][size] = \
-                    dict(r, model_gb=gb)
-            if 2 in args.cases:
-                log(f"case 2: verify, {size:g} GB")
-                r = case_verify(b, kv, size, args)
-                cases.setdefault("verify", {"by_size": {}})["by_size"][size] = \
-                    dict(r, model_gb=gb)
-            if 3 in args.cases:
-                log(f"case 3: drop-kv-scales, {size:g} GB")
-                r = case_drop_kv(b, nokv, size, args, tensor_scripts)
-                cases.setdefault("drop_kv_scales", {"by_size": {}})["by_size"][size] = \
-                    dict(r, model_gb=gb)
+            # The warm-up rounds run at the smallest size; larger models read the same
+            # page-cached shards (hardlinks), and preload() makes sure they are cached.
+            warmup = args.warmup if size == min(sizes) else 0
+            log(f"preloading {size:g} GB into the page cache: {preload(kv):.1f} s")
+            for case, key, label in ((1, "config_only", "config-only patch"),
+                                     (2, "verify", "verify"),
+                                     (3, "drop_kv_scales", "drop-kv-scales")):
+                if case not in args.cases:
+                    continue
+                log(f"case {case}: {label}, {size:g} GB")
+                EXTRA_ROUNDS["budget_ok"] = budget_for(case, size)
+                t0 = time.perf_counter()
+                if case == 1:
+                    r = case_config_only(b, kv, size, args, warmup)
+                elif case == 2:
+                    r = case_verify(b, kv, size, args, warmup)
+                else:
+                    r = case_drop_kv(b, nokv, kv, size, args, tensor_scripts, warmup,
+                                     extras=size == max(sizes))
+                spent[(case, size)] = time.perf_counter() - t0
+                cases.setdefault(key, {"by_size": {}})["by_size"][size] = dict(r, model_gb=gb)
+        if 1 in args.cases:
+            log("case 1b: config-only patch at a real tensor count")
+            many = models["many_tensors"]
+            cases["config_only_tensor_count"] = case_tensor_count(b, Path(many["path"]), many,
+                                                                  args)
         if 4 in args.cases:
             log("case 4: fp8-block-to-bf16")
             fp8 = models["fp8"]

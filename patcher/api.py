@@ -12,12 +12,17 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .engine import ApplyResult, Progress, apply_plan, default_output
 from .errors import InputError
 from .model_dir import ModelDir
-from .plan import Plan, plan as make_plan
-from .recipe import Recipe, load_recipe, resolve_recipe
+
+# Heavier modules (the engine, the recipe loader and its YAML library, huggingface_hub) are
+# imported by the functions that need them, so `inspect` and `--help` stay light.
+if TYPE_CHECKING:
+    from .engine import ApplyResult, Progress
+    from .plan import Plan
+    from .recipe import Recipe
 
 log = logging.getLogger("modelpatch")
 
@@ -37,6 +42,8 @@ def _open(model: str | os.PathLike) -> ModelDir:
 
 def load(recipe: str | os.PathLike | Recipe) -> Recipe:
     """A recipe from a path, a built-in name, or an already loaded ``Recipe``."""
+    from .recipe import Recipe, load_recipe, resolve_recipe
+
     return recipe if isinstance(recipe, Recipe) else load_recipe(resolve_recipe(str(recipe)))
 
 
@@ -49,6 +56,8 @@ def inspect(model: str | os.PathLike) -> dict:
 def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
          *, options: dict | None = None) -> Plan:
     """The plan for applying ``recipe`` to ``model``; nothing is written."""
+    from .plan import plan as make_plan
+
     return make_plan(load(recipe), _open(model), options=options)
 
 
@@ -57,13 +66,21 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
           jobs: int | None = None, device: str = "cpu",
           progress: Progress | None = None) -> ApplyResult:
     """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``)."""
+    from .engine import apply_plan, default_output
+    from .locking import lock_directory
+    from .plan import plan as make_plan
+
     loaded = load(recipe)
-    base = _open(model)
-    options = {"force_copy": force_copy, "jobs": jobs, "device": device, "in_place": False}
-    the_plan = make_plan(loaded, base, options=options)
-    target = Path(out) if out is not None else default_output(base.root, loaded.name)
-    return apply_plan(the_plan, base, target, force=force, force_copy=force_copy, jobs=jobs,
-                      progress=progress)
+    _recovered(model)
+    # Plan under the base's shared lock, so an in-place patch or revert cannot change the base
+    # between planning and linking.
+    with lock_directory(Path(model), exclusive=False):
+        base = ModelDir.open(model)
+        options = {"force_copy": force_copy, "jobs": jobs, "device": device, "in_place": False}
+        the_plan = make_plan(loaded, base, options=options)
+        target = Path(out) if out is not None else default_output(base.root, loaded.name)
+        return apply_plan(the_plan, base, target, force=force, force_copy=force_copy,
+                          jobs=jobs, progress=progress)
 
 
 def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool = False,
@@ -95,6 +112,7 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
                    progress: Progress | None = None) -> ApplyResult:
     """Apply ``recipe`` to ``model`` itself, revertibly (``revert``)."""
     from .inplace import apply_in_place as run
+    from .plan import plan as make_plan
 
     loaded = load(recipe)
     base = _open(model)

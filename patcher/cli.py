@@ -77,11 +77,10 @@ def main(ctx: click.Context, debug: bool, quiet: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 def inspect(model: str, as_json: bool) -> None:
     """Report architectures, quantization, tensors, shards and index health of MODEL."""
-    from .inspect_model import inspect_model
-    from .model_dir import ModelDir
+    from . import api
     from .render import render_inspect
 
-    report = inspect_model(ModelDir.open(model))
+    report = api.inspect(model)
     if as_json:
         _emit_json(report)
     else:

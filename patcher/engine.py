@@ -85,6 +85,7 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
     untouched = "the base is untouched and no output was written"
     try:
         with lock_directory(model.root, exclusive=False), lock_new_path(out):
+            _restore_replaced(out)
             if (out.exists() or out.is_symlink()) and not force:
                 raise InputError("output already exists", where=out,
                                  hint="pass --force to replace it")
@@ -120,10 +121,27 @@ def make_staging_dir(out: Path) -> Path:
 
 def _remove_stale_staging(out: Path) -> None:
     """Staging dirs for ``out`` left by a killed process (we hold ``out``'s lock, so no live
-    process owns them)."""
-    for pattern in (f".{out.name}{STAGING_MARK}*", f".{out.name}{REPLACED_MARK}*"):
+    process owns them), and previous outputs a ``--force`` run moved aside, once ``out`` is in
+    place (without ``out``, one of them may be the only copy: see ``_restore_replaced``)."""
+    patterns = [f".{out.name}{STAGING_MARK}*"]
+    if os.path.lexists(out):
+        patterns.append(f".{out.name}{REPLACED_MARK}*")
+    for pattern in patterns:
         for entry in out.parent.glob(pattern):
             remove_tree(entry)
+
+
+def _restore_replaced(out: Path) -> None:
+    """Put back a previous output that a ``--force`` run killed between moving it aside and
+    renaming its new output into place had left hidden (the caller holds ``out``'s lock)."""
+    if os.path.lexists(out):
+        return
+    replaced = sorted(out.parent.glob(f".{out.name}{REPLACED_MARK}*"),
+                      key=lambda p: p.lstat().st_mtime_ns)
+    if replaced:
+        os.rename(replaced[-1], out)
+        log.warning("%s: put back the previous output, which an interrupted --force run had "
+                    "moved aside", out)
 
 
 @contextlib.contextmanager
@@ -290,7 +308,7 @@ def _write_revert_data(record: PatchRecord, model: ModelDir, staging: Path,
 
 def _link_tree(src: Path, dst: Path, force_copy: bool) -> None:
     for path in sorted(src.rglob("*")):
-        if path.is_file() and not path.is_symlink():
+        if path.is_file():           # a symlinked original (in-place HF patch) links its blob
             link_or_copy(path, _prepare(dst, path.relative_to(src).as_posix()),
                          force_copy=force_copy)
 

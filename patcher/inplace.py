@@ -30,7 +30,8 @@ from .journal import Journal, recover, roll_back, switch
 from .locking import lock_directory
 from .model_dir import MANIFEST_NAME, STATE_DIR, ModelDir
 from .patch_record import PATCHES_DIR, RECORD_NAME, encode_record
-from .plan import Action, Plan, plan as make_plan
+from .plan import Action, Plan
+from .plan import plan as make_plan
 
 log = logging.getLogger("modelpatch")
 

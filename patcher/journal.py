@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +73,7 @@ class Journal:
         state = root / STATE_DIR
         if not state.is_dir():
             state.mkdir()
+            faults.point("journal:create")      # a kill here leaves an empty .modelpatch/
             fsync_dir(root)
         self.save(root)
 
@@ -82,11 +84,12 @@ class Journal:
             json.dump(data, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
+        faults.point("journal:save")            # a kill here leaves journal.json.tmp
         os.replace(tmp, root / JOURNAL_NAME)
         fsync_dir(root / STATE_DIR)
 
     @classmethod
-    def load(cls, root: Path) -> "Journal | None":
+    def load(cls, root: Path) -> Journal | None:
         path = root / JOURNAL_NAME
         if not path.exists():
             return None
@@ -101,16 +104,35 @@ class Journal:
             if journal.phase not in ("preparing", "switching") or \
                     journal.op not in ("apply", "revert"):
                 raise ValueError
+            # Every path stays inside the directory; the work areas inside .modelpatch/.
+            if not all(safe_relpath(step[1]) for step in journal.steps):
+                raise ValueError
+            if not (safe_relpath(journal.patch_dir)
+                    and journal.patch_dir.startswith(PATCHES_SUBDIR + "/")
+                    and all(safe_relpath(p) and p.startswith(STATE_DIR + "/")
+                            for p in (journal.staging, journal.trash))):
+                raise ValueError
+            if not (isinstance(journal.done, int) and 0 <= journal.done <= len(journal.steps)):
+                raise ValueError
         except (TypeError, KeyError, AttributeError, ValueError, IndexError):
             raise ModelDirError("unreadable journal; move it aside only if you know the "
                                 "directory's state", where=path) from None
         return journal
 
 
+def safe_relpath(rel: object) -> bool:
+    """A relative POSIX path that stays inside the directory it is relative to."""
+    return (isinstance(rel, str) and bool(rel) and not rel.startswith("/")
+            and "\0" not in rel and posixpath.normpath(rel) == rel
+            and rel != ".." and not rel.startswith("../"))
+
+
 def take_step(root: Path, journal: Journal, step: list[str]) -> None:
     """Take one step unless it was taken already (its source is gone)."""
     action, rel = step[0], step[1]
     live = root / rel
+    _refuse_escape(root, live, root / journal.patch_dir / "originals" / rel,
+                   root / journal.staging / rel, root / journal.trash / rel)
     faults.point(f"journal:{action}:{rel}")
     if action == "stash":
         _move_if_present(live, root / journal.patch_dir / "originals" / rel)
@@ -133,6 +155,18 @@ def take_step(root: Path, journal: Journal, step: list[str]) -> None:
     else:
         raise ModelDirError(f"unknown journal step {action!r}", where=root / JOURNAL_NAME)
     faults.point(f"journal:{action}:{rel}:taken")
+
+
+def _refuse_escape(root: Path, *paths: Path) -> None:
+    """Refuse a step whose paths leave ``root`` through a symlinked directory (a crafted
+    journal or a swapped-in link must never move files outside the model)."""
+    real_root = os.path.realpath(root)
+    for path in paths:
+        parent = os.path.realpath(path.parent)
+        if parent != real_root and not parent.startswith(real_root + os.sep):
+            raise ModelDirError(f"journal step on {path.relative_to(root)} leads outside the "
+                                f"directory through a symlink; refusing it",
+                                where=root / JOURNAL_NAME)
 
 
 def _move_if_present(src: Path, dst: Path) -> None:
@@ -178,6 +212,7 @@ def finish(root: Path, journal: Journal) -> None:
             (root / journal.trash).mkdir(parents=True, exist_ok=True)
             os.rename(patch_dir, root / journal.trash / _PATCH_IN_TRASH)
             fsync_dir(patch_dir.parent)
+            faults.point("journal:finish:unlisted")
     remove_tree(root / journal.staging)
     remove_tree(root / journal.trash)
     faults.point("journal:finish:cleaned")
@@ -205,6 +240,7 @@ def _end(root: Path) -> None:
         patches.rmdir()
     remove_tree(root / JOURNAL_TMP)
     (root / JOURNAL_NAME).unlink(missing_ok=True)
+    faults.point("journal:end")     # a kill here may leave an empty .modelpatch/
     _remove_empty_state_dir(root)
     fsync_dir(root)
 

@@ -40,6 +40,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import stat
 import sys
 import tempfile
 import uuid
@@ -292,8 +293,19 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
     """
     path = Path(directory) / MANIFEST_NAME
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_MANIFEST_BYTES + 1)
+        # O_NONBLOCK: a FIFO planted under the manifest's name must not block the open; the
+        # type and the size are checked before a byte is read.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as f:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError
+            if not stat.S_ISREG(st.st_mode):
+                raise InputError("provenance manifest is not a regular file", where=path)
+            if st.st_size > MAX_MANIFEST_BYTES:
+                raise InputError(f"provenance manifest larger than {MAX_MANIFEST_BYTES} bytes",
+                                 where=path)
+            data = f.read(st.st_size + 1)   # (a read of the limit would allocate the limit)
     except FileNotFoundError:
         raise InputError("no provenance manifest; not a modelpatch variant", where=path,
                          hint="run `modelpatch apply` to create a variant") from None

@@ -16,6 +16,7 @@ equivalent symlink, its original text in ``links``.
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -67,10 +68,10 @@ class PatchRecord:
         return data
 
     @classmethod
-    def from_json(cls, data: dict, where: str) -> "PatchRecord":
+    def from_json(cls, data: dict, where: str) -> PatchRecord:
         try:
             files = {k: BaseFile(**v) for k, v in data["base_files"].items()}
-            return cls(sequence=int(data["sequence"]), recipe=dict(data["recipe"]),
+            record = cls(sequence=int(data["sequence"]), recipe=dict(data["recipe"]),
                        mode=str(data["mode"]), base_files=files,
                        replaced=list(data["replaced"]), added=list(data["added"]),
                        base_manifest=bool(data.get("base_manifest", False)),
@@ -79,6 +80,18 @@ class PatchRecord:
                        made_dirs=[str(d) for d in data.get("made_dirs") or []])
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"malformed patch record: {exc}", where=where) from None
+        outside = [p for p in [*record.base_files, *record.replaced, *record.added,
+                               *record.links, *record.made_dirs] if not _inside(p)]
+        if outside:
+            raise InputError(f"malformed patch record: path {outside[0]!r} is not inside the "
+                             f"directory", where=where)
+        return record
+
+
+def _inside(rel: object) -> bool:
+    return (isinstance(rel, str) and bool(rel) and not rel.startswith("/")
+            and "\0" not in rel and posixpath.normpath(rel) == rel and rel != ".."
+            and not rel.startswith("../") and rel.split("/", 1)[0] != STATE_DIR)
 
 
 def patch_dirs(root: Path) -> list[Path]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import os
+import stat
 from pathlib import Path
 from typing import Any, Callable
 
@@ -107,12 +108,18 @@ def load_recipe(path_or_text: str | bytes | os.PathLike, *,
 
 def _read_capped(path: Path, source: str) -> bytes:
     try:
-        size = path.stat().st_size
-        if size > MAX_RECIPE_BYTES:
-            raise RecipeError(f"recipe is {size} bytes; the limit is {MAX_RECIPE_BYTES} (1 MiB)",
-                              where=source)
-        with path.open("rb") as fh:
-            return fh.read(MAX_RECIPE_BYTES + 1)
+        # O_NONBLOCK and a type check first: a FIFO (or a device) must not block or stream.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as fh:
+            st = os.fstat(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError
+            if not stat.S_ISREG(st.st_mode):
+                raise InputError("not a regular file", where=source)
+            if st.st_size > MAX_RECIPE_BYTES:
+                raise RecipeError(f"recipe is {st.st_size} bytes; the limit is "
+                                  f"{MAX_RECIPE_BYTES} (1 MiB)", where=source)
+            return fh.read(st.st_size + 1)
     except FileNotFoundError:
         raise InputError("no such recipe file", where=source) from None
     except IsADirectoryError:

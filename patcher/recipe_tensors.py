@@ -95,11 +95,99 @@ def _select(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorSelect | None:
 def _check_regex(v: rc.Validator, pattern: str, pos: rc.Pos) -> bool:
     try:
         re.compile(pattern)
+        risk = backtracking_risk(pattern)
     except re.error as exc:
         v.err(pos, f"invalid regex {pattern!r}: {exc.msg}"
               + (f" at position {exc.pos}" if exc.pos is not None else ""))
         return False
+    except RecursionError:
+        v.err(pos, f"regex {pattern[:40]!r}... is nested too deeply")
+        return False
+    if risk:
+        v.err(pos, f"regex {pattern!r} can backtrack catastrophically ({risk}); rewrite it "
+              "without a repeat around a repeat or around alternatives that start alike, or "
+              "make the inner part possessive (a++) or atomic ((?>...))")
+        return False
     return True
+
+
+# --- catastrophic backtracking -----------------------------------------------------------------
+# Python's re has no timeout, and a recipe regex runs against every tensor name of a model. A
+# pattern is refused when a repeat that can run more than once (``*``, ``+``, ``{m,n}`` with
+# n > 1) contains an unbounded repeat, or contains alternatives that do not all start with
+# distinct literal characters: the two shapes of exponential backtracking (``(a+)+``,
+# ``(.*a){20}``, ``(a|aa)+``, ``(\w|\d)*``). The check is conservative; possessive repeats and
+# atomic groups never backtrack into themselves and are allowed.
+
+try:
+    from re import _constants as _sre, _parser as _sre_parse   # Python 3.11+
+except ImportError:                                             # pragma: no cover
+    import sre_constants as _sre  # type: ignore[no-redef]
+    import sre_parse as _sre_parse  # type: ignore[no-redef]
+
+_REPEATS = (_sre.MAX_REPEAT, _sre.MIN_REPEAT)
+_ATOMIC = tuple(getattr(_sre, n) for n in ("ATOMIC_GROUP", "POSSESSIVE_REPEAT") if hasattr(_sre, n))
+
+
+def backtracking_risk(pattern: str) -> str | None:
+    """Why ``pattern`` can backtrack exponentially, or None (see the comment above)."""
+    return _risk(_sre_parse.parse(pattern))
+
+
+def _children(op, av) -> list:
+    """The sub-patterns of one parsed item."""
+    if op in _REPEATS or op is getattr(_sre, "POSSESSIVE_REPEAT", None):
+        return [av[2]]
+    if op is getattr(_sre, "ATOMIC_GROUP", None):
+        return [av]
+    if op is _sre.SUBPATTERN:
+        return [av[-1]]
+    if op is _sre.BRANCH:
+        return list(av[1])
+    if op in (_sre.ASSERT, _sre.ASSERT_NOT):
+        return [av[1]]
+    if op is _sre.GROUPREF_EXISTS:
+        return [p for p in av[1:] if p is not None]
+    return []
+
+
+def _risk(items) -> str | None:
+    for op, av in items:
+        if op in _REPEATS and (av[1] > 1 or av[1] == _sre.MAXREPEAT):
+            if _holds_unbounded_repeat(av[2]):
+                return "a repeat inside a repeat"
+            if _holds_ambiguous_branch(av[2]):
+                return "repeated alternatives that can match alike"
+        for child in _children(op, av):
+            found = _risk(child)
+            if found:
+                return found
+    return None
+
+
+def _holds_unbounded_repeat(items) -> bool:
+    for op, av in items:
+        if op in _ATOMIC:
+            continue
+        if op in _REPEATS and av[1] == _sre.MAXREPEAT:
+            return True
+        if any(_holds_unbounded_repeat(c) for c in _children(op, av)):
+            return True
+    return False
+
+
+def _holds_ambiguous_branch(items) -> bool:
+    for op, av in items:
+        if op in _ATOMIC:
+            continue
+        if op is _sre.BRANCH:
+            firsts = [alt[0] if len(alt) else None for alt in av[1]]
+            literals = [f[1] for f in firsts if f is not None and f[0] is _sre.LITERAL]
+            if len(literals) != len(firsts) or len(set(literals)) != len(literals):
+                return True
+        if any(_holds_ambiguous_branch(c) for c in _children(op, av)):
+            return True
+    return False
 
 
 def _action(v: rc.Validator, node: Any, action: str,

@@ -14,7 +14,7 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import (AliasEvent, CollectionEndEvent, CollectionStartEvent,
-                                DocumentStartEvent, NodeEvent)
+                                DocumentStartEvent, MappingStartEvent, NodeEvent)
 
 MAX_RECIPE_BYTES = 1 << 20
 MAX_DEPTH = 64
@@ -65,6 +65,7 @@ def scan_events(text: str) -> None:
     problems: list[tuple[int, int, str]] = []
     documents = depth = 0
     aliased: set[str] = set()
+    keys: list[list[bool]] = []     # per open collection: [is a mapping, next node is a key]
     yaml = YAML(typ="rt", pure=True)
     try:
         for event in yaml.parse(text):
@@ -89,6 +90,9 @@ def scan_events(text: str) -> None:
                                  f"YAML tag {_show_tag(str(tag))} is not allowed in recipes "
                                  "(only the core tags !!str, !!int, !!float, !!bool, !!null, "
                                  "!!seq, !!map)"))
+            if _complex_key(event, keys):
+                problems.append((*_mark(event.start_mark),
+                                 "mapping keys must be plain scalars, not lists or mappings"))
             if isinstance(event, CollectionStartEvent):
                 depth += 1
                 if depth > MAX_DEPTH:
@@ -105,6 +109,28 @@ def scan_events(text: str) -> None:
         problems.append((1, 1, f"nesting deeper than {MAX_DEPTH} levels"))
     if problems:
         raise YamlProblems(problems)
+
+
+def _complex_key(event: Any, keys: list[list[bool]]) -> bool:
+    """Track key/value positions in the open collections; True when a list or mapping starts
+    where a mapping key belongs (YAML's ``? [a]: b``), which no recipe field can be."""
+    if isinstance(event, CollectionEndEvent):
+        keys.pop()
+        _advance(keys)              # the closed collection was one node of its parent
+        return False
+    if not isinstance(event, NodeEvent):
+        return False
+    at_key = bool(keys) and keys[-1][0] and keys[-1][1]
+    if isinstance(event, CollectionStartEvent):
+        keys.append([isinstance(event, MappingStartEvent), True])
+        return at_key
+    _advance(keys)                  # a scalar or alias: one node of its parent
+    return False
+
+
+def _advance(keys: list[list[bool]]) -> None:
+    if keys and keys[-1][0]:
+        keys[-1][1] = not keys[-1][1]
 
 
 def compose_recipe(text: str) -> Any:

@@ -29,7 +29,13 @@ from pathlib import Path
 
 from . import faults
 from .digest_cache import KnownDigests
-from .engine import make_staging_dir, _commit, _fsync_tree, _prepare, _remove_stale_staging
+from .engine import (
+    _commit,
+    _fsync_tree,
+    _prepare,
+    _remove_stale_staging,
+    make_staging_dir,
+)
 from .errors import InputError, ModelDirError, OperationFailed, VerifyMismatch
 from .fsops import link_or_copy, remove_tree
 from .journal import JOURNAL_NAME, Journal, recover, switch
@@ -56,7 +62,14 @@ def last_patch(root: Path) -> tuple[Path, PatchRecord]:
 def _check_unmodified(root: Path, force: bool, jobs: int | None) -> None:
     from .verify import verify_dir
 
-    report = verify_dir(root, jobs=jobs, fast=True)
+    try:
+        report = verify_dir(root, jobs=jobs, fast=True)
+    except InputError as exc:           # no manifest, or an unreadable one
+        if not force:
+            raise VerifyMismatch(f"cannot check it is unchanged since the patch: {exc.message}",
+                                 where=exc.where or root, hint="--force reverts anyway") from None
+        log.warning("%s: %s; reverting anyway (--force)", root, exc.one_line())
+        return
     if not report.ok:
         if force:
             log.warning("%s: changed since the patch (%s); reverting anyway (--force)", root,
@@ -206,6 +219,7 @@ def _rebuild(variant: Path, out: Path, all_patches: bool, force: bool,
                                                       "then retry")
         if os.path.lexists(out):
             raise InputError("output already exists", where=out)
+        last_patch(variant)                 # something to revert?
         _check_unmodified(variant, force, jobs)
         _remove_stale_staging(out)
         reverted, source, temps = [], variant, []
@@ -251,7 +265,9 @@ def _rebuild_one(source: Path, staging: Path, jobs: int | None, force: bool) -> 
         if not os.path.exists(src):
             raise InputError(f"the original of {rel} is missing from the revert data",
                              where=src)
-        _link(src, _prepare(staging, rel), base_file.mode)
+        # (A symlink's own mode says nothing: a copy of its file stays read-only.)
+        _link(src, _prepare(staging, rel),
+              base_file.mode if base_file.link_target is None else None)
     if record.base_manifest:
         src = _original(originals / MANIFEST_NAME, source / MANIFEST_NAME)
         _link(src, _prepare(staging, MANIFEST_NAME), None)

@@ -164,7 +164,8 @@ def _parse_entry(name: str, entry: object, where: str) -> TensorInfo:
     if type(entry) is dict and len(entry) == 3:
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
         # Fast path for a well-formed entry (type(x) is int excludes bool).
-        if (dtype in DTYPE_BITS and type(shape) is list and type(offsets) is list
+        if (type(dtype) is str and dtype in DTYPE_BITS and type(shape) is list
+                and type(offsets) is list
                 and len(offsets) == 2 and type(offsets[0]) is int and type(offsets[1]) is int
                 and all(type(d) is int and d >= 0 for d in shape)
                 and 0 <= offsets[0] <= offsets[1]
@@ -184,7 +185,7 @@ def _entry_defect(name: str, entry: object, where: str) -> SafetensorsFormatErro
     if extra:
         return bad(f"unexpected field(s) {sorted(extra)}")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPE_BITS:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         return bad(f"unknown dtype {dtype!r}")
     if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
         return bad(f"shape must be a list of integers, got {shape!r}")

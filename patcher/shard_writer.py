@@ -6,16 +6,15 @@ same source file as one range), computed ones are produced one at a time from th
 ranges. Peak memory is bounded by the largest tensor involved, never the shard. The sha256 comes
 from the bytes as they are written; nothing is read back.
 
-``--jobs N`` runs shard tasks in N worker processes. On the CPU they are forked after torch is
-imported (only when some task computes), so each worker starts at once, and each worker's torch
-uses its share of the cores rather than all of them. For a GPU device they are spawned, since
-CUDA does not survive a fork.
+``--jobs N`` runs shard tasks in N worker processes (see ``_pool_context`` for how they start),
+and each worker's torch uses its share of the cores rather than all of them.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Callable, Iterator
@@ -37,6 +36,10 @@ WRITE_PIECE = 4 << 20
 # Threads torch may use in this process (set in pool workers; None: torch's default).
 _torch_threads: int | None = None
 
+# The kernel is asked to start writing the output to disk every this many bytes, so the fsync
+# at the end of a shard finds little left to do (disk I/O overlaps hashing and computing).
+WRITEBACK_STEP = 32 << 20
+
 
 def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None = None,
                     on_progress: Callable[[int], None] | None = None) -> dict[str, str]:
@@ -53,14 +56,10 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
             results[task.output] = write_shard(task, staging / task.output, on_progress)
         return results
     computes = any(j.op != "copy" for t in tasks for j in t.jobs)
-    devices = {t.device for t in tasks}
-    on_cpu = devices <= {"cpu"}
-    if computes and on_cpu:
-        from . import tensor_compute  # noqa: F401  (torch, imported once, inherited by workers)
-    method = "fork" if on_cpu and "fork" in multiprocessing.get_all_start_methods() else "spawn"
     threads = max(1, default_jobs() // jobs)
+    context = _pool_context(computes)
     order = sorted(tasks, key=lambda t: t.file_size, reverse=True)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context(method),
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context,
                              initializer=_init_worker, initargs=(threads,)) as pool:
         futures = {pool.submit(write_shard, t, staging / t.output): t for t in order}
         pending = set(futures)
@@ -79,11 +78,25 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
     return results
 
 
+def _pool_context(computes: bool):
+    """Workers that only copy bytes are forked: instant, and they never touch torch. Workers that
+    compute are spawned (a fresh interpreter each, importing torch there): forked from this
+    process they could hang in their first parallel torch op once this process has used OpenMP
+    (GNU libgomp does not survive a fork), and CUDA cannot be used after a fork. A fork server
+    would import torch only once, but its workers are not this process's children: their CPU
+    time and memory would escape ``wait4``/``RUSAGE_CHILDREN``, and a worker could not tell
+    which process to take down with it (``faults``). The imports run in parallel, so on a
+    machine with as many cores as workers this costs about one torch import of wall time, the
+    same as importing torch here before forking."""
+    methods = multiprocessing.get_all_start_methods()
+    if not computes and "fork" in methods:
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
+
+
 def _init_worker(threads: int) -> None:
     global _torch_threads
     _torch_threads = threads
-    import sys
-
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
 
@@ -98,6 +111,7 @@ def write_shard(task: ShardTask, target: Path,
     with os.fdopen(fd, "wb", buffering=0) as raw:
         writer = HashingWriter(raw)
         writer.write(header)
+        writeback = _Writeback(fd)
         sources: dict[str, int] = {}
         cache: dict = {}
         try:
@@ -108,9 +122,17 @@ def write_shard(task: ShardTask, target: Path,
                 expected = sum(j.out.nbytes for j in group)
                 if group[0].op == "copy":
                     first = group[0].inputs[0]
-                    hash_while_copying(_fd(sources, first.path), first.offset, expected, writer)
+                    copied = [0]
+
+                    def progress(n: int, copied=copied, before=before) -> None:
+                        copied[0] += n
+                        writeback(before + copied[0])
+
+                    hash_while_copying(_fd(sources, first.path), first.offset, expected, writer,
+                                       on_progress=progress)
                 else:
-                    _write_pieces(writer, _compute(group[0], sources, cache, task.device))
+                    _write_pieces(writer, _compute(group[0], sources, cache, task.device),
+                                  writeback)
                 if writer.size - before != expected:
                     raise OperationFailed(f"wrote {writer.size - before} bytes, expected "
                                           f"{expected}", where=target, tensor=group[0].out.name)
@@ -141,9 +163,46 @@ def _groups(jobs: tuple[TensorJob, ...]) -> Iterator[list[TensorJob]]:
         yield group
 
 
-def _write_pieces(writer: HashingWriter, data: memoryview) -> None:
+def _write_pieces(writer: HashingWriter, data: memoryview, writeback) -> None:
     for start in range(0, data.nbytes, WRITE_PIECE):
         writer.write(data[start:start + WRITE_PIECE])
+        writeback(writer.size)
+
+
+class _Writeback:
+    """Starts the kernel's write-out of the bytes written so far, every ``WRITEBACK_STEP`` bytes
+    (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``: asynchronous, no wait, no durability
+    promise; the final fsync gives that). Elsewhere it does nothing."""
+
+    def __init__(self, fd: int):
+        self.fd, self.started = fd, 0
+
+    def __call__(self, position: int) -> None:
+        if position - self.started < WRITEBACK_STEP:
+            return
+        sync = _sync_file_range()
+        if sync is not None:
+            sync(self.fd, self.started, position - self.started, 2)   # SYNC_FILE_RANGE_WRITE
+        self.started = position
+
+
+_SYNC_FILE_RANGE: list = []
+
+
+def _sync_file_range():
+    if not _SYNC_FILE_RANGE:
+        fn = None
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+                fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                fn = None
+        _SYNC_FILE_RANGE.append(fn)
+    return _SYNC_FILE_RANGE[0]
 
 
 def _fd(sources: dict[str, int], path: str) -> int:

@@ -171,11 +171,12 @@ def _cast(view, names, op, changes) -> None:
     target = CAST_TARGETS[op.action.to]
     for name in names:
         t = view[name]
-        if t.dtype.startswith("F8") or t.dtype not in FLOAT_DTYPES:
-            raise PlanError(f"cannot cast {t.dtype} to {op.action.to}: "
-                            + ("FP8 data needs its scale; use dequantize" if t.dtype.startswith("F8")
-                               else "only floating-point tensors can be cast"),
-                            where=op.loc, tensor=name)
+        if t.dtype.startswith("F8"):
+            raise PlanError(f"cannot cast {t.dtype} to {op.action.to}: FP8 data needs its scale; "
+                            f"use dequantize", where=op.loc, tensor=name)
+        if t.dtype not in FLOAT_DTYPES:
+            raise PlanError(f"cannot cast {t.dtype} to {op.action.to}: only floating-point "
+                            f"tensors can be cast", where=op.loc, tensor=name)
         if t.dtype == target:
             continue
         job = TensorJob(out=OutputTensor(name, target, t.shape), op="cast",

@@ -102,10 +102,11 @@ def cli(*args, env: dict | None = None, cwd: str | os.PathLike | None = None,
     variables come from ``env`` only."""
     cmd, full_env = _command(args, env)
     return subprocess.run(cmd, env=full_env, cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, check=False)
 
 
-def popen(*args, env: dict | None = None) -> subprocess.Popen:
+def popen(*args, env: dict | None = None, stdout=subprocess.PIPE) -> subprocess.Popen:
+    """Start ``modelpatch ARGS``; stdout and stderr go to ``stdout`` (default: pipes)."""
     cmd, full_env = _command(args, env)
-    return subprocess.Popen(cmd, env=full_env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    return subprocess.Popen(cmd, env=full_env, text=True, stdout=stdout,
+                            stderr=subprocess.PIPE if stdout is subprocess.PIPE else stdout)

@@ -8,26 +8,28 @@ path by path: type, mode, bytes, link text), never anything else; hub blobs are 
 rerun of the killed command succeeds. Out of place: the base is unchanged and the output is
 absent or fully verifying; the rerun leaves no staging directory or lock file behind.
 
-The unmarked tests cover a representative subset; ``@pytest.mark.slow`` sweeps every point
-(``MODELPATCH_CRASH_SWEEP=full`` also every ``tensor:`` point, which are otherwise sampled).
+The unmarked tests cover a representative subset. ``@pytest.mark.slow`` sweeps every point of
+the main scenarios (``tensor:`` points, one per tensor written, and journal saves sampled), kills
+the recovery of every switch point too, and kills at random instants.
+``MODELPATCH_CRASH_SWEEP=full`` adds every tensor point, every journal save and four more
+scenarios (several minutes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import signal
-import subprocess
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import pytest
-
 from fs_snapshot import MANIFEST, blobs, cli, copy_tree, diff, popen, snapshot
 
 from patcher import api
@@ -81,13 +83,17 @@ def _trace(scenario: Scenario, work: Path) -> list[tuple[str, int]]:
 
 
 def _sample(points: list[tuple[str, int]], fast: int | None = None) -> list[tuple[str, int]]:
-    """Every point, except that tensor points (one per tensor written) are sampled (first, last,
-    every 15th) unless the full sweep is asked for. With ``fast``, that many points spread
-    evenly over the run (always the first and last tensor point, if any)."""
+    """Every point, except that tensor points (one per tensor written) and journal saves (one
+    per step taken) are sampled (first, last, every 15th or 5th) unless the full sweep is asked
+    for. With ``fast``, that many points spread evenly over the run (always the first and last
+    tensor point, if any)."""
     tensors = [p for p in points if p[0].startswith("tensor:")]
+    saves = [p for p in points if p[0] == "journal:save"]
     keep = set(tensors if FULL and fast is None else tensors[:1] + tensors[-1:]
                + ([] if fast is not None else tensors[::15]))
-    out = [p for p in points if not p[0].startswith("tensor:") or p in keep]
+    keep_saves = set(saves if FULL and fast is None else saves[:1] + saves[-1:] + saves[::5])
+    out = [p for p in points if (not p[0].startswith("tensor:") or p in keep)
+           and (p[0] != "journal:save" or p in keep_saves)]
     if fast is not None and len(out) > fast:
         others = [p for p in out if p not in keep]
         step = len(others) / max(1, fast - len(keep))
@@ -216,6 +222,8 @@ def _templates(kimi_dir, tmp_path_factory):
     recipe.write_text(ADD_NOTES)
     files = copy_tree(original, t / "files" / "t")
     api.apply_in_place(recipe, files)
+    hub_files = copy_tree(hub, t / "hub-files" / "t")
+    api.apply_in_place(recipe, _hub_snapshot(hub_files))
     oop = t / "oop" / "t"
     copy_tree(original, oop / "base")
     oop_v1 = t / "oop-v1" / "t"
@@ -224,7 +232,7 @@ def _templates(kimi_dir, tmp_path_factory):
     oop_v1_done = copy_tree(oop_v1, t / "oop-v1-done" / "t")
     api.apply("drop-kv-scales", oop_v1_done / "v1", out=oop_v1_done / "v2")
     return {"original": original, "p1": p1, "p2": p2, "hub": hub, "hub-p1": hub_p1,
-            "recipe": recipe, "files": files,
+            "recipe": recipe, "files": files, "hub-files": hub_files,
             "oop": oop, "oop-v1": oop_v1, "oop-v1-done": oop_v1_done}
 
 
@@ -232,7 +240,7 @@ def _templates(kimi_dir, tmp_path_factory):
 # nothing for the dropped file, then puts it back) and directories made and removed.
 ADD_NOTES = ("modelpatch: 1\nname: add-notes\ndescription: d\nfiles:\n"
              "  - add: notes/deep/README.md\n    content: hello\n"
-             "  - drop: tiktoken.model\n")
+             "  - drop: tiktoken.model\n  - drop: docs/deploy_guidance.md\n")
 
 
 def _hub_snapshot(cache_root: Path) -> Path:
@@ -273,6 +281,15 @@ def _scenarios(t) -> dict[str, Scenario]:
         "hub-revert", t["hub-p1"], lambda r: ["revert", _hub_snapshot(r)], _hub_snapshot,
         {"before": hub_states["after"], "after": hub_states["before"]}, lambda r: r,
         hub_repo=lambda r: r / "models--org--kimi")
+    hub_files = {"before": hub_states["before"], "after": _state(t["hub-files"], VARY)}
+    s["hub-apply-files"] = Scenario(
+        "hub-apply-files", t["hub"], lambda r: ["apply", t["recipe"], _hub_snapshot(r),
+                                                "--in-place", "-q"],
+        _hub_snapshot, hub_files, lambda r: r, hub_repo=lambda r: r / "models--org--kimi")
+    s["hub-revert-files"] = Scenario(
+        "hub-revert-files", t["hub-files"], lambda r: ["revert", _hub_snapshot(r)],
+        _hub_snapshot, {"before": hub_files["after"], "after": hub_files["before"]},
+        lambda r: r, hub_repo=lambda r: r / "models--org--kimi")
     vary = VARY
     s["oop-apply"] = Scenario(
         "oop-apply", t["oop"], lambda r: ["apply", "sm120-fp16-kv", r / "base", "-o", r / "v1",
@@ -294,27 +311,37 @@ def _scenarios(t) -> dict[str, Scenario]:
     return s
 
 
+class _Traced(dict):
+    """The scenarios, each traced (its points enumerated) the first time a test asks for it."""
+
+    def __init__(self, found: dict[str, Scenario], work: Path):
+        super().__init__(found)
+        self.work = work
+
+    def __getitem__(self, name: str) -> Scenario:
+        scenario = super().__getitem__(name)
+        if not scenario.points:
+            scenario.points = _trace(scenario, self.work / name)
+        return scenario
+
+
 @pytest.fixture(scope="module")
 def scenarios(templates, tmp_path_factory):
-    found = _scenarios(templates)
-    work = tmp_path_factory.mktemp("traces")
-    with ThreadPoolExecutor(WORKERS) as pool:
-        traced = {name: pool.submit(_trace, sc, work / name) for name, sc in found.items()}
-        for name, future in traced.items():
-            found[name].points = future.result()
-    return found
+    return _Traced(_scenarios(templates), tmp_path_factory.mktemp("traces"))
 
 
 # --------------------------------------------------------------------------- tests
 
 
 def test_points_are_enumerated_for_every_stage(scenarios):
-    names = {p for sc in scenarios.values() for p, _ in sc.points}
+    names = {p for name in ("apply-config", "apply-shards", "revert-all", "hub-revert",
+                            "oop-apply", "oop-revert") for p, _ in scenarios[name].points}
     for expected in ("hashing", "manifest", "commit", "inplace:prepared", "journal:switch",
                      "journal:stash:config.json", "journal:install:config.json:taken",
                      "journal:install:modelpatch.provenance.json", "journal:finish",
                      "journal:discard:config.json", "journal:unstash:config.json",
                      "journal:relink:config.json", "journal:unstash:modelpatch.provenance.json",
+                     "journal:discard:modelpatch.provenance.json:taken",
                      "revert:prepared", "revert:rebuilt"):
         assert expected in names, expected
     assert any(p.startswith("tensor:") for p in names)
@@ -342,6 +369,62 @@ def test_kill_a_revert_that_restores_a_dropped_file(scenarios, tmp_path):
     assert _sweep(sc, tmp_path, cases) == []
 
 
+@pytest.mark.parametrize("name, cases", [
+    ("hub-apply-files", [("journal:unlink:docs/deploy_guidance.md:taken", 1),
+                         ("journal:install:notes/deep/README.md", 1)]),
+    ("hub-revert-files", [("journal:relink:docs/deploy_guidance.md", 1),
+                          ("journal:relink:tiktoken.model:taken", 1)])])
+def test_kill_around_dropped_and_restored_links(scenarios, name, cases, tmp_path):
+    sc = scenarios[name]
+    assert set(cases) <= set(sc.points)
+    assert _sweep(sc, tmp_path, cases) == []
+
+
+def test_kill_while_the_state_directory_is_made_or_removed(scenarios, tmp_path):
+    """Between mkdir .modelpatch and the journal, between the journal and rmdir .modelpatch,
+    and halfway through a journal save: the next command leaves no residue."""
+    assert _sweep(scenarios["apply-config"], tmp_path / "a",
+                  [("journal:create", 1), ("journal:save", 1)]) == []
+    assert _sweep(scenarios["revert"], tmp_path / "r",
+                  [("journal:end", 1), ("journal:finish:unlisted", 1)]) == []
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in cmdline:
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_kill_in_a_pool_worker_releases_the_directory(scenarios, tmp_path):
+    """A crash while shard workers run (-j 2): a worker outliving the main process must not
+    keep the directory locked (it would refuse every later command)."""
+    sc = scenarios["apply-shards"]
+    root = _copy(sc.template, tmp_path)
+    first_tensor = next(p for p, _ in sc.points if p.startswith("tensor:"))
+    args = ["apply", "drop-kv-scales", root, "--in-place", "-q", "-j", "2"]
+    try:
+        # Output to a file: an orphaned worker keeps pipes open, so no pipe would reach EOF.
+        with open(tmp_path / "out.txt", "w") as out:
+            proc = popen(*args, env={"MODELPATCH_FAULT": f"kill@{first_tensor}"}, stdout=out)
+            assert proc.wait(timeout=120) == -signal.SIGKILL
+        v = cli("verify", root)
+        assert "rolled back the interrupted apply" in v.stderr, v.stderr
+        assert _state(root, VARY) == sc.states["before"]
+        assert cli(*args).returncode == 0
+        assert _state(root, VARY) == sc.states["after"]
+    finally:
+        for pid in _processes_mentioning(str(root)):      # orphaned workers of the killed run
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_kill_the_recovery_too(scenarios, tmp_path):
     """A crash during the recovery of a crash is recovered by the command after it."""
     sc = scenarios["apply-config"]
@@ -354,8 +437,10 @@ def test_kill_the_recovery_too(scenarios, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["apply-config", "apply-shards", "revert", "revert-all",
-                                  "apply-files", "revert-files", "hub-apply", "hub-revert", "oop-apply", "oop-apply-shards",
-                                  "oop-revert"] + (["revert-shards"] if FULL else []))
+                                  "revert-files", "hub-apply", "hub-revert", "hub-revert-files",
+                                  "oop-apply", "oop-revert"]
+                         + (["apply-files", "hub-apply-files", "oop-apply-shards",
+                             "revert-shards"] if FULL else []))
 def test_kill_at_every_point(scenarios, name, tmp_path):
     scenario = scenarios[name]
     assert _sweep(scenario, tmp_path, _sample(scenario.points)) == []

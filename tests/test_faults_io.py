@@ -85,6 +85,8 @@ class Scenario:
     out_of_place: bool
     after: Callable[[dict], Path] | None = None   # in place: a template of the state after
     points: list[str] = field(default_factory=list)
+    trace_dir: Path | None = None
+    templates: dict | None = None
 
 
 def _apply_out(recipe: str, *extra: str):
@@ -139,26 +141,29 @@ def _scenarios() -> dict[str, Scenario]:
 
 @pytest.fixture(scope="module")
 def scenarios(templates, tmp_path_factory) -> dict[str, Scenario]:
-    """Every scenario with the named fault points a complete run passes, in order."""
+    """Every scenario; ``points(sc)`` traces the named fault points of a complete run."""
     work = tmp_path_factory.mktemp("io-traces")
     # The state after an in-place drop-kv-scales, for comparison.
     templates["patched-dropkv"] = _copy(templates["patched"], work / "patched-dropkv")
     api.apply_in_place("drop-kv-scales", templates["patched-dropkv"], jobs=1)
     found = _scenarios()
+    for sc in found.values():
+        sc.trace_dir = work / sc.name
+        sc.templates = templates
+    return found
 
-    def trace(sc: Scenario) -> list[str]:
-        case = work / sc.name
-        model = _copy(templates[sc.template], case / "m")
+
+def points(sc: Scenario) -> list[str]:
+    """The named fault points a complete run of ``sc`` passes, in order (traced once)."""
+    if not sc.points:
+        case = sc.trace_dir
+        model = _copy(sc.templates[sc.template], case / "m")
         path = case / "trace.txt"
         r = run_cli(*sc.args(model, case / "out"), env={"MODELPATCH_FAULT_TRACE": str(path)},
                     timeout=120)
         assert r.returncode == 0, r.stderr
-        return list(dict.fromkeys(path.read_text().splitlines()))  # first occurrence of each
-
-    with ThreadPoolExecutor(WORKERS) as pool:
-        for sc, points in zip(found.values(), pool.map(trace, found.values())):
-            sc.points = points
-    return found
+        sc.points = list(dict.fromkeys(path.read_text().splitlines()))  # first occurrences
+    return sc.points
 
 
 # --------------------------------------------------------------------------- checks
@@ -290,37 +295,37 @@ def test_copy_under_file_size_limit(templates, tmp_path):
 
 
 def test_points_are_enumerated(scenarios):
-    names = {p for sc in scenarios.values() for p in sc.points}
+    names = {p for name, sc in scenarios.items() if name != "fp8-out" for p in points(sc)}
     for expected in ("file:config.json", "hashing", "manifest", "commit", "inplace:prepare",
                      "inplace:prepared", "journal:switch", "journal:stash:config.json",
                      "journal:install:config.json", "revert:begin", "revert:prepared",
                      "revert:rebuilt", "journal:unstash:config.json"):
         assert expected in names, expected
-    assert any(p.startswith("tensor:") for p in scenarios["dropkv-out"].points)
-    assert any(p.startswith("tensor:") for p in scenarios["fp8-out"].points)
+    assert any(p.startswith("tensor:") for p in points(scenarios["dropkv-out"]))
 
 
 FAST = {"sm120-out": 5, "dropkv-out": 4, "sm120-inplace": 6, "dropkv-inplace": 3,
         "revert-inplace": 4, "revert-out": 3, "fp8-out": 1}
 
 
-@pytest.mark.parametrize("name", FAST)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "fp8-out"
+                                  else n for n in FAST])
 def test_injected_errors_at_sampled_points(scenarios, templates, tmp_path, name):
     sc = scenarios[name]
-    if name == "fp8-out":
-        points = [p for p in sc.points if p.startswith("tensor:")][-1:]   # in a worker
+    if name == "fp8-out":        # a tensor converted in a --jobs 2 worker (no trace: torch)
+        chosen = ["tensor:model.layers.1.mlp.experts.0.down_proj.weight"]
     else:
-        points = _sample(sc.points, FAST[name], tensors=2)
-    assert len(points) == FAST[name]
-    assert _sweep_points(sc, templates, tmp_path, points) == []
+        chosen = _sample(points(sc), FAST[name], tensors=2)
+    assert len(chosen) == FAST[name]
+    assert _sweep_points(sc, templates, tmp_path, chosen) == []
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(FAST))
 def test_injected_errors_at_every_point(scenarios, templates, tmp_path, name):
     sc = scenarios[name]
-    points = _sample(sc.points, tensors=3 if name == "fp8-out" else 8)
-    assert _sweep_points(sc, templates, tmp_path, points) == []
+    chosen = _sample(points(sc), tensors=3 if name == "fp8-out" else 8)
+    assert _sweep_points(sc, templates, tmp_path, chosen) == []
 
 
 # --------------------------------------------------------------------------- 3. syscalls
@@ -439,7 +444,7 @@ SYSCALL_KINDS = {
 @pytest.mark.parametrize("kind", SYSCALL_KINDS)
 def test_syscall_failures_sampled(scenarios, templates, tmp_path, kind):
     problems, runs = _syscall_sweep(kind, scenarios, templates, tmp_path, SYSCALL_KINDS[kind],
-                                    every=4)
+                                    every=3)
     assert runs >= len(SYSCALL_KINDS[kind])
     assert problems == []
 
@@ -460,6 +465,21 @@ def test_missing_output_parent_is_a_clean_input_error(templates, tmp_path):
     r = run_cli("apply", "sm120-fp16-kv", model, "-o", tmp_path / "no" / "such" / "out")
     error_line(r, 2, "parent directory does not exist")
     assert tree_state(model) == before
+
+
+def test_previous_output_hidden_by_an_interrupted_force_run_is_put_back(templates, tmp_path):
+    """A --force run killed between moving the previous output aside and renaming the new one
+    into place leaves the previous output hidden beside it; the next run puts it back (an
+    earlier version deleted it as a stale leftover)."""
+    model = _copy(templates["kimi"], tmp_path / "m")
+    out = _copy(templates["fixed"], tmp_path / "out")
+    before = tree_state(out)
+    os.rename(out, tmp_path / ".out.modelpatch-replaced-99999")     # the kill's leftover
+    with pytest.raises(PatchError, match="output already exists"):
+        api.apply("sm120-fp16-kv", model, out=out, jobs=1)
+    assert tree_state(out) == before and leftovers(out) == []
+    api.apply("sm120-fp16-kv", model, out=out, jobs=1, force=True)  # replaced on purpose
+    assert api.verify(out).ok and leftovers(out) == []
 
 
 def test_report_io_coverage():

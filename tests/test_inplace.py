@@ -9,7 +9,6 @@ import stat
 from pathlib import Path
 
 import pytest
-
 from fs_snapshot import MANIFEST, blobs, cli, copy_tree, diff, scan_warnings, snapshot
 
 from patcher import api
@@ -216,19 +215,27 @@ def test_in_place_on_top_of_a_variant_reverts_to_the_variant(kimi_dir, tmp_path)
     assert diff(snapshot(variant), before) == []
 
 
-def test_added_file_in_a_new_directory_is_removed_with_its_directory(kimi_dir, tmp_path):
-    root = copy_tree(kimi_dir, tmp_path / "m")
-    original = snapshot(root)
+def test_added_and_dropped_files_new_directories_and_nested_links(target: Target, tmp_path):
+    """Adds a file in new directories; drops a top-level file and one in a subdirectory (in a
+    snapshot, links whose originals must keep reaching their blobs from deeper down)."""
+    root = target.root
+    original, blobs_before, warnings_before = snapshot(root), target.blobs(), target.warnings()
     recipe = tmp_path / "add.yaml"
     recipe.write_text("modelpatch: 1\nname: add-notes\ndescription: d\nfiles:\n"
                       "  - add: notes/deep/README.md\n    content: hello\n"
-                      "  - drop: tiktoken.model\n")
+                      "  - drop: tiktoken.model\n  - drop: docs/deploy_guidance.md\n")
     _ok(cli("apply", recipe, root, "--in-place", "-q"))
     assert (root / "notes/deep/README.md").read_text() == "hello"
-    assert not (root / "tiktoken.model").exists()
+    assert not os.path.lexists(root / "tiktoken.model")
+    assert not os.path.lexists(root / "docs/deploy_guidance.md")
     _ok(cli("verify", root))
+    assert target.warnings() == warnings_before
+    originals = root / ".modelpatch/patches/0001-add-notes/originals"
+    assert (originals / "docs/deploy_guidance.md").read_bytes()     # resolves
     _ok(cli("revert", root))
     assert diff(snapshot(root), original) == []
+    assert target.blobs() == blobs_before
+    assert target.warnings() == warnings_before
 
 
 @pytest.mark.parametrize("point", ["file:config.json", "manifest", "hashing"])
@@ -265,9 +272,9 @@ def test_lock_is_held_for_the_whole_in_place_apply(kimi_dir, tmp_path, monkeypat
 
     def probe(name):
         if name == "journal:switch":
-            with pytest.raises(LockHeld, match="another modelpatch process is working on"):
-                with lock_directory(root, exclusive=False):
-                    pass
+            with pytest.raises(LockHeld, match="another modelpatch process is working on"), \
+                    lock_directory(root, exclusive=False):
+                pass
             seen.append(name)
 
     monkeypatch.setattr(faults, "point", probe)
@@ -339,3 +346,25 @@ def test_leftovers_of_a_kill_before_the_journal_are_cleaned(kimi_dir, tmp_path):
     r = cli("verify", root)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert diff(snapshot(root), original) == []
+
+
+def test_tampered_record_or_journal_cannot_reach_outside(kimi_dir, tmp_path):
+    root = copy_tree(kimi_dir, tmp_path / "m")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious")
+    api.apply_in_place("sm120-fp16-kv", root)
+    record_path = root / ".modelpatch/patches/0001-sm120-fp16-kv/record.json"
+    record = json.loads(record_path.read_text())
+    record["added"] = ["../outside.txt"]
+    os.chmod(record_path, 0o644)
+    record_path.write_text(json.dumps(record))
+    r = cli("revert", root)
+    assert r.returncode == 2 and "not inside the directory" in r.stderr
+    journal = {"version": 1, "op": "revert", "phase": "switching", "done": 0,
+               "patch_dir": ".modelpatch/patches/0001-sm120-fp16-kv",
+               "staging": ".modelpatch/staging-0001", "trash": ".modelpatch/trash-0001",
+               "steps": [["discard", "../outside.txt"]], "remove_patch_dir": True}
+    (root / ".modelpatch/journal.json").write_text(json.dumps(journal))
+    r = cli("verify", root)
+    assert r.returncode == 2 and "unreadable journal" in r.stderr
+    assert outside.read_text() == "precious"

@@ -10,7 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from fs_snapshot import MANIFEST, cli, copy_tree, diff, popen, snapshot
 
 from patcher import api
@@ -151,19 +150,16 @@ def test_lock_primitives(tmp_path):
     with lock_directory(d, exclusive=False):
         with lock_directory(d, exclusive=False):         # readers share
             pass
-        with pytest.raises(LockHeld, match=BUSY):
-            with lock_directory(d, exclusive=True):
-                pass
-    with lock_directory(d, exclusive=True):
-        with pytest.raises(LockHeld):
-            with lock_directory(d, exclusive=False):
-                pass
+        with pytest.raises(LockHeld, match=BUSY), lock_directory(d, exclusive=True):
+            pass
+    with lock_directory(d, exclusive=True), pytest.raises(LockHeld), \
+            lock_directory(d, exclusive=False):
+        pass
     out = tmp_path / "new"
     with lock_new_path(out):
         assert (tmp_path / ".new.modelpatch.lock").exists()
-        with pytest.raises(LockHeld, match=BUSY):
-            with lock_new_path(out):
-                pass
+        with pytest.raises(LockHeld, match=BUSY), lock_new_path(out):
+            pass
     assert not (tmp_path / ".new.modelpatch.lock").exists()
     # A lock file left by a killed process is taken over.
     (tmp_path / ".new.modelpatch.lock").write_text("")
@@ -181,3 +177,37 @@ def test_a_killed_holder_releases_its_lock(kimi_dir, tmp_path):
     assert "rolled back the interrupted apply" in r.stderr
     assert cli("apply", "sm120-fp16-kv", root, "--in-place", "-q").returncode == 0
     assert os.path.exists(root / MANIFEST)
+
+
+def test_a_forked_child_does_not_keep_a_dead_holders_lock(tmp_path):
+    """A child forked while the lock is held (a shard-writing pool worker) does not hold it:
+    when the holder dies, the directory is free even though the child lives on."""
+    import signal
+    import subprocess
+    import sys
+
+    d = tmp_path / "d"
+    d.mkdir()
+    script = (
+        "import os, time\n"
+        "from pathlib import Path\n"
+        "from patcher.locking import lock_directory, lock_new_path\n"
+        f"with lock_directory(Path({str(d)!r}), exclusive=True), "
+        f"lock_new_path(Path({str(tmp_path / 'out')!r})):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        time.sleep(60)\n"
+        "        os._exit(0)\n"
+        "    print(pid, flush=True)\n"
+        "    os.kill(os.getpid(), 9)\n")
+    with open(tmp_path / "pid.txt", "w") as out:        # not a pipe: the child keeps it open
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=out, cwd=os.getcwd())
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    child = int((tmp_path / "pid.txt").read_text())
+    try:
+        with lock_directory(d, exclusive=True):
+            pass
+        with lock_new_path(tmp_path / "out"):
+            pass
+    finally:
+        os.kill(child, signal.SIGKILL)

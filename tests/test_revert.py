@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from fs_snapshot import MANIFEST, cli, copy_tree, diff, sha256, snapshot
 
 from patcher import api
@@ -124,7 +123,7 @@ def test_rebuild_refuses_an_existing_output_and_the_directory_itself(base, tmp_p
     with pytest.raises(InputError, match="directory itself"):
         api.revert(variant, out=variant)
     r = cli("revert", base, "-o", tmp_path / "x")
-    assert r.returncode == 2 and "no provenance manifest" in r.stderr
+    assert r.returncode == 2 and "nothing to revert" in r.stderr
 
 
 def test_missing_revert_data_is_a_clear_error(base, tmp_path):
@@ -136,9 +135,6 @@ def test_missing_revert_data_is_a_clear_error(base, tmp_path):
     assert not out.exists() and not list(tmp_path.glob(".out*"))
 
 
-@pytest.mark.xfail(reason="engine._link_tree does not carry symlinked originals (those of an "
-                          "in-place patched hub snapshot) into a variant's revert data",
-                   strict=False)
 def test_rebuild_all_through_an_in_place_patch_of_a_hub_snapshot(kimi_dir, tmp_path):
     from examples.generate import make_hf_cache_snapshot
 
@@ -148,6 +144,16 @@ def test_rebuild_all_through_an_in_place_patch_of_a_hub_snapshot(kimi_dir, tmp_p
     api.apply("drop-kv-scales", snap, out=tmp_path / "v")
     api.revert(tmp_path / "v", out=tmp_path / "out", all_patches=True)
     assert {p.name: sha256(p) for p in (tmp_path / "out").iterdir() if p.is_file()} == content
+
+
+def test_lost_manifest_is_refused_unless_forced(base, tmp_path):
+    expected = snapshot(base)
+    api.apply("sm120-fp16-kv", base, out=tmp_path / "v")
+    os.unlink(tmp_path / "v" / MANIFEST)
+    r = cli("revert", tmp_path / "v", "-o", tmp_path / "out")
+    assert r.returncode == 1 and "no provenance manifest" in r.stderr and "--force" in r.stderr
+    _ok(cli("revert", tmp_path / "v", "-o", tmp_path / "out", "--force"))
+    assert diff(snapshot(tmp_path / "out"), expected) == []
 
 
 def test_revert_of_a_missing_directory(tmp_path):

@@ -36,7 +36,8 @@ def run(*args):
 
 
 def env() -> dict:
-    return dict(os.environ, PYTHONPATH=str(REPO))
+    paths = [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
 
 
 # --- failure paths ---------------------------------------------------------------------------
@@ -334,3 +335,30 @@ def test_peak_memory_is_bounded_by_one_tensor_not_the_shard(tmp_path):
           f"grew {grew / 2**20:.0f} MiB for a {shard_bytes / 2**20:.0f} MiB shard")
     assert grew < 3 * tensor_bytes, grew            # source + output + slack, not the shard
     assert peak < shard_bytes, peak
+
+
+# --- CUDA (runs where a GPU is visible; skipped elsewhere) --------------------------------------
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_cuda_kernels_write_the_same_bytes_as_cpu(kimi_dir, deepseek_fp8_dir, tmp_path, jobs):
+    """The kernels on the GPU (--device cuda, worker processes spawned for --jobs 2) give the very
+    bytes the CPU path gives: the same float32 products, rounded once the same way."""
+    quantize = write_recipe(tmp_path / "q.yaml", """
+        - select: {regex: 'mlp\\.(gate|up|down)_proj\\.weight$', dtype: [BF16]}
+          quantize: {scheme: fp8-block, layout: deepseek}
+        - select: {regex: 'self_attn\\.o_proj\\.weight$', dtype: [BF16]}
+          quantize: {scheme: fp8-tensor, layout: modelopt}
+        - select: {glob: "*.k_scale"}
+          cast: fp16
+        """)
+    for recipe, model in (("nvfp4-to-bf16", kimi_dir), ("fp8-block-to-bf16", deepseek_fp8_dir),
+                          (quantize, kimi_dir)):
+        outs = {}
+        for device in ("cpu", "cuda"):
+            out = tmp_path / f"{Path(str(recipe)).stem}-{device}"
+            result = run("apply", recipe, model, "-o", out, "--device", device, "--jobs", jobs,
+                         "-q")
+            assert result.exit_code == 0, result.output
+            outs[device] = {p.name: p.read_bytes() for p in shard_files(out)}
+        assert outs["cpu"] == outs["cuda"], recipe

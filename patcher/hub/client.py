@@ -61,6 +61,24 @@ def _hub_call(what: str, repo_id: str, fn, *args, **kwargs):
         raise HubError(f"{what}: the hub answered HTTP {status}", where=repo_id) from None
     except OSError as exc:
         raise HubError(f"{what}: {exc.strerror or exc}", where=repo_id) from None
+    except _transport_errors() as exc:      # connection refused, DNS, TLS, timeouts
+        raise HubError(f"{what}: cannot reach the hub ({type(exc).__name__}: "
+                       f"{str(exc).splitlines()[0] if str(exc) else 'no details'})",
+                       where=repo_id, hint="check --endpoint / HF_ENDPOINT") from None
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The network error classes of the HTTP library huggingface_hub uses (httpx2, httpx or
+    requests, whichever it imported); they are not OSErrors."""
+    import sys
+
+    found = []
+    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"),
+                         ("requests", "RequestException")):
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            found.append(cls)
+    return tuple(found)
 
 
 @dataclass(frozen=True)
@@ -124,12 +142,15 @@ def _existing_card(root: Path, api, repo_id: str, revision: str) -> str | None:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, RevisionNotFoundError
 
-    try:
-        path = hf_hub_download(repo_id, CARD_NAME, revision=revision, endpoint=api.endpoint,
-                               token=api.token)
-    except (EntryNotFoundError, RevisionNotFoundError):
-        return None
-    return Path(path).read_text(encoding="utf-8")
+    def download() -> str | None:
+        try:
+            return hf_hub_download(repo_id, CARD_NAME, revision=revision, endpoint=api.endpoint,
+                                   token=api.token)
+        except (EntryNotFoundError, RevisionNotFoundError):
+            return None
+
+    path = _hub_call("download the model card", repo_id, download)
+    return None if path is None else Path(path).read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)

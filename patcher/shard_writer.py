@@ -36,6 +36,10 @@ WRITE_PIECE = 4 << 20
 # Threads torch may use in this process (set in pool workers; None: torch's default).
 _torch_threads: int | None = None
 
+# Below this many bytes of computed tensors, an unset --jobs writes in this process: a worker
+# that computes must import torch (over a second) before its first tensor.
+SMALL_COMPUTE = 256 << 20
+
 # The kernel is asked to start writing the output to disk every this many bytes, so the fsync
 # at the end of a shard finds little left to do (disk I/O overlaps hashing and computing).
 WRITEBACK_STEP = 32 << 20
@@ -46,16 +50,19 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
     """Write every task's shard under ``staging``; returns relpath -> sha256.
 
     With ``jobs`` > 1 the shards are written by worker processes, one task each, the biggest
-    first. The first failure cancels the tasks not started yet and is raised once the running
+    first. Left unset (None), ``jobs`` is the number of cores, except that less than
+    ``SMALL_COMPUTE`` bytes of computed tensors are written here, without workers. The first failure cancels the tasks not started yet and is raised once the running
     ones end.
     """
+    computes = any(j.op != "copy" for t in tasks for j in t.jobs)
+    if jobs is None and computes and sum(t.bytes_computed for t in tasks) < SMALL_COMPUTE:
+        jobs = 1        # starting workers (each imports torch) would cost more than it saves
     jobs = max(1, min(jobs or default_jobs(), len(tasks)))
     results: dict[str, str] = {}
     if jobs <= 1:
         for task in tasks:
             results[task.output] = write_shard(task, staging / task.output, on_progress)
         return results
-    computes = any(j.op != "copy" for t in tasks for j in t.jobs)
     threads = max(1, default_jobs() // jobs)
     context = _pool_context(computes)
     order = sorted(tasks, key=lambda t: t.file_size, reverse=True)

@@ -58,12 +58,16 @@ class ShardTask:
     def bytes_copied(self) -> int:
         return sum(j.out.nbytes for j in self.jobs if j.op == "copy")
 
+    @property
+    def bytes_computed(self) -> int:
+        return sum(j.out.nbytes for j in self.jobs if j.op != "copy")
+
     def summary(self) -> dict:
         changed = [f"{j.op} {j.inputs[0].name} {j.inputs[0].dtype}{list(j.inputs[0].shape)} -> "
                    f"{j.out.name} {j.out.dtype}{list(j.out.shape)}"
                    for j in self.jobs if j.op != "copy" or j.inputs[0].name != j.out.name]
         return {"tensors": len(self.jobs), "bytes_copied": self.bytes_copied,
-                "bytes_computed": sum(j.out.nbytes for j in self.jobs) - self.bytes_copied,
+                "bytes_computed": self.bytes_computed,
                 "changed": changed}
 
 

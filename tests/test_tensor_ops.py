@@ -640,3 +640,21 @@ def test_plan_lists_every_tensor_with_dtype_shape_and_bytes(deepseek_fp8_dir):
             assert "F8_E4M3[" in line and "BF16[" in line
     converted = [c for c in data["changes"] if c["kind"] == "tensor_converted"]
     assert len(converted) == sum(len(f["tensors"]["changed"]) for f in rewritten)
+
+
+def test_quantization_warnings_when_config_and_tensors_disagree(kimi_dir, tmp_path):
+    assert api.plan("nvfp4-to-bf16", kimi_dir).warnings == ()
+    all_but_config = write_recipe(tmp_path / "a.yaml", """
+        - select: {glob: "*.weight", dtype: [U8]}
+          dequantize: {scheme: nvfp4-modelopt}
+        """)
+    warnings = api.plan(all_but_config, kimi_dir).warnings
+    assert any("still declares NVFP4 quantization but no tensor is quantized" in w
+               for w in warnings), warnings
+    some = write_recipe(tmp_path / "b.yaml", """
+        - select: {glob: "*.layers.1.mlp.experts.0.*.weight", dtype: [U8]}
+          dequantize: {scheme: nvfp4-modelopt}
+        """)
+    warnings = api.plan(some, kimi_dir).warnings
+    assert any("3 tensors were dequantized while the config still declares NVFP4" in w
+               for w in warnings), warnings

@@ -17,7 +17,7 @@ same examples on every run. Examples per target (unmarked): 300 for each generat
 - load_recipe: raw text, mutated valid recipes (the built-in ones and a full-featured one),
   generated YAML/JSON documents over the recipe vocabulary (3 x 300 = 900);
 - read_manifest: raw bytes, mutated valid statements, generated JSON (3 x 300 = 900).
-``@pytest.mark.slow`` reruns each strategy with 3000 examples.
+``@pytest.mark.slow`` reruns each strategy with 1000 examples.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from patcher.recipe_checks import NAME_RE
 from patcher.safetensors_io import DTYPE_BITS, MAX_HEADER_SIZE, read_header, tensor_nbytes
 
 EXAMPLES = 300
-SLOW_EXAMPLES = 3000
+SLOW_EXAMPLES = 1000
 MANIFEST = "modelpatch.provenance.json"
 
 

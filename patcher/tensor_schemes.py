@@ -135,39 +135,37 @@ class Fp8Block(QuantScheme):
         return [(name, "F8_E4M3", tuple(shape), "weight"), (scale, "F32", scale_shape, "scale")]
 
 
-class Nvfp4ModelOpt(QuantScheme):
-    name = "nvfp4-modelopt"
+class _Nvfp4(QuantScheme):
+    """NVFP4: packed e2m1 bytes, an F8_E4M3 scale per 16 elements and one global scale; the
+    producers differ only in names."""
+
+    global_suffix = ""
+    dropped_suffix = ""
 
     def companions(self, name, view):
-        stem = _stem(name, "weight")
+        stem = _stem(name, self.weight_suffix)
         rows, half = _matrix(view[name], "U8")
         cols = half * 2
         if cols % NVFP4_GROUP:
             raise CompanionError(f"unpacked width {cols} is not a multiple of {NVFP4_GROUP}")
-        _need(view, f"{stem}.weight_scale", ("F8_E4M3",), ((rows, cols // NVFP4_GROUP),),
-              "block scale")
-        _need(view, f"{stem}.weight_scale_2", ("F32",), ((), (1,)), "global scale")
-        dropped = tuple(n for n in (f"{stem}.input_scale",) if n in view)
-        return Companions((f"{stem}.weight_scale", f"{stem}.weight_scale_2"), dropped, name,
-                          (rows, cols))
+        scale, global_scale = f"{stem}.weight_scale", f"{stem}.{self.global_suffix}"
+        _need(view, scale, ("F8_E4M3",), ((rows, cols // NVFP4_GROUP),), "block scale")
+        _need(view, global_scale, ("F32",), ((), (1,)), "global scale")
+        dropped = tuple(n for n in (f"{stem}.{self.dropped_suffix}",) if n in view)
+        return Companions((scale, global_scale), dropped, f"{stem}.weight", (rows, cols))
 
 
-class Nvfp4CompressedTensors(QuantScheme):
+class Nvfp4ModelOpt(_Nvfp4):
+    name = "nvfp4-modelopt"
+    global_suffix = "weight_scale_2"          # multiplies
+    dropped_suffix = "input_scale"
+
+
+class Nvfp4CompressedTensors(_Nvfp4):
     name = "nvfp4-compressed-tensors"
     weight_suffix = "weight_packed"
-
-    def companions(self, name, view):
-        stem = _stem(name, "weight_packed")
-        rows, half = _matrix(view[name], "U8")
-        cols = half * 2
-        if cols % NVFP4_GROUP:
-            raise CompanionError(f"unpacked width {cols} is not a multiple of {NVFP4_GROUP}")
-        _need(view, f"{stem}.weight_scale", ("F8_E4M3",), ((rows, cols // NVFP4_GROUP),),
-              "block scale")
-        _need(view, f"{stem}.weight_global_scale", ("F32",), ((), (1,)), "global scale")
-        dropped = tuple(n for n in (f"{stem}.input_global_scale",) if n in view)
-        return Companions((f"{stem}.weight_scale", f"{stem}.weight_global_scale"), dropped,
-                          f"{stem}.weight", (rows, cols))
+    global_suffix = "weight_global_scale"     # divides (the reciprocal of weight_scale_2)
+    dropped_suffix = "input_global_scale"
 
 
 SCHEMES: dict[str, QuantScheme] = {s.name: s for s in (

@@ -466,6 +466,48 @@ def generate(out: str | os.PathLike, *, size_gb: float, shards: int, fmt: str = 
     return dict(info, reused=False)
 
 
+def hf_cache_snapshot(model: str | os.PathLike, cache_root: str | os.PathLike,
+                      repo_id: str = "synth/model") -> Path:
+    """Lay ``model`` out as a Hugging Face hub cache entry, as huggingface_hub downloads do, and
+    return its snapshot directory: ``models--org--name/blobs/<etag>`` (hardlinks of the model's
+    files, so nothing is copied), ``snapshots/<commit>/<file>`` relative symlinks into ``blobs/``,
+    ``refs/main``. The etag of an LFS file (``*.safetensors``, or over 10 MiB) is its sha256,
+    of any other file the git blob sha1, as on the hub. Hashing uses one thread per core."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    src = Path(model)
+    files = sorted(p.name for p in src.iterdir() if p.is_file())
+
+    def etag(name: str) -> str:
+        path = src / name
+        size = path.stat().st_size
+        lfs = name.endswith(".safetensors") or size > 10 << 20
+        h = hashlib.sha256() if lfs else hashlib.sha1(b"blob %d\0" % size)
+        with open(path, "rb") as f:
+            if lfs:
+                return hashlib.file_digest(f, "sha256").hexdigest()
+            h.update(f.read())
+        return h.hexdigest()
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        etags = dict(zip(files, pool.map(etag, files)))
+    commit = hashlib.sha1("".join(f"{n}\0{e}\n" for n, e in etags.items()).encode()).hexdigest()
+    repo = Path(cache_root) / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    if repo.exists():
+        shutil.rmtree(repo)
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for name, tag in etags.items():
+        blob = repo / "blobs" / tag
+        if not blob.exists():
+            os.link(src / name, blob)
+        (snapshot / name).symlink_to(os.path.relpath(blob, snapshot))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    return snapshot
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)

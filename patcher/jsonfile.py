@@ -18,12 +18,14 @@ from typing import Any
 from .errors import ModelDirError
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise ValueError(f"duplicate key {key!r}")
-        obj[key] = value
+def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` refusing duplicate keys: one C-level dict build per object, and a
+    key-by-key search only when the sizes show a duplicate."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set = set()
+        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"duplicate key {duplicate!r}")
     return obj
 
 
@@ -34,7 +36,7 @@ def parse_json(data: bytes, where: str) -> Any:
     except UnicodeDecodeError as exc:
         raise ModelDirError(f"not valid UTF-8 at byte {exc.start}", where=where) from None
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        return json.loads(text, object_pairs_hook=no_duplicate_keys)
     except json.JSONDecodeError as exc:
         raise ModelDirError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
                             where=where) from None
@@ -205,7 +207,7 @@ def load_json_document(data: bytes, where: str) -> JsonDocument:
         raise ModelDirError(f"not valid UTF-8 at byte {exc.start + (3 if bom else 0)}",
                             where=where) from None
     try:
-        value = json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_float=JsonFloat,
+        value = json.loads(text, object_pairs_hook=no_duplicate_keys, parse_float=JsonFloat,
                            parse_int=_parse_int, parse_constant=JsonFloat)
     except json.JSONDecodeError as exc:
         raise ModelDirError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",

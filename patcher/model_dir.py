@@ -7,6 +7,8 @@ loads JSON files lazily and strictly. Every other command builds on it.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import posixpath
 import stat
@@ -195,7 +197,21 @@ def _read_headers(root: Path, names: list[str]) -> dict[str, ShardHeader]:
     # holds the GIL, so it runs here, serially (threads made it slower).
     with ThreadPoolExecutor(max_workers=min(8, max(1, len(names)))) as pool:
         raw = list(pool.map(lambda n: read_raw_header(root / n, str(root / n)), names))
-    return {name: parse_header(*r, str(root / name)) for name, r in zip(names, raw)}
+    # Parsing allocates hundreds of thousands of small objects that all stay alive: the cyclic
+    # garbage collector would only rescan them (about 40% of the time at 273k tensors).
+    with _gc_paused():
+        return {name: parse_header(*r, str(root / name)) for name, r in zip(names, raw)}
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _read_index(root: Path, files: dict[str, ModelFile]) -> ShardIndex | None:

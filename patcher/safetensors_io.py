@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterable, Mapping
 
 from .errors import SafetensorsFormatError
+from .jsonfile import no_duplicate_keys
 
 # The safetensors library refuses headers over 100 MB (MAX_HEADER_SIZE); so do we.
 MAX_HEADER_SIZE = 100_000_000
@@ -144,20 +145,11 @@ def _parse_header_json(raw: bytes, where: str) -> tuple[dict[str, TensorInfo], d
 
 def _loads(text: str, where: str):
     try:
-        return json.loads(text, object_pairs_hook=_reject_duplicates)
+        return json.loads(text, object_pairs_hook=no_duplicate_keys)
     except ValueError as exc:
         raise SafetensorsFormatError(f"header is not valid JSON: {exc}", where=where) from None
     except RecursionError:
         raise SafetensorsFormatError("header JSON is nested too deeply", where=where) from None
-
-
-def _reject_duplicates(pairs: list) -> dict:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set = set()
-        duplicate = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise ValueError(f"duplicate key {duplicate!r}")
-    return out
 
 
 def _parse_entry(name: str, entry: object, where: str) -> TensorInfo:

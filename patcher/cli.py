@@ -28,6 +28,11 @@ class _Group(click.Group):
                 raise
             click.echo(f"modelpatch: error: {exc.one_line()}", err=True)
             ctx.exit(exc.exit_code)
+        except BrokenPipeError:
+            # The reader of stdout went away (`modelpatch recipes list | head`): stop quietly,
+            # as other command-line tools do.
+            sys.stderr.close()
+            ctx.exit(141)
         except OSError as exc:
             # An I/O error no layer below turned into an OperationFailed: still one line and
             # exit code 3, never a traceback (the commands leave their directories consistent

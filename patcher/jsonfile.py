@@ -54,7 +54,22 @@ _JSON_WS = " \t\n\r"
 _BOM = "\ufeff"
 
 
-class JsonFloat(float):
+class _Literal:
+    """Pickles and copies as the literal it was parsed from (values are immutable)."""
+
+    __slots__ = ()
+
+    def __reduce__(self):
+        return (type(self), (self.literal,))
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+class JsonFloat(_Literal, float):
     """A float that remembers the literal it was parsed from (``1e-06``, ``0.00001``, ``1.0``).
 
     It compares and computes like a float. ``dump_json_document`` writes the literal back, so an
@@ -72,31 +87,13 @@ class JsonFloat(float):
         self.literal = literal
         return self
 
-    def __reduce__(self):
-        return (type(self), (self.literal,))
 
-    def __copy__(self):
-        return self
-
-    def __deepcopy__(self, memo):
-        return self
-
-
-class JsonInt(int):
+class JsonInt(_Literal, int):
     """An int whose literal is not ``str(int)`` (only ``-0``); written back as parsed."""
 
     def __new__(cls, literal: str):
         self = super().__new__(cls, literal)
         self.literal = literal
-        return self
-
-    def __reduce__(self):
-        return (type(self), (self.literal,))
-
-    def __copy__(self):
-        return self
-
-    def __deepcopy__(self, memo):
         return self
 
 

@@ -1013,7 +1013,11 @@ def evaluate_targets(report: dict) -> list[dict]:
 # --------------------------------------------------------------------------- plots
 
 def plots(report: dict, out: Path) -> list[str]:
-    import matplotlib
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        log("plots skipped: matplotlib is not installed (pip install -e '.[bench]')")
+        return []
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -63,9 +63,12 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
 
 def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
           out: str | os.PathLike | None = None, force: bool = False, force_copy: bool = False,
-          jobs: int | None = None, device: str = "cpu",
+          jobs: int | None = None, device: str = "cpu", max_shard_size: int | None = None,
           progress: Progress | None = None) -> ApplyResult:
-    """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``)."""
+    """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``).
+
+    ``max_shard_size`` (bytes) reshards the variant, overriding the recipe's
+    ``output.max_shard_size``."""
     from .engine import apply_plan, default_output
     from .locking import lock_directory
     from .plan import plan as make_plan
@@ -76,7 +79,8 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
     # between planning and linking.
     with lock_directory(Path(model), exclusive=False):
         base = ModelDir.open(model)
-        options = {"force_copy": force_copy, "jobs": jobs, "device": device, "in_place": False}
+        options = {"force_copy": force_copy, "jobs": jobs, "device": device, "in_place": False,
+                   "max_shard_size": max_shard_size}
         the_plan = make_plan(loaded, base, options=options)
         target = Path(out) if out is not None else default_output(base.root, loaded.name)
         return apply_plan(the_plan, base, target, force=force, force_copy=force_copy,
@@ -109,6 +113,7 @@ def recover(directory: str | os.PathLike) -> str | None:
 
 def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
                    jobs: int | None = None, device: str = "cpu",
+                   max_shard_size: int | None = None,
                    progress: Progress | None = None) -> ApplyResult:
     """Apply ``recipe`` to ``model`` itself, revertibly (``revert``)."""
     from .inplace import apply_in_place as run
@@ -116,7 +121,8 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
 
     loaded = load(recipe)
     base = _open(model)
-    options = {"force_copy": False, "jobs": jobs, "device": device, "in_place": True}
+    options = {"force_copy": False, "jobs": jobs, "device": device, "in_place": True,
+               "max_shard_size": max_shard_size}
     return run(make_plan(loaded, base, options=options), base, jobs=jobs, progress=progress)
 
 

@@ -117,8 +117,32 @@ def _progress(ctx: click.Context):
     return Progress(hashing=bar.update, writing=write_bar.update, hash_total=set_total), [bar, write_bar]
 
 
-def _plan_options(in_place: bool, force_copy: bool, jobs: int | None, device: str) -> dict:
-    return {"in_place": in_place, "force_copy": force_copy, "jobs": jobs, "device": device}
+def _plan_options(in_place: bool, force_copy: bool, jobs: int | None, device: str,
+                  max_shard_size: int | None) -> dict:
+    return {"in_place": in_place, "force_copy": force_copy, "jobs": jobs, "device": device,
+            "max_shard_size": max_shard_size}
+
+
+class ShardSize(click.ParamType):
+    """``5GB``, ``500MB``, ``2GiB`` or a byte count, as bytes."""
+
+    name = "SIZE"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        from .resharding import parse_shard_size
+
+        try:
+            return parse_shard_size(int(value) if str(value).isdigit() else value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+max_shard_size_option = click.option(
+    "--max-shard-size", type=ShardSize(), default=None,
+    help="Reshard the variant into shards of at most SIZE (5GB, 500MB, 2GiB), as transformers' "
+         "save_pretrained does; overrides the recipe's output.max_shard_size.")
 
 
 @main.command()
@@ -126,12 +150,14 @@ def _plan_options(in_place: bool, force_copy: bool, jobs: int | None, device: st
 @click.argument("model", type=click.Path(file_okay=False, path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable plan.")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
-def plan(recipe: str, model: str, as_json: bool, device: str) -> None:
+@max_shard_size_option
+def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: int | None) -> None:
     """Show what applying RECIPE to MODEL would do (same as apply --dry-run)."""
     from . import api
     from .render import render_plan
 
-    data = api.plan(recipe, model, options=_plan_options(False, False, None, device)).to_json()
+    options = _plan_options(False, False, None, device, max_shard_size)
+    data = api.plan(recipe, model, options=options).to_json()
     click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
 
 
@@ -147,10 +173,12 @@ def plan(recipe: str, model: str, as_json: bool, device: str) -> None:
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Parallel hashing/rewrite workers (default: all cores).")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
+@max_shard_size_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 @quiet_option
 @click.pass_context
-def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, device, as_json):
+def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, device,
+          max_shard_size, as_json):
     """Apply RECIPE (a path or a built-in name) to MODEL and write a verified variant."""
     from . import api
     from .render import render_plan
@@ -164,18 +192,19 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, d
                   f"{api.load(recipe).name}"
         model = str(resolved)
     if dry_run:
-        data = api.plan(recipe, model,
-                        options=_plan_options(in_place, force_copy, jobs, device)).to_json()
+        options = _plan_options(in_place, force_copy, jobs, device, max_shard_size)
+        data = api.plan(recipe, model, options=options).to_json()
         click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
         return
     progress, bars = _progress(ctx)
     try:
         if in_place:
             result = api.apply_in_place(recipe, model, jobs=jobs, device=device,
-                                        progress=progress)
+                                        max_shard_size=max_shard_size, progress=progress)
         else:
             result = api.apply(recipe, model, out=out, force=force, force_copy=force_copy,
-                               jobs=jobs, device=device, progress=progress)
+                               jobs=jobs, device=device, max_shard_size=max_shard_size,
+                               progress=progress)
     finally:
         for bar in bars:
             bar.close()

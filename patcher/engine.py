@@ -224,7 +224,8 @@ class PatchBuilder:
             recipe={"name": self.plan.recipe.name, "sha256": self.plan.recipe.sha256},
             mode=mode, base_files=base_files,
             replaced=sorted(f.source for f in files if f.source and f.action is not Action.LINK),
-            added=sorted(f.path for f in files if f.action is Action.ADD and f.source is None),
+            added=sorted(f.path for f in files
+                         if f.source is None and f.action is not Action.DROP),
             base_manifest=model.has(MANIFEST_NAME), base_path=str(model.root))
 
     def write_manifest(self, dest: Path, subjects: dict[str, tuple[str, int]],

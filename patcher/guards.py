@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
+from .errors import GuardRefused
 from .json_pointer import MISSING, join_pointer, json_equal, resolve
 from .recipe_schema import AllOf, AnyOf, Check, Condition, Not, Recipe
 
@@ -130,3 +131,13 @@ def _describe(cond: Condition, prefix: str) -> str:
             joiner = " or " if isinstance(cond, AnyOf) else " and "
             parts.append(joiner.join(f"({_describe(c, inner)})" for c in cond.conditions))
     return " or ".join(parts)
+
+
+def check_guards(recipe: Recipe, read_json: Callable[[str], Any | None]) -> None:
+    """Raise ``GuardRefused`` (exit code 1) if any ``requires`` guard does not hold."""
+    failures = evaluate_guards(recipe, read_json)
+    if failures:
+        extra = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        err = GuardRefused(f"recipe {recipe.name!r} refuses this model: {failures[0]}{extra}")
+        err.failures = failures
+        raise err

@@ -105,18 +105,20 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None) -> Pla
         if replaced_file is not None:
             replaced[name] = replaced_file
     replaced.update(_plan_file_ops(recipe, model, changes))
-    if recipe.tensors:
+    options = dict(options or {})
+    max_shard_size = options.get("max_shard_size") or recipe.max_shard_size
+    if recipe.tensors or max_shard_size:
         from .tensor_plan import plan_tensor_ops
 
-        tensors = plan_tensor_ops(recipe, model, changes,
-                                  device=(options or {}).get("device") or "cpu")
+        tensors = plan_tensor_ops(recipe, model, changes, device=options.get("device") or "cpu",
+                                  max_shard_size=max_shard_size)
         replaced.update(tensors.files)
         warnings.extend(_quantization_warnings(model, replaced, tensors.dtypes, changes))
     files = [replaced.pop(rel, None) or _link(model, rel)
              for rel in sorted(model.files) if rel != MANIFEST_NAME]
     files.extend(sorted(replaced.values(), key=lambda f: f.path))  # additions
     return Plan(recipe=recipe, base=model.root, files=tuple(files), changes=tuple(changes),
-                warnings=tuple(warnings), options=dict(options or {}))
+                warnings=tuple(warnings), options=options)
 
 
 def _link(model: ModelDir, rel: str) -> FilePlan:

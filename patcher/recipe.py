@@ -10,6 +10,7 @@ A recipe is a YAML document (see ``recipes/sm120-fp16-kv.yaml`` and
     config: {file.json: [op, ...]}
     files: [{drop: name} | {add: name, content: text}, ...]
     tensors: [{select: {...}, <action>: ...}, ...]
+    output: {max_shard_size: 5GB} # reshard the variant (see patcher.resharding)
 
 ``load_recipe`` checks everything it can without a model and reports every problem at once, each
 as ``recipe.yaml:LINE:COL: message``. The typed result is defined in ``patcher.recipe_schema``.
@@ -21,23 +22,24 @@ import hashlib
 import os
 import stat
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from . import recipe_checks as rc
-from .errors import GuardRefused, InputError, RecipeError
+from .errors import InputError, RecipeError
 from .recipe_lookup import (  # noqa: F401  (part of the public recipe API)
     builtin_recipe_dir, builtin_recipe_names, resolve_recipe)
-from .guards import evaluate_guards
+from .guards import check_guards, evaluate_guards  # noqa: F401  (re-exported)
 from .recipe_schema import (RECIPE_FORMAT_VERSIONS, AddFile, AllOf, AnyOf, Check, ConfigOp,
-                            Condition, DropFile, DropOp, FileOp, Not, PatchOp, Recipe,
-                            RenameOp, SetOp)
+                            Condition, DropFile, DropOp, FileOp, Not, OutputLayout, PatchOp,
+                            Recipe, RenameOp, SetOp)
 from .recipe_tensors import parse_tensor_op
 from .recipe_yaml import MAX_RECIPE_BYTES, YamlProblems, compose_recipe
 
 __all__ = ["load_recipe", "evaluate_guards", "check_guards", "builtin_recipe_dir",
            "builtin_recipe_names", "resolve_recipe", "Recipe"]
 
-TOP_KEYS = ("modelpatch", "name", "description", "requires", "config", "files", "tensors")
+TOP_KEYS = ("modelpatch", "name", "description", "requires", "config", "files", "tensors",
+            "output")
 PREDICATES = ("exists", "equals", "contains", "one_of")
 COMBINATORS = ("any_of", "all_of", "not")
 LEAF_KEYS = ("file", "path", *PREDICATES, "in", "message")
@@ -171,7 +173,27 @@ def _top_level(v: rc.Validator, root: Any) -> dict[str, Any]:
         parse_tensor_op(v, node, pos) for node, pos in v.items(root, "tensors")) if t is not None)
     _cross_check(v, root, config, files)
     return dict(format_version=version, name=name, description=description, requires=requires,
-                config=config, files=files, tensors=tensors)
+                config=config, files=files, tensors=tensors, output=_output(v, root))
+
+
+def _output(v: rc.Validator, root: Any) -> OutputLayout | None:
+    node = root.get("output")
+    if node is None:
+        return None
+    if not rc.is_map(node):
+        v.err(rc.val_pos(root, "output"), "output: must be a mapping such as "
+              f"{{max_shard_size: 5GB}}; got {rc.yaml_type(node)}")
+        return None
+    v.check_keys(node, ("max_shard_size",), "output")
+    size = None
+    if "max_shard_size" in node:
+        from .resharding import parse_shard_size
+
+        try:
+            size = parse_shard_size(node["max_shard_size"])
+        except ValueError as exc:
+            v.err(rc.val_pos(node, "max_shard_size"), str(exc))
+    return OutputLayout(size, v.loc(rc.val_pos(root, "output")))
 
 
 def _cross_check(v: rc.Validator, root: Any, config: dict[str, tuple[ConfigOp, ...]],
@@ -243,16 +265,6 @@ def _condition(v: rc.Validator, node: Any, pos: tuple[int, int]) -> Condition | 
     if file is None or path is None or expected is rc.INVALID:
         return None
     return Check(file, path, pred, expected, scopes, message, loc)
-
-
-def check_guards(recipe: Recipe, read_json: Callable[[str], Any | None]) -> None:
-    """Raise ``GuardRefused`` (exit code 1) if any ``requires`` guard does not hold."""
-    failures = evaluate_guards(recipe, read_json)
-    if failures:
-        extra = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
-        err = GuardRefused(f"recipe {recipe.name!r} refuses this model: {failures[0]}{extra}")
-        err.failures = failures
-        raise err
 
 
 # ---------------------------------------------------------------------------- config ops

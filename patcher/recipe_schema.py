@@ -262,6 +262,14 @@ class TensorOp:
 # -------------------------------------------------------------------------------- recipe
 
 @dataclass(frozen=True)
+class OutputLayout:
+    """The recipe's ``output:`` section: how the variant's shards are laid out."""
+
+    max_shard_size: int | None      # bytes; None keeps the base's shards
+    loc: str
+
+
+@dataclass(frozen=True)
 class Recipe:
     """A loaded, validated recipe.
 
@@ -282,7 +290,12 @@ class Recipe:
     sha256: str
     source: str
     path: Path | None = None
+    output: OutputLayout | None = None
 
     @property
     def touches_tensors(self) -> bool:
-        return bool(self.tensors)
+        return bool(self.tensors) or self.max_shard_size is not None
+
+    @property
+    def max_shard_size(self) -> int | None:
+        return self.output.max_shard_size if self.output else None

@@ -113,16 +113,22 @@ class TensorPlan:
     dtypes: dict[str, str]          # every output tensor's dtype
 
 
-def plan_tensor_ops(recipe, model: ModelDir, changes: list[dict], *,
-                    device: str = "cpu") -> TensorPlan:
-    """Run the recipe's tensor ops over a virtual view of the model's tensors."""
+def plan_tensor_ops(recipe, model: ModelDir, changes: list[dict], *, device: str = "cpu",
+                    max_shard_size: int | None = None) -> TensorPlan:
+    """Run the recipe's tensor ops over a virtual view of the model's tensors, then lay the
+    result out in the base's shards, or in new ones of at most ``max_shard_size`` bytes."""
     device = check_device(device)
     view = initial_view(model)
     for op in recipe.tensors:
         names = select(view, op)
         _HANDLERS[op.kind](view, names, op, changes)
-    return TensorPlan(files=_shard_plans(model, view, changes, device),
-                      dtypes={name: t.dtype for name, t in view.items()})
+    if max_shard_size is None:
+        files = _shard_plans(model, view, changes, device)
+    else:
+        from .resharding import reshard_plans
+
+        files = reshard_plans(model, view, changes, device, max_shard_size)
+    return TensorPlan(files=files, dtypes={name: t.dtype for name, t in view.items()})
 
 
 # --- operations -----------------------------------------------------------------------------

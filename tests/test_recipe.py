@@ -239,7 +239,7 @@ ERROR_CASES = [
      "unknown key 'dtpye' in select (did you mean 'dtype'?)"),
     (HEAD + "§colour: red\n",
      "unknown key 'colour' in recipe (expected one of: modelpatch, name, description, requires, "
-     "config, files, tensors)"),
+     "config, files, tensors, output)"),
     # required keys and wrong types
     ("§modelpatch: 1\nname: t\n", "recipe needs 'description'"),
     ("modelpatch: §'1'\nname: t\ndescription: d\n",
@@ -402,7 +402,7 @@ def test_all_errors_are_collected_in_document_order():
         "recipe.yaml:4:1", "recipe.yaml:6:3", "recipe.yaml:7:13", "recipe.yaml:9:21"]
     message = first_error(text)
     assert message == ("recipe.yaml:4:1: unknown key 'colour' in recipe (expected one of: "
-                       "modelpatch, name, description, requires, config, files, tensors) "
+                       "modelpatch, name, description, requires, config, files, tensors, output) "
                        "(and 3 more)")
     with pytest.raises(RecipeError) as info:
         load(text)
@@ -732,6 +732,10 @@ def _plain(text: str):
 
 
 SCHEMA_VALID = [
+    HEAD + "output:\n  max_shard_size: 5GB\n",
+    HEAD + "output:\n  max_shard_size: 1.5 GiB\n",
+    HEAD + "output:\n  max_shard_size: 1000000\n",
+    HEAD + "output:\n",
     FULL,
     HEAD,
     HEAD + "requires: []\nconfig: {}\nfiles: []\ntensors: []\n",
@@ -748,6 +752,11 @@ SCHEMA_VALID = [
 ]
 
 SCHEMA_INVALID = [
+    HEAD + "output:\n  max_shard_size: 5 lots\n",
+    HEAD + "output:\n  max_shard_size: 5K\n",
+    HEAD + "output:\n  max_shard_size: 0\n",
+    HEAD + "output:\n  shards: 4\n",
+    HEAD + "output: [1]\n",
     HEAD.replace("modelpatch: 1", "modelpatch: 2"),
     HEAD + "requries: []\n",
     "modelpatch: 1\nname: t\n",
@@ -789,6 +798,7 @@ SCHEMA_INVALID = [
 # Checks only the loader can make (they need the whole recipe or Python's regex engine);
 # the schema accepts these.
 LOADER_ONLY = [
+    HEAD + "output:\n  max_shard_size: 0GB\n",
     HEAD + "tensors:\n  - select: {glob: '*'}\n    rename: {to: x}\n",
     HEAD + "tensors:\n  - select: {regex: '^(a)'}\n    rename: {to: '\\2'}\n",
     HEAD + "config:\n  config.json: []\nfiles:\n  - drop: config.json\n",

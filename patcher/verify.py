@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from . import faults
 from .digest_cache import DigestCache, KnownDigests
 from .errors import InputError, OperationFailed, VerifyMismatch
 from .hashing import hash_files_stat
@@ -210,6 +211,7 @@ def verify_dir(directory: str | os.PathLike, *, jobs: int | None = None, fast: b
                 continue
         to_hash.append(path)
 
+    faults.point("verify:hashing")
     observed = time.time_ns()
     results = hash_files_stat([root / p for p in to_hash], jobs=jobs, on_progress=on_progress)
     for path in to_hash:

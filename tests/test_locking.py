@@ -91,6 +91,19 @@ def test_an_out_of_place_apply_reading_the_base_blocks_an_in_place_apply(kimi_di
     assert not (root / MANIFEST).exists()
 
 
+def test_a_running_verify_blocks_in_place_changes(kimi_dir, tmp_path):
+    root = copy_tree(kimi_dir, tmp_path / "m")
+    api.apply_in_place("sm120-fp16-kv", root)
+    before = snapshot(root)
+    holder = _hold(tmp_path, "verify:hashing", "verify", root)
+    _refused(cli("revert", root))
+    _refused(cli("apply", "drop-kv-scales", root, "--in-place"))
+    assert cli("verify", root).returncode == 0          # readers share the lock
+    out, _ = _finish(holder)
+    assert out.startswith("OK")
+    assert diff(snapshot(root), before) == []
+
+
 def test_two_applies_to_one_output(kimi_dir, tmp_path):
     base = copy_tree(kimi_dir, tmp_path / "base")
     out = tmp_path / "out"

@@ -93,15 +93,22 @@ def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None 
             private: bool = True, revision: str | None = None,
             message: str | None = None) -> PublishResult:
     """Upload the variant at ``directory`` to ``repo_id`` in one commit."""
-    from huggingface_hub import CommitOperationAdd
-
+    from ..locking import lock_directory
     from ..verify import verify_dir
 
     root = Path(directory)
-    report = verify_dir(root)
-    if not report.ok:
-        raise VerifyMismatch(f"refusing to publish a variant that does not verify: "
-                             f"{report.summary()}", where=root)
+    with lock_directory(root, exclusive=False):   # no in-place patch between verify and upload
+        report = verify_dir(root)
+        if not report.ok:
+            raise VerifyMismatch(f"refusing to publish a variant that does not verify: "
+                                 f"{report.summary()}", where=root)
+        return _upload(root, repo_id, endpoint, private, revision, message)
+
+
+def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
+            revision: str | None, message: str | None) -> PublishResult:
+    from huggingface_hub import CommitOperationAdd
+
     manifest = read_manifest(root)
     base = _base_name(root)
     api = _client(endpoint)

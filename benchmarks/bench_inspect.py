@@ -37,8 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 ITEMSIZE = {"F32": 4, "BF16": 2, "F8_E4M3": 1, "U8": 1}
 HIDDEN = 7168
@@ -247,7 +247,7 @@ def modelpatch_command() -> list[str]:
 
 def timed(cmd: list[str]) -> tuple[float, str]:
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     elapsed = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"bench_inspect: {cmd[0]} failed ({proc.returncode}):\n"
@@ -260,7 +260,7 @@ def stats(runs: list[float]) -> dict:
             "max_s": round(max(runs), 4), "runs_s": [round(r, 4) for r in runs]}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shards", type=int, default=100)
     parser.add_argument("--shard-mb", type=int, default=64)
@@ -270,8 +270,52 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the generated model here and reuse it (default: a temporary "
                              "directory, removed afterwards)")
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def check_outputs(inspect_cmd: list[str], baseline_cmd: list[str], info: dict) -> None:
+    """Warm-up (also pulls the shards into the page cache) and a correctness check."""
+    _, out = timed(inspect_cmd)
+    report = json.loads(out)
+    totals = report["tensors"]["totals"]
+    assert totals["tensors"] == info["tensors"], (totals, info)
+    assert totals["bytes"] + totals["scale_bytes"] == info["tensor_bytes"], (totals, info)
+    _, out = timed(baseline_cmd)
+    assert out.split() == [str(info["tensors"]), str(info["tensor_bytes"])], out
+
+
+def time_subprocesses(inspect_cmd: list[str], baseline_cmd: list[str],
+                      repeat: int) -> tuple[list[float], list[float]]:
+    inspect_runs, baseline_runs = [], []
+    for i in range(repeat):  # alternate the order so drift hits both equally
+        pair = [(inspect_cmd, inspect_runs), (baseline_cmd, baseline_runs)]
+        for cmd, runs in (pair if i % 2 == 0 else pair[::-1]):
+            runs.append(timed(cmd)[0])
+    return inspect_runs, baseline_runs
+
+
+def time_in_process(model: str, repeat: int) -> list[float]:
+    from patcher.inspect_model import inspect_model
+    from patcher.model_dir import ModelDir
+
+    inspect_model(ModelDir.open(model))  # warm-up
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        inspect_model(ModelDir.open(model))
+        runs.append(time.perf_counter() - t0)
+    return runs
+
+
+def version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def main() -> None:
+    args = parse_args()
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench_inspect_"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:
@@ -279,43 +323,15 @@ def main() -> None:
         model = info["path"]
         inspect_cmd = modelpatch_command() + ["inspect", "--json", model]
         baseline_cmd = [sys.executable, "-c", BASELINE, model]
-
-        # Warm-up (also pulls the shards into the page cache) and a correctness check.
-        _, out = timed(inspect_cmd)
-        report = json.loads(out)
-        totals = report["tensors"]["totals"]
-        assert totals["tensors"] == info["tensors"], (totals, info)
-        assert totals["bytes"] + totals["scale_bytes"] == info["tensor_bytes"], (totals, info)
-        _, out = timed(baseline_cmd)
-        assert out.split() == [str(info["tensors"]), str(info["tensor_bytes"])], out
-
-        inspect_runs, baseline_runs = [], []
-        for i in range(args.repeat):  # alternate the order so drift hits both equally
-            pair = [(inspect_cmd, inspect_runs), (baseline_cmd, baseline_runs)]
-            for cmd, runs in (pair if i % 2 == 0 else pair[::-1]):
-                runs.append(timed(cmd)[0])
-
-        from patcher.inspect_model import inspect_model
-        from patcher.model_dir import ModelDir
-
-        inspect_model(ModelDir.open(model))  # warm-up
-        inproc_runs = []
-        for _ in range(args.repeat):
-            t0 = time.perf_counter()
-            inspect_model(ModelDir.open(model))
-            inproc_runs.append(time.perf_counter() - t0)
+        check_outputs(inspect_cmd, baseline_cmd, info)
+        inspect_runs, baseline_runs = time_subprocesses(inspect_cmd, baseline_cmd, args.repeat)
+        inproc_runs = time_in_process(model, args.repeat)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
 
     inspect_s, baseline_s = stats(inspect_runs), stats(baseline_runs)
     ratio = baseline_s["median_s"] / inspect_s["median_s"]
-    def version(dist: str) -> str | None:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
-
     result = {
         "benchmark": "inspect",
         "model": {"shards": args.shards, "shard_mb": args.shard_mb,

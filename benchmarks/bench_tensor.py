@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
-import math
 import os
 import platform
 import shutil
@@ -51,8 +50,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_tensor_model import describe, make_model
+
 REPO = Path(__file__).resolve().parents[1]
-GENERATOR_VERSION = 1
 
 KV_SCALE_RE = r"(^|\.)(k_proj\.k_scale|v_proj\.v_scale|self_attn\.k_scale|self_attn\.v_scale)$"
 
@@ -133,136 +133,6 @@ main(sys.argv[1], sys.argv[2])
 """
 
 
-# --------------------------------------------------------------------------- synthetic model
-
-def _specs(hidden: int, experts: int, layers: int, vocab: int):
-    """(name, dtype, shape) of the model, in file order; FP8 weights followed by their scale."""
-    heads, nope, rope, v_dim, q_rank, kv_rank, inner = 16, 128, 64, 128, 1536, 512, 1408
-
-    def fp8(name, rows, cols):
-        yield name, "F8_E4M3", (rows, cols)
-        yield name + "_scale_inv", "F32", (math.ceil(rows / 128), math.ceil(cols / 128))
-
-    yield "model.embed_tokens.weight", "BF16", (vocab, hidden)
-    for layer in range(layers):
-        p = f"model.layers.{layer}."
-        a = p + "self_attn."
-        yield p + "input_layernorm.weight", "BF16", (hidden,)
-        yield from fp8(a + "q_a_proj.weight", q_rank, hidden)
-        yield a + "q_a_layernorm.weight", "BF16", (q_rank,)
-        yield from fp8(a + "q_b_proj.weight", heads * (nope + rope), q_rank)
-        yield from fp8(a + "kv_a_proj_with_mqa.weight", kv_rank + rope, hidden)
-        yield a + "kv_a_layernorm.weight", "BF16", (kv_rank,)
-        yield from fp8(a + "kv_b_proj.weight", heads * (nope + v_dim), kv_rank)
-        yield from fp8(a + "o_proj.weight", hidden, heads * v_dim)
-        yield a + "k_proj.k_scale", "F32", ()
-        yield a + "v_proj.v_scale", "F32", ()
-        yield p + "post_attention_layernorm.weight", "BF16", (hidden,)
-        yield p + "mlp.gate.weight", "BF16", (experts, hidden)
-        yield p + "mlp.gate.e_score_correction_bias", "F32", (experts,)
-        for e in ["shared_experts"] + [f"experts.{i}" for i in range(experts)]:
-            m = f"{p}mlp.{e}."
-            yield from fp8(m + "gate_proj.weight", inner, hidden)
-            yield from fp8(m + "up_proj.weight", inner, hidden)
-            yield from fp8(m + "down_proj.weight", hidden, inner)
-    yield "model.norm.weight", "BF16", (hidden,)
-    yield "lm_head.weight", "BF16", (vocab, hidden)
-
-
-_ITEM = {"F8_E4M3": 1, "BF16": 2, "F32": 4}
-
-
-def _nbytes(dtype, shape) -> int:
-    return _ITEM[dtype] * math.prod(shape)
-
-
-def _layout(size_gb: float, shard_mb: int):
-    hidden = 2048
-    vocab, experts = (32000, 16) if shard_mb >= 256 else (4000, 2)
-    one_layer = sum(_nbytes(d, s) for n, d, s in _specs(hidden, experts, 1, vocab)
-                    if ".layers." in n)
-    ends = 2 * _nbytes("BF16", (vocab, hidden))
-    layers = max(1, round((size_gb * 1e9 - ends) / one_layer))
-    return hidden, experts, layers, vocab
-
-
-def _tensor(dtype: str, shape, pool):
-    import torch
-
-    n = _nbytes(dtype, shape)
-    offset = (n * 7919) % pool.numel()       # vary the bytes from tensor to tensor
-    raw = pool.roll(-offset)
-    raw = raw[:n].clone() if n <= raw.numel() else raw.repeat(n // raw.numel() + 1)[:n]
-    if dtype == "F8_E4M3":
-        return raw.view(torch.float8_e4m3fn).reshape(shape)   # pool has no NaN codes
-    if dtype == "BF16":
-        return (raw[: n // 2].to(torch.int16) - 128).to(torch.bfloat16).mul_(1e-3).reshape(shape)
-    if not shape:
-        return torch.tensor(0.01, dtype=torch.float32)
-    return torch.rand(shape, dtype=torch.float32) * 1e-3 + 1e-4
-
-
-def make_model(out: Path, size_gb: float, shard_mb: int) -> dict:
-    """Write the synthetic checkpoint into ``out`` (reused when already complete)."""
-    import torch
-    from safetensors.torch import save_file
-
-    stamp = out / ".bench-complete"
-    params = {"size_gb": size_gb, "shard_mb": shard_mb, "version": GENERATOR_VERSION}
-    if stamp.exists() and json.loads(stamp.read_text()) == params:
-        return params
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    hidden, experts, layers, vocab = _layout(size_gb, shard_mb)
-    specs = list(_specs(hidden, experts, layers, vocab))
-    gen = torch.Generator().manual_seed(0)
-    pool = torch.randint(0, 256, (8 << 20,), dtype=torch.uint8, generator=gen) & 0xFE
-    # Cut shards by size; a weight and the scale that follows it stay together.
-    shards, current, size = [], [], 0
-    for spec in specs:
-        nb = _nbytes(spec[1], spec[2])
-        if current and size + nb > shard_mb * 2**20 and not spec[0].endswith("_scale_inv"):
-            shards.append(current)
-            current, size = [], 0
-        current.append(spec)
-        size += nb
-    shards.append(current)
-    weight_map, total = {}, 0
-    for i, group in enumerate(shards, start=1):
-        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        tensors = {n: _tensor(d, s, pool) for n, d, s in group}
-        save_file(tensors, out / name, metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(tensors, name))
-        total += sum(_nbytes(d, s) for _, d, s in group)
-        del tensors
-    (out / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
-        indent=2))
-    config = {
-        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
-        "hidden_size": hidden, "num_hidden_layers": layers, "n_routed_experts": experts,
-        "vocab_size": vocab, "torch_dtype": "bfloat16",
-        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
-                                "quant_method": "fp8", "weight_block_size": [128, 128]},
-    }
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    without_kv = [g for g in shards if not any(n.endswith(("k_scale", "v_scale")) for n, _, _ in g)]
-    if without_kv:
-        print(f"warning: {len(without_kv)} shards hold no KV scale", file=sys.stderr)
-    stamp.write_text(json.dumps(params))
-    return params
-
-
-def _describe(model: Path) -> dict:
-    shards = sorted(model.glob("*.safetensors"))
-    index = json.loads((model / "model.safetensors.index.json").read_text())
-    return {"shards": len(shards), "bytes": sum(p.stat().st_size for p in shards),
-            "largest_shard": max(p.stat().st_size for p in shards),
-            "tensors": len(index["weight_map"]),
-            "kv_scales": sum(1 for n in index["weight_map"] if n.endswith(("k_scale", "v_scale")))}
-
-
 # --------------------------------------------------------------------------- measuring
 
 def measure(cmd: list[str], env: dict | None = None) -> dict:
@@ -300,117 +170,144 @@ def _stats(runs: list[dict]) -> dict:
             **({"out_bytes": runs[0]["out_bytes"]} if "out_bytes" in runs[0] else {})}
 
 
-def run_benchmark(args) -> dict:
-    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-tensor-"))
-    work.mkdir(parents=True, exist_ok=True)
+def _generate(args, work: Path) -> Path:
+    """The synthetic model in ``work`` (reused when complete), written by a child process: this
+    one must stay small, because a child's ru_maxrss starts from the RSS of the process that
+    forked it."""
     model = work / "model"
     print(f"generating {args.size_gb} GB in ~{args.shard_mb} MB shards under {work} ...",
           file=sys.stderr)
     t0 = time.perf_counter()
-    # In a child process: this one must stay small, because a child's ru_maxrss starts from the
-    # RSS of the process that forked it.
     subprocess.run([sys.executable, __file__, "--generate", str(model), "--size-gb",
                     str(args.size_gb), "--shard-mb", str(args.shard_mb)], check=True)
     print(f"  ready in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    py = sys.executable
-    script = Path(sys.executable).with_name("modelpatch")
-    mp = [str(script)] if script.exists() else [py, "-c", "from patcher.cli import main; main()"]
-    jobs = ["--jobs", str(args.jobs)] if args.jobs else []
-    base_env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    warm_cache = work / "cache-warm"
-    scripts = work / "scripts"
-    scripts.mkdir(exist_ok=True)
-    (scripts / "load_save_drop.py").write_text(LOAD_SAVE_DROP)
-    (scripts / "fp8_cast_bf16_cpu.py").write_text(FP8_CAST_BF16)
-    counter = iter(range(10**6))
+    return model
 
-    def env_cold():
-        cache = work / f"cache-cold-{next(counter)}"
-        return dict(base_env, MODELPATCH_CACHE_DIR=str(cache)), cache
 
-    def mp_apply(recipe: str, out: Path, warm: bool, device: str = "cpu") -> dict:
-        env, cache = (dict(base_env, MODELPATCH_CACHE_DIR=str(warm_cache)), None) if warm \
-            else env_cold()
-        r = measure(mp + ["apply", recipe, str(model), "-o", str(out), "-q", "--device", device]
-                    + jobs, env)
+class _Commands:
+    """The commands compared, each a function that runs it once and returns its figures."""
+
+    def __init__(self, args, work: Path, model: Path):
+        self.args, self.work, self.model = args, work, model
+        script = Path(sys.executable).with_name("modelpatch")
+        self.mp = [str(script)] if script.exists() else [
+            sys.executable, "-c", "from patcher.cli import main; main()"]
+        self.jobs = ["--jobs", str(args.jobs)] if args.jobs else []
+        self.base_env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+        self.warm_cache = work / "cache-warm"
+        self.scripts = work / "scripts"
+        self.scripts.mkdir(exist_ok=True)
+        (self.scripts / "load_save_drop.py").write_text(LOAD_SAVE_DROP)
+        (self.scripts / "fp8_cast_bf16_cpu.py").write_text(FP8_CAST_BF16)
+        self.bf16_ref = work / "bf16-for-cp"
+        self.counter = iter(range(10**6))
+
+    def mp_apply(self, recipe: str, out: Path, warm: bool, device: str = "cpu") -> dict:
+        if warm:
+            env, cache = dict(self.base_env, MODELPATCH_CACHE_DIR=str(self.warm_cache)), None
+        else:
+            cache = self.work / f"cache-cold-{next(self.counter)}"
+            env = dict(self.base_env, MODELPATCH_CACHE_DIR=str(cache))
+        r = measure(self.mp + ["apply", recipe, str(self.model), "-o", str(out), "-q",
+                               "--device", device] + self.jobs, env)
         r["out_bytes"] = _out_bytes(out)
         _clean(out, *([cache] if cache else []))
         return r
 
-    def plain(script: str, out: Path, *extra: str) -> dict:
-        r = measure([py, str(scripts / script), str(model), str(out), *extra], base_env)
+    def plain(self, script: str, out: Path, *extra: str) -> dict:
+        r = measure([sys.executable, str(self.scripts / script), str(self.model), str(out),
+                     *extra], self.base_env)
         r["out_bytes"] = _out_bytes(out)
         _clean(out)
         return r
 
-    bf16_ref = work / "bf16-for-cp"
-
-    def cp() -> dict:
-        dst = work / "cp-out"
+    def cp(self) -> dict:
+        dst = self.work / "cp-out"
         dst.mkdir()
-        files = sorted(str(p) for p in bf16_ref.glob("*.safetensors"))
-        r = measure(["cp", *files, str(dst)], base_env)
+        files = sorted(str(p) for p in self.bf16_ref.glob("*.safetensors"))
+        r = measure(["cp", *files, str(dst)], self.base_env)
         r["out_bytes"] = _out_bytes(dst)
         _clean(dst)
         return r
 
-    commands = {
-        "drop_kv/modelpatch_cold_cache": lambda: mp_apply("drop-kv-scales", work / "o1", False),
-        "drop_kv/modelpatch_warm_cache": lambda: mp_apply("drop-kv-scales", work / "o2", True),
-        "drop_kv/load_save": lambda: plain("load_save_drop.py", work / "o3", KV_SCALE_RE),
-        "fp8_to_bf16/modelpatch": lambda: mp_apply("fp8-block-to-bf16", work / "o4", False),
-        "fp8_to_bf16/cp_same_bytes": cp,
-        "fp8_to_bf16/torch_script": lambda: plain("fp8_cast_bf16_cpu.py", work / "o5"),
-    }
-    if args.device != "cpu":
-        commands[f"fp8_to_bf16/modelpatch_{args.device}"] = lambda: mp_apply(
-            "fp8-block-to-bf16", work / "o6", False, args.device)
-    # Warm-up: page cache, the warm digest cache, and the BF16 files cp copies.
-    _clean(bf16_ref)
-    measure(mp + ["apply", "fp8-block-to-bf16", str(model), "-o", str(bf16_ref), "-q"],
-            dict(base_env, MODELPATCH_CACHE_DIR=str(warm_cache)))
+    def all(self) -> dict:
+        work, device = self.work, self.args.device
+        commands = {
+            "drop_kv/modelpatch_cold_cache":
+                lambda: self.mp_apply("drop-kv-scales", work / "o1", False),
+            "drop_kv/modelpatch_warm_cache":
+                lambda: self.mp_apply("drop-kv-scales", work / "o2", True),
+            "drop_kv/load_save": lambda: self.plain("load_save_drop.py", work / "o3", KV_SCALE_RE),
+            "fp8_to_bf16/modelpatch":
+                lambda: self.mp_apply("fp8-block-to-bf16", work / "o4", False),
+            "fp8_to_bf16/cp_same_bytes": self.cp,
+            "fp8_to_bf16/torch_script": lambda: self.plain("fp8_cast_bf16_cpu.py", work / "o5"),
+        }
+        if device != "cpu":
+            commands[f"fp8_to_bf16/modelpatch_{device}"] = lambda: self.mp_apply(
+                "fp8-block-to-bf16", work / "o6", False, device)
+        return commands
+
+    def warm_up(self) -> None:
+        """The page cache, the warm digest cache, and the BF16 files cp copies."""
+        _clean(self.bf16_ref)
+        measure(self.mp + ["apply", "fp8-block-to-bf16", str(self.model), "-o",
+                           str(self.bf16_ref), "-q"],
+                dict(self.base_env, MODELPATCH_CACHE_DIR=str(self.warm_cache)))
+
+
+def _rounds(commands: dict, repeat: int) -> dict[str, list[dict]]:
+    """One warm-up of each command, then ``repeat`` rounds, the order reversed every other."""
     for name, fn in commands.items():
         print(f"  warm-up {name}", file=sys.stderr)
         fn()
     results: dict[str, list[dict]] = {name: [] for name in commands}
-    for round_ in range(args.repeat):
+    for round_ in range(repeat):
         order = list(commands) if round_ % 2 == 0 else list(reversed(commands))
         for name in order:
             results[name].append(commands[name]())
-        print(f"  round {round_ + 1}/{args.repeat} done", file=sys.stderr)
-    stats = {name: _stats(runs) for name, runs in results.items()}
-    desc = _describe(model)
-    if not args.keep:
-        _clean(bf16_ref)
-        if not args.workdir:
-            shutil.rmtree(work, ignore_errors=True)
+        print(f"  round {round_ + 1}/{repeat} done", file=sys.stderr)
+    return results
 
+
+def _summary(stats: dict, device: str) -> dict:
     def ratio(a, b, key):
         return stats[a][key] / stats[b][key]
 
     def gbps(name):
         return stats[name]["out_bytes"] / stats[name]["wall_s_median"] / 1e9
 
-    summary = {
-        "drop_kv_time_ratio_cold_cache": ratio("drop_kv/modelpatch_cold_cache",
-                                               "drop_kv/load_save", "wall_s_median"),
-        "drop_kv_time_ratio_warm_cache": ratio("drop_kv/modelpatch_warm_cache",
-                                               "drop_kv/load_save", "wall_s_median"),
-        "drop_kv_cpu_ratio_cold_cache": ratio("drop_kv/modelpatch_cold_cache",
-                                              "drop_kv/load_save", "cpu_s_median"),
-        "drop_kv_cpu_ratio_warm_cache": ratio("drop_kv/modelpatch_warm_cache",
-                                              "drop_kv/load_save", "cpu_s_median"),
-        "drop_kv_rss_ratio": ratio("drop_kv/modelpatch_cold_cache", "drop_kv/load_save",
-                                   "peak_rss_max"),
+    drop, load_save = "drop_kv/modelpatch_", "drop_kv/load_save"
+    return {
+        "drop_kv_time_ratio_cold_cache": ratio(drop + "cold_cache", load_save, "wall_s_median"),
+        "drop_kv_time_ratio_warm_cache": ratio(drop + "warm_cache", load_save, "wall_s_median"),
+        "drop_kv_cpu_ratio_cold_cache": ratio(drop + "cold_cache", load_save, "cpu_s_median"),
+        "drop_kv_cpu_ratio_warm_cache": ratio(drop + "warm_cache", load_save, "cpu_s_median"),
+        "drop_kv_rss_ratio": ratio(drop + "cold_cache", load_save, "peak_rss_max"),
         "fp8_to_bf16_gbps_modelpatch": gbps("fp8_to_bf16/modelpatch"),
         "fp8_to_bf16_gbps_cp": gbps("fp8_to_bf16/cp_same_bytes"),
         "fp8_to_bf16_gbps_torch_script": gbps("fp8_to_bf16/torch_script"),
-        **({f"fp8_to_bf16_gbps_modelpatch_{args.device}":
-            gbps(f"fp8_to_bf16/modelpatch_{args.device}")} if args.device != "cpu" else {}),
+        **({f"fp8_to_bf16_gbps_modelpatch_{device}":
+            gbps(f"fp8_to_bf16/modelpatch_{device}")} if device != "cpu" else {}),
         "fp8_to_bf16_rss_modelpatch": stats["fp8_to_bf16/modelpatch"]["peak_rss_max"],
         "fp8_to_bf16_rss_torch_script": stats["fp8_to_bf16/torch_script"]["peak_rss_max"],
     }
+
+
+def run_benchmark(args) -> dict:
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench-tensor-"))
+    work.mkdir(parents=True, exist_ok=True)
+    model = _generate(args, work)
+    runner = _Commands(args, work, model)
+    commands = runner.all()
+    runner.warm_up()
+    stats = {name: _stats(runs) for name, runs in _rounds(commands, args.repeat).items()}
+    desc = describe(model)
+    if not args.keep:
+        _clean(runner.bf16_ref)
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
     return {
         "benchmark": "bench_tensor",
         "params": {"size_gb": args.size_gb, "shard_mb": args.shard_mb, "repeat": args.repeat,
@@ -422,33 +319,30 @@ def run_benchmark(args) -> dict:
                     "torch": importlib.metadata.version("torch"),
                     "safetensors": importlib.metadata.version("safetensors")},
         "results": stats,
-        "summary": summary,
+        "summary": _summary(stats, args.device),
     }
 
 
 def _print_summary(report: dict) -> None:
     s, m = report["summary"], report["model"]
     mb = 2**20
-    lines = [
-        f"model: {m['bytes'] / 1e9:.2f} GB, {m['shards']} shards (largest "
-        f"{m['largest_shard'] / mb:.0f} MiB), {m['tensors']} tensors, {m['kv_scales']} KV scales",
-    ]
+    lines = [(f"model: {m['bytes'] / 1e9:.2f} GB, {m['shards']} shards (largest "
+              f"{m['largest_shard'] / mb:.0f} MiB), {m['tensors']} tensors, "
+              f"{m['kv_scales']} KV scales")]
     for name, st in report["results"].items():
         extra = (f"  {st['out_bytes'] / st['wall_s_median'] / 1e9:5.2f} GB/s"
                  if "out_bytes" in st else "")
         lines.append(f"  {name:<32} {st['wall_s_median']:7.2f} s  cpu {st['cpu_s_median']:6.2f} s"
                      f"  peak RSS "
                      f"{st['peak_rss_max'] / mb:7.0f} MiB{extra}")
-    lines += [
-        f"drop-kv-scales vs load/save: time {s['drop_kv_time_ratio_cold_cache']:.2f}x "
-        f"(cold digest cache), {s['drop_kv_time_ratio_warm_cache']:.2f}x (warm); "
-        f"peak RSS {s['drop_kv_rss_ratio']:.2f}x   (targets <= 1.0x, <= 0.5x); CPU time "
-        f"{s['drop_kv_cpu_ratio_cold_cache']:.2f}x cold, "
-        f"{s['drop_kv_cpu_ratio_warm_cache']:.2f}x warm",
-        f"fp8-block-to-bf16: {s['fp8_to_bf16_gbps_modelpatch']:.2f} GB/s of output; cp "
-        f"{s['fp8_to_bf16_gbps_cp']:.2f} GB/s; torch script "
-        f"{s['fp8_to_bf16_gbps_torch_script']:.2f} GB/s",
-    ]
+    lines.append(f"drop-kv-scales vs load/save: time {s['drop_kv_time_ratio_cold_cache']:.2f}x "
+                 f"(cold digest cache), {s['drop_kv_time_ratio_warm_cache']:.2f}x (warm); "
+                 f"peak RSS {s['drop_kv_rss_ratio']:.2f}x   (targets <= 1.0x, <= 0.5x); CPU time "
+                 f"{s['drop_kv_cpu_ratio_cold_cache']:.2f}x cold, "
+                 f"{s['drop_kv_cpu_ratio_warm_cache']:.2f}x warm")
+    lines.append(f"fp8-block-to-bf16: {s['fp8_to_bf16_gbps_modelpatch']:.2f} GB/s of output; cp "
+                 f"{s['fp8_to_bf16_gbps_cp']:.2f} GB/s; torch script "
+                 f"{s['fp8_to_bf16_gbps_torch_script']:.2f} GB/s")
     print("\n".join(lines), file=sys.stderr)
 
 

@@ -145,49 +145,14 @@ def hash_while_copying(src_fd: int, offset: int, length: int, dst: HashingWriter
         raise OperationFailed(f"cannot copy into the output: {exc.strerror or exc}") from exc
 
     methods = [m for m in ("copy_file_range", "sendfile") if hasattr(os, m)]
-    gran = mmap.ALLOCATIONGRANULARITY
     done = 0
     try:
         while done < length:
             win_off = offset + done
             win_len = min(COPY_WINDOW, length - done)
-            if hasattr(os, "posix_fadvise") and done + win_len < length:
-                # Let the kernel read the next window while this one is hashed.
-                try:
-                    os.posix_fadvise(src_fd, win_off + win_len,
-                                     min(COPY_WINDOW, length - done - win_len),
-                                     os.POSIX_FADV_WILLNEED)
-                except OSError:
-                    pass
-            map_off = win_off - win_off % gran
-            skip = win_off - map_off
-            mm = mmap.mmap(src_fd, skip + win_len, offset=map_off, access=mmap.ACCESS_READ)
-            try:
-                view = memoryview(mm)[skip:]
-                try:
-                    dst._h.update(view)
-                    copied = 0
-                    while copied < win_len:
-                        k = 0
-                        while methods:
-                            try:
-                                k = _copy_kernel(methods[0], src_fd, dst_fd, win_off + copied,
-                                                 dst_pos + done + copied, win_len - copied)
-                            except OSError as exc:
-                                if exc.errno not in _COPY_FALLBACK_ERRNOS:
-                                    raise
-                                k = 0
-                            if k > 0:
-                                break
-                            methods.pop(0)  # unsupported here, or no progress: next method
-                        if k == 0:
-                            # Last resort, and exact: write the very bytes that were hashed.
-                            k = os.pwrite(dst_fd, view[copied:], dst_pos + done + copied)
-                        copied += k
-                finally:
-                    view.release()
-            finally:
-                mm.close()
+            if done + win_len < length:
+                _read_ahead(src_fd, win_off + win_len, min(COPY_WINDOW, length - done - win_len))
+            _hash_and_copy_window(src_fd, win_off, win_len, dst, dst_fd, dst_pos + done, methods)
             done += win_len
             if on_progress is not None:
                 on_progress(win_len)
@@ -199,3 +164,57 @@ def hash_while_copying(src_fd: int, offset: int, length: int, dst: HashingWriter
         raise
     dst._size += length
     return length
+
+
+def _read_ahead(src_fd: int, offset: int, length: int) -> None:
+    """Let the kernel read the next window while this one is hashed (advice only)."""
+    if hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(src_fd, offset, length, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+
+
+def _hash_and_copy_window(src_fd: int, win_off: int, win_len: int, dst: HashingWriter,
+                          dst_fd: int, dst_off: int, methods: list[str]) -> None:
+    """Hash ``win_len`` bytes of ``src_fd`` at ``win_off`` into ``dst``'s digest from an mmap
+    window, and copy the same bytes to ``dst_fd`` at ``dst_off`` (size bookkeeping is the
+    caller's)."""
+    gran = mmap.ALLOCATIONGRANULARITY
+    map_off = win_off - win_off % gran
+    skip = win_off - map_off
+    mm = mmap.mmap(src_fd, skip + win_len, offset=map_off, access=mmap.ACCESS_READ)
+    try:
+        view = memoryview(mm)[skip:]
+        try:
+            dst._h.update(view)
+            copied = 0
+            while copied < win_len:
+                k = _copy_in_kernel(methods, src_fd, dst_fd, win_off + copied, dst_off + copied,
+                                    win_len - copied)
+                if k == 0:
+                    # Last resort, and exact: write the very bytes that were hashed.
+                    k = os.pwrite(dst_fd, view[copied:], dst_off + copied)
+                copied += k
+        finally:
+            view.release()
+    finally:
+        mm.close()
+
+
+def _copy_in_kernel(methods: list[str], src_fd: int, dst_fd: int, src_off: int, dst_off: int,
+                    count: int) -> int:
+    """Copy up to ``count`` bytes with the first of ``methods`` that makes progress; return how
+    many were copied. A method that is unsupported here or makes no progress is dropped from
+    ``methods`` for the rest of the call; 0 once none is left."""
+    while methods:
+        try:
+            k = _copy_kernel(methods[0], src_fd, dst_fd, src_off, dst_off, count)
+        except OSError as exc:
+            if exc.errno not in _COPY_FALLBACK_ERRNOS:
+                raise
+            k = 0
+        if k > 0:
+            return k
+        methods.pop(0)  # unsupported here, or no progress: next method
+    return 0

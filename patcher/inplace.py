@@ -29,7 +29,7 @@ from .fsops import write_file
 from .journal import Journal, recover, roll_back, switch
 from .locking import lock_directory
 from .model_dir import MANIFEST_NAME, STATE_DIR, ModelDir
-from .patch_record import PATCHES_DIR, RECORD_NAME, encode_record
+from .patch_record import PATCHES_DIR, RECORD_NAME, PatchRecord, encode_record
 from .plan import Action, Plan
 from .plan import plan as make_plan
 
@@ -71,13 +71,7 @@ def apply_in_place(plan: Plan, model: ModelDir, *, jobs: int | None = None,
     """
     root = model.root
     with lock_directory(root, exclusive=True):
-        _refuse_symlinked_state_dir(root)
-        done = recover(root)
-        if done:
-            log.warning("%s: %s", root, done)
-        # Plan again under the lock: the caller planned before holding it.
-        model = ModelDir.open(root)
-        plan = make_plan(plan.recipe, model, options=plan.options)
+        model, plan = _recover_and_replan(root, plan)
         builder = PatchBuilder(plan, model, jobs=jobs, progress=progress or Progress())
         try:
             base_digests = builder.base_digests()
@@ -91,25 +85,10 @@ def apply_in_place(plan: Plan, model: ModelDir, *, jobs: int | None = None,
                           steps=steps_for(plan, model))
         faults.point("inplace:begin")
         try:
-            journal.create(root)
-            faults.point("inplace:prepare")
-            staging = root / journal.staging
-            staging.mkdir()
-            digests = builder.write_new_files(staging)
-            patch_dir = root / journal.patch_dir
-            record.links = _link_originals(root, model, journal, patch_dir)
-            record.made_dirs = _new_dirs(root, journal)
-            write_file(_prepare(patch_dir, RECORD_NAME), encode_record(record))
-            subjects = _subjects(plan, model, staging, digests, base_digests)
-            manifest_sha = builder.write_manifest(staging, subjects, base_digests, record)
-            _fsync_tree(root / STATE_DIR)
-            faults.point("inplace:prepared")
+            subjects, manifest_sha = _stage_patch(root, plan, model, builder, journal, record,
+                                                   base_digests)
         except BaseException as exc:
-            try:
-                roll_back(root, journal)
-            except OSError as cleanup:
-                log.warning("%s: could not roll back (%s); the next modelpatch command on "
-                            "this directory retries", root, cleanup.strerror or cleanup)
+            _roll_back_or_warn(root, journal)
             if isinstance(exc, OSError):
                 raise _failed(exc, root, "nothing was changed") from None
             raise
@@ -122,6 +101,47 @@ def apply_in_place(plan: Plan, model: ModelDir, *, jobs: int | None = None,
     return ApplyResult(output=root, manifest_sha256=manifest_sha, files=len(subjects),
                        bytes_linked=0, bytes_written=plan.bytes_written,
                        bytes_hashed=builder.bytes_hashed, link_method=None)
+
+
+def _recover_and_replan(root: Path, plan: Plan) -> tuple[ModelDir, Plan]:
+    """Under the lock: finish or undo any interrupted journal, then plan again from the directory
+    as it is now (the caller planned before holding the lock)."""
+    _refuse_symlinked_state_dir(root)
+    done = recover(root)
+    if done:
+        log.warning("%s: %s", root, done)
+    model = ModelDir.open(root)
+    return model, make_plan(plan.recipe, model, options=plan.options)
+
+
+def _stage_patch(root: Path, plan: Plan, model: ModelDir, builder: PatchBuilder,
+                 journal: Journal, record: PatchRecord, base_digests: dict[str, str]
+                 ) -> tuple[dict[str, tuple[str, int]], str]:
+    """Everything before the switch: the journal, the new files in staging, the kept original
+    links, the patch record and the manifest, all fsynced. Returns the manifest's subjects and
+    its sha256."""
+    journal.create(root)
+    faults.point("inplace:prepare")
+    staging = root / journal.staging
+    staging.mkdir()
+    digests = builder.write_new_files(staging)
+    patch_dir = root / journal.patch_dir
+    record.links = _link_originals(root, model, journal, patch_dir)
+    record.made_dirs = _new_dirs(root, journal)
+    write_file(_prepare(patch_dir, RECORD_NAME), encode_record(record))
+    subjects = _subjects(plan, model, staging, digests, base_digests)
+    manifest_sha = builder.write_manifest(staging, subjects, base_digests, record)
+    _fsync_tree(root / STATE_DIR)
+    faults.point("inplace:prepared")
+    return subjects, manifest_sha
+
+
+def _roll_back_or_warn(root: Path, journal: Journal) -> None:
+    try:
+        roll_back(root, journal)
+    except OSError as cleanup:
+        log.warning("%s: could not roll back (%s); the next modelpatch command on "
+                    "this directory retries", root, cleanup.strerror or cleanup)
 
 
 def _failed(exc: OSError, root: Path, what: str) -> OperationFailed:

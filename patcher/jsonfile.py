@@ -230,6 +230,11 @@ def load_json_document(data: bytes, where: str) -> JsonDocument:
 
 
 def _encode(value: Any, style: JsonStyle, out: list[str], level: int) -> None:
+    """Append the JSON text of ``value`` (nested ``level`` deep) to ``out``, in ``style``.
+
+    Containers recurse here directly and scalars are written inline, keeping to one stack frame
+    per nesting level, as the parser does.
+    """
     if value is None:
         out.append("null")
     elif value is True:
@@ -254,12 +259,7 @@ def _encode(value: Any, style: JsonStyle, out: list[str], level: int) -> None:
         if not value:
             out.append("[]")
             return
-        if style.indent is None:
-            sep, first, last = style.item_separator, "[", "]"
-        else:
-            inner = "\n" + style.indent * (level + 1)
-            sep, first = style.item_separator + inner, "[" + inner
-            last = "\n" + style.indent * level + "]"
+        sep, first, last = _delimiters(style, level, "[", "]")
         out.append(first)
         for i, item in enumerate(value):
             if i:
@@ -270,12 +270,7 @@ def _encode(value: Any, style: JsonStyle, out: list[str], level: int) -> None:
         if not value:
             out.append("{}")
             return
-        if style.indent is None:
-            sep, first, last = style.item_separator, "{", "}"
-        else:
-            inner = "\n" + style.indent * (level + 1)
-            sep, first = style.item_separator + inner, "{" + inner
-            last = "\n" + style.indent * level + "}"
+        sep, first, last = _delimiters(style, level, "{", "}")
         out.append(first)
         items = sorted(value.items()) if style.sort_keys else value.items()
         for i, (key, item) in enumerate(items):
@@ -290,6 +285,17 @@ def _encode(value: Any, style: JsonStyle, out: list[str], level: int) -> None:
         out.append(last)
     else:
         raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _delimiters(style: JsonStyle, level: int, opening: str, closing: str
+                ) -> tuple[str, str, str]:
+    """``(separator, first, last)`` around the items of a non-empty array or object nested
+    ``level`` deep: on one line, or one item per line indented one step deeper."""
+    if style.indent is None:
+        return style.item_separator, opening, closing
+    inner = "\n" + style.indent * (level + 1)
+    return (style.item_separator + inner, opening + inner,
+            "\n" + style.indent * level + closing)
 
 
 def dump_json_document(value: Any, style: JsonStyle) -> bytes:

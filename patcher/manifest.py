@@ -178,34 +178,15 @@ def build_statement(*, subjects: Mapping[Any, tuple[str, int]],
         invocation_id: default, a fresh UUID.
         versions: builder versions; default :func:`tool_versions`.
     """
-    for key in ("name", "sha256", "text"):
-        if key not in recipe:
-            raise ValueError(f"recipe lacks {key!r}")
-    if not isinstance(recipe["name"], str) or not isinstance(recipe["text"], str):
-        raise ValueError("recipe name and text must be strings")
-    if not is_sha256_hex(recipe["sha256"]):
-        raise ValueError(f"recipe sha256 is not a sha256 hex digest: {recipe['sha256']!r}")
-
+    _check_recipe(recipe)
     external: dict[str, Any] = {"recipe": dict(recipe), "options": dict(options)}
     dependencies = _file_entries(base_files, "base file")
     if base_statement is not None:
-        if isinstance(base_statement, Manifest):
-            link_sha, link_size = base_statement.sha256, base_statement.size
-            base_dict = base_statement.statement
-        else:
-            data = canonical_json(base_statement)
-            link_sha, link_size = hashlib.sha256(data).hexdigest(), len(data)
-            base_dict = base_statement
+        base_dict, base_link = _base_provenance_link(base_statement)
         external["base_provenance"] = base_dict
-        dependencies.append({
-            "name": MANIFEST_NAME,
-            "digest": {"sha256": link_sha},
-            "mediaType": IN_TOTO_MEDIA_TYPE,
-            "annotations": {"size": link_size, "role": BASE_PROVENANCE_ROLE},
-        })
+        dependencies.append(base_link)
 
-    changes = list(changes)
-    changes_sha = hashlib.sha256(canonical_json(changes)).hexdigest()
+    changes_byproduct = _changes_byproduct(changes)
     statement = {
         "_type": STATEMENT_TYPE,
         "subject": _file_entries(subjects, "output file"),
@@ -216,25 +197,69 @@ def build_statement(*, subjects: Mapping[Any, tuple[str, int]],
                 "externalParameters": external,
                 "resolvedDependencies": dependencies,
             },
-            "runDetails": {
-                "builder": {"id": BUILDER_ID,
-                            "version": dict(versions) if versions is not None else tool_versions()},
-                "metadata": {
-                    "invocationId": invocation_id or str(uuid.uuid4()),
-                    "startedOn": _rfc3339(started),
-                    "finishedOn": _rfc3339(finished),
-                },
-                "byproducts": [{
-                    "name": CHANGES_BYPRODUCT,
-                    "mediaType": "application/json",
-                    "digest": {"sha256": changes_sha},
-                    "annotations": {"changes": changes},
-                }],
-            },
+            "runDetails": _run_details(versions, invocation_id, started, finished,
+                                       changes_byproduct),
         },
     }
     canonical_json(statement)  # fails now (ValueError/TypeError) if something is not JSON
     return statement
+
+
+def _check_recipe(recipe: Mapping[str, Any]) -> None:
+    for key in ("name", "sha256", "text"):
+        if key not in recipe:
+            raise ValueError(f"recipe lacks {key!r}")
+    if not isinstance(recipe["name"], str) or not isinstance(recipe["text"], str):
+        raise ValueError("recipe name and text must be strings")
+    if not is_sha256_hex(recipe["sha256"]):
+        raise ValueError(f"recipe sha256 is not a sha256 hex digest: {recipe['sha256']!r}")
+
+
+def _base_provenance_link(base_statement: dict | Manifest) -> tuple[dict, dict]:
+    """The base's statement (embedded as ``base_provenance``) and the resolved dependency that
+    links its manifest file by digest and size."""
+    if isinstance(base_statement, Manifest):
+        link_sha, link_size = base_statement.sha256, base_statement.size
+        base_dict = base_statement.statement
+    else:
+        data = canonical_json(base_statement)
+        link_sha, link_size = hashlib.sha256(data).hexdigest(), len(data)
+        base_dict = base_statement
+    link = {
+        "name": MANIFEST_NAME,
+        "digest": {"sha256": link_sha},
+        "mediaType": IN_TOTO_MEDIA_TYPE,
+        "annotations": {"size": link_size, "role": BASE_PROVENANCE_ROLE},
+    }
+    return base_dict, link
+
+
+def _changes_byproduct(changes: list[dict]) -> dict:
+    """The change log as a ResourceDescriptor: digest of its canonical JSON, entries as the
+    ``changes`` annotation."""
+    changes = list(changes)
+    changes_sha = hashlib.sha256(canonical_json(changes)).hexdigest()
+    return {
+        "name": CHANGES_BYPRODUCT,
+        "mediaType": "application/json",
+        "digest": {"sha256": changes_sha},
+        "annotations": {"changes": changes},
+    }
+
+
+def _run_details(versions: Mapping[str, str] | None, invocation_id: str | None,
+                 started: _dt.datetime | float | str, finished: _dt.datetime | float | str,
+                 changes_byproduct: dict) -> dict:
+    return {
+        "builder": {"id": BUILDER_ID,
+                    "version": dict(versions) if versions is not None else tool_versions()},
+        "metadata": {
+            "invocationId": invocation_id or str(uuid.uuid4()),
+            "startedOn": _rfc3339(started),
+            "finishedOn": _rfc3339(finished),
+        },
+        "byproducts": [changes_byproduct],
+    }
 
 
 # -- reading -------------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ from huggingface_hub.utils import get_session
 from hub_fixtures import RunningHub, hub, running_hub  # noqa: F401  (hub is a fixture)
 from patcher.errors import InputError
 from patcher.hub.git_objects import git_blob_oid, lfs_pointer, regular_entry
-from patcher.hub.storage import Op, Store
+from patcher.hub.commit_ops import Op
+from patcher.hub.storage import Store
 
 REPO = "alice/tiny-model"
 

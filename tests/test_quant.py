@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import patcher.quant.fp8 as fp8_mod
+import patcher.quant.chunks as chunks_mod
 from patcher.quant import (
     E2M1_VALUES,
     check_fp8_block_shapes,
@@ -91,7 +91,7 @@ def reference_e2m1(codes: torch.Tensor) -> torch.Tensor:
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Force many row chunks (and partial ones) on small test tensors."""
-    monkeypatch.setattr(fp8_mod, "_CHUNK_ELEMENTS", 1000)
+    monkeypatch.setattr(chunks_mod, "CHUNK_ELEMENTS", 1000)
 
 
 @pytest.fixture

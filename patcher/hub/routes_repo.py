@@ -13,8 +13,9 @@ from starlette.responses import JSONResponse, Response
 
 from .git_objects import lfs_pointer
 from .naming import DEFAULT_BRANCH, REPO_KINDS, split_repo_id
+from .records import Commit, RepoMeta
 from .request_errors import BadRequest, EntryNotFound, Unauthorized
-from .storage import Commit, RepoMeta, Store
+from .storage import Store
 from .web import (INVALID_CREDENTIALS, Hub, in_thread, read_form_or_json, read_json_object,
                   repo_url, require_write, truthy)
 

@@ -23,10 +23,10 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from .commit_ops import Op
 from .git_objects import lfs_entry, regular_entry, upload_mode
 from .naming import SHA256_HEX, check_path
 from .request_errors import BadRequest, RevisionNotFound
-from .storage import Op
 from .web import Hub, in_thread, ndjson_lines, read_json_object, repo_url
 
 LFS_JSON = "application/vnd.git-lfs+json"

@@ -25,6 +25,10 @@ Crash safety: a blob is written to ``tmp/``, hashed while written, fsynced, chec
 expected digest and only then renamed to its final name; a JSON file is written the same way.
 A crash leaves at most a stray file in ``tmp/`` (cleaned at the next start), never a partial blob,
 commit or ref. Blobs are never garbage-collected (deleting a repo keeps them).
+
+This module holds ``Store``: repos, their lock, refs, commits and LFS markers. The blob store is
+``blob_store.py``, the records ``records.py``, commit operations ``commit_ops.py``, atomic JSON
+files ``durable_files.py``.
 """
 
 from __future__ import annotations
@@ -32,157 +36,35 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from .naming import (COMMIT_ID, DEFAULT_BRANCH, REPO_KINDS, RESERVED_NAMESPACES, check_path,
-                     check_ref_name, split_repo_id)
-from .request_errors import (BadRequest, Conflict, EntryNotFound, Forbidden, HubRequestError,
-                             PreconditionFailed, RepoNotFound, RevisionNotFound)
+from .blob_store import BlobStore
+from .commit_ops import Op, apply_ops
+from .durable_files import fsync_dir, read_json, write_json_atomically
+from .naming import (COMMIT_ID, DEFAULT_BRANCH, REPO_KINDS, RESERVED_NAMESPACES, check_ref_name,
+                     split_repo_id)
+from .records import Commit, RepoMeta, commit_id_of, utc_timestamp
+from .request_errors import (BadRequest, Conflict, Forbidden, HubRequestError, PreconditionFailed,
+                             RepoNotFound, RevisionNotFound)
 
 
-def _now() -> str:
-    now = datetime.now(timezone.utc)
-    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
-
-
-def _canonical(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-# ---------------------------------------------------------------------------------------------
-# Records
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RepoMeta:
-    kind: str  # "model" | "dataset"
-    id: str
-    private: bool
-    created_at: str
-    dir: Path
-
-    @property
-    def namespace(self) -> str:
-        return self.id.split("/")[0]
-
-
-@dataclass(frozen=True)
-class Commit:
-    id: str
-    parent: str | None
-    message: str
-    description: str
-    author: str
-    time: str
-    tree: dict[str, dict[str, Any]]  # path -> {"sha256", "size", "git_oid", "lfs"}
-
-
-@dataclass(frozen=True)
-class Op:
-    """One commit operation: ``add`` (with its tree entry), ``delete_file`` or ``delete_folder``."""
-
-    kind: str
-    path: str
-    entry: dict[str, Any] | None = None
-
-
-# ---------------------------------------------------------------------------------------------
-# Blob writer
-# ---------------------------------------------------------------------------------------------
-
-
-class BlobWriter:
-    """Writes one blob: into a temp file under ROOT/tmp, hashed as written, renamed into place by
-    ``commit`` once the digest is checked. Use as a context manager: leaving without ``commit``
-    (an error, a client that went away) deletes the temp file."""
-
-    def __init__(self, store: Store):
-        self._store = store
-        fd, name = tempfile.mkstemp(dir=store.tmp, prefix="blob-")
-        self._tmp = Path(name)
-        self._file = os.fdopen(fd, "wb")
-        self._sha = hashlib.sha256()
-        self.size = 0
-        self._done = False
-
-    def write(self, data: bytes) -> None:
-        self._file.write(data)
-        self._sha.update(data)
-        self.size += len(data)
-
-    def commit(self, expected_sha256: str | None = None, expected_size: int | None = None) -> str:
-        """Check the digest (and size), move the blob into the store; returns its sha256."""
-        try:
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-            digest = self._sha.hexdigest()
-            if expected_size is not None and self.size != expected_size:
-                raise BadRequest(f"upload has {self.size} bytes, expected {expected_size}")
-            if expected_sha256 is not None and digest != expected_sha256:
-                raise BadRequest(f"upload has sha256 {digest}, expected {expected_sha256}")
-            dest = self._store.blob_path(digest)
-            if dest.exists():
-                return digest  # same content already stored: keep one copy
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.chmod(self._tmp, 0o444)
-            os.replace(self._tmp, dest)
-            _fsync_dir(dest.parent)
-            self._done = True
-            return digest
-        finally:
-            self.abort()
-
-    def abort(self) -> None:
-        if not self._file.closed:
-            self._file.close()
-        if not self._done:
-            self._tmp.unlink(missing_ok=True)
-            self._done = True
-
-    def __enter__(self) -> BlobWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.abort()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-# ---------------------------------------------------------------------------------------------
-# Store
-# ---------------------------------------------------------------------------------------------
-
-
-class Store:
-    """The hub's data under ``root``. Thread-safe; ref updates are serialized per repo with
-    ``flock`` (across threads and processes)."""
+class Store(BlobStore):
+    """The hub's data under ``root``: the blob store plus the repos. Thread-safe; ref updates are
+    serialized per repo with ``flock`` (across threads and processes)."""
 
     _CACHE_MAX = 1024
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        self.tmp = self.root / "tmp"
-        self.blobs = self.root / "blobs" / "sha256"
+        super().__init__(blobs=self.root / "blobs" / "sha256", tmp=self.root / "tmp")
         self.repos = self.root / "repos"
-        for d in (self.tmp, self.blobs, self.repos):
-            d.mkdir(parents=True, exist_ok=True)
+        self.repos.mkdir(parents=True, exist_ok=True)
         self._commits: dict[str, Commit] = {}  # commit id -> record; ids are content hashes
 
     def clean_tmp(self, older_than_s: float = 3600) -> int:
@@ -200,46 +82,11 @@ class Store:
                     removed += 1
         return removed
 
-    # -- blobs -----------------------------------------------------------------------------
-
-    def blob_path(self, sha256: str) -> Path:
-        return self.blobs / sha256[:2] / sha256
-
-    def blob_size(self, sha256: str) -> int | None:
-        try:
-            return self.blob_path(sha256).stat().st_size
-        except FileNotFoundError:
-            return None
-
-    def blob_writer(self) -> BlobWriter:
-        return BlobWriter(self)
-
-    def put_bytes(self, data: bytes) -> str:
-        """Store ``data`` as a blob; returns its sha256."""
-        with self.blob_writer() as writer:
-            writer.write(data)
-            return writer.commit()
-
     # -- small JSON files ------------------------------------------------------------------
 
     def _write_json(self, path: Path, obj: Any) -> None:
-        """Atomically replace ``path`` with ``obj`` as JSON (temp file in tmp/, fsync, rename)."""
-        fd, name = tempfile.mkstemp(dir=self.tmp, prefix="json-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(json.dumps(obj, indent=1, sort_keys=True).encode() + b"\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(name, path)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(name)
-        _fsync_dir(path.parent)
-
-    @staticmethod
-    def _read_json(path: Path) -> Any:
-        with open(path, "rb") as f:
-            return json.loads(f.read())
+        """Atomically replace ``path`` with ``obj`` as JSON (see ``durable_files``)."""
+        write_json_atomically(path, obj, tmp_dir=self.tmp)
 
     # -- repos -----------------------------------------------------------------------------
 
@@ -253,7 +100,7 @@ class Store:
             return None
         try:
             d = self.repo_dir(kind, repo_id)
-            data = self._read_json(d / "repo.json")
+            data = read_json(d / "repo.json")
         except (BadRequest, FileNotFoundError, NotADirectoryError):
             return None
         return RepoMeta(kind=kind, id=data["id"], private=bool(data["private"]),
@@ -270,10 +117,10 @@ class Store:
         final = self.repo_dir(kind, repo_id)
         if final.exists():
             raise Conflict(f"You already created this {kind} repo: {repo_id}")
-        created = _now()
+        created = utc_timestamp()
         initial = {"parent": None, "message": "initial commit", "description": "",
                    "author": author, "time": created, "tree": {}}
-        commit_id = hashlib.sha256(_canonical(initial)).hexdigest()[:40]
+        commit_id = commit_id_of(initial)
         staging = Path(tempfile.mkdtemp(dir=self.tmp, prefix="repo-"))
         try:
             (staging / "commits").mkdir()
@@ -291,7 +138,7 @@ class Store:
                 if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
                     raise Conflict(f"You already created this {kind} repo: {repo_id}") from None
                 raise
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
@@ -311,7 +158,7 @@ class Store:
 
     def set_private(self, meta: RepoMeta, private: bool) -> RepoMeta:
         with self._locked(meta):
-            data = self._read_json(meta.dir / "repo.json")
+            data = read_json(meta.dir / "repo.json")
             data["private"] = bool(private)
             self._write_json(meta.dir / "repo.json", data)
         return RepoMeta(meta.kind, meta.id, bool(private), meta.created_at, meta.dir)
@@ -334,7 +181,7 @@ class Store:
 
     def refs(self, meta: RepoMeta) -> dict[str, dict[str, str]]:
         try:
-            return self._read_json(meta.dir / "refs.json")
+            return read_json(meta.dir / "refs.json")
         except FileNotFoundError:
             raise RepoNotFound(f"Repository not found: {meta.id}") from None
 
@@ -348,7 +195,7 @@ class Store:
         except FileNotFoundError:
             raise RevisionNotFound(f"Invalid rev id: {commit_id}") from None
         record = json.loads(raw)
-        if hashlib.sha256(_canonical(record)).hexdigest()[:40] != commit_id:
+        if commit_id_of(record) != commit_id:
             raise HubRequestError(f"commit {commit_id} of {meta.id} is corrupted", status=500)
         commit = Commit(id=commit_id, parent=record["parent"], message=record["message"],
                         description=record.get("description", ""), author=record["author"],
@@ -405,10 +252,10 @@ class Store:
                         f"A commit has happened since: parent commit {parent_commit} is not the "
                         f"head of {branch!r} ({head_id})")
             head = self.read_commit(meta, head_id)
-            tree = _apply_ops(head.tree, ops)
+            tree = apply_ops(head.tree, ops)
             record = {"parent": head_id, "message": message, "description": description,
-                      "author": author, "time": _now(), "tree": tree}
-            commit_id = hashlib.sha256(_canonical(record)).hexdigest()[:40]
+                      "author": author, "time": utc_timestamp(), "tree": tree}
+            commit_id = commit_id_of(record)
             path = meta.dir / "commits" / f"{commit_id}.json"
             if not path.exists():
                 self._write_json(path, record)
@@ -453,28 +300,3 @@ class Store:
         """True if ``sha256`` was uploaded to this repo and is in the blob store. A blob stored
         for another repo does not count: referencing it needs proof of possession (an upload)."""
         return (meta.dir / "lfs" / sha256).exists() and self.blob_path(sha256).exists()
-
-
-def _apply_ops(tree: dict[str, dict[str, Any]], ops: list[Op]) -> dict[str, dict[str, Any]]:
-    tree = dict(tree)
-    for op in ops:
-        if op.kind == "add":
-            assert op.entry is not None
-            tree[check_path(op.path)] = op.entry
-        elif op.kind == "delete_file":
-            if tree.pop(op.path, None) is None:
-                raise EntryNotFound(f"A file with this name doesn't exist: {op.path}")
-        elif op.kind == "delete_folder":
-            prefix = op.path.rstrip("/") + "/"
-            doomed = [p for p in tree if p.startswith(prefix)] if prefix != "/" else list(tree)
-            if not doomed:
-                raise EntryNotFound(f"A folder with this name doesn't exist: {op.path}")
-            for p in doomed:
-                del tree[p]
-        else:
-            raise BadRequest(f"unknown commit operation {op.kind!r}")
-    folders = {p[:i] for p in tree for i, c in enumerate(p) if c == "/"}
-    clash = sorted(folders & tree.keys())
-    if clash:
-        raise BadRequest(f"{clash[0]!r} cannot be both a file and a folder")
-    return tree

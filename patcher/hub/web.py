@@ -17,9 +17,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from .records import RepoMeta
 from .request_errors import (BadRequest, Forbidden, HubRequestError, PayloadTooLarge,
                              RepoNotFound, Unauthorized)
-from .storage import RepoMeta, Store
+from .storage import Store
 from .tokens import Identity, TokenTable
 
 JSON_BODY_LIMIT = 16 * 1024 * 1024

@@ -1,0 +1,26 @@
+"""The float8 e4m3 codec: decoding float8_e4m3fn to float32 and rounding float32 to it."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+#: Largest finite float8_e4m3fn value.
+FP8_E4M3_MAX = 448.0
+
+# float32 value of every float8_e4m3fn bit pattern (the NaN patterns decode to NaN, as in torch).
+_E4M3_TO_F32 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).to(torch.float32)
+
+
+def fp8_to_f32(x: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """``x.to(dev).to(float32)``, bit for bit. torch converts float8 to float32 on the CPU with
+    scalar code (~0.2 G elements/s a thread); a 256-entry table lookup in numpy is ~4x faster."""
+    if dev.type == "cpu" and x.device.type == "cpu" and x.dtype == torch.float8_e4m3fn:
+        codes = x.contiguous().view(torch.uint8).numpy()
+        return torch.from_numpy(np.take(_E4M3_TO_F32.numpy(), codes))
+    return x.to(dev).to(torch.float32)
+
+
+def to_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """Saturate ``x`` to +-448 (in place) and round it to float8_e4m3fn (nearest even)."""
+    return x.clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)

@@ -1,0 +1,33 @@
+"""Argument handling shared by the FP8 and NVFP4 kernels: output dtypes, devices, shapes and
+one-value scales."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+#: Output dtypes the dequantizers produce.
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def check_out_dtype(out_dtype: torch.dtype) -> None:
+    if out_dtype not in OUT_DTYPES:
+        names = ", ".join(str(d) for d in OUT_DTYPES)
+        raise ValueError(f"output dtype must be one of {names}, got {out_dtype}")
+
+
+def torch_device(device: str | torch.device) -> torch.device:
+    return torch.device(device)
+
+
+def shape_tuple(t: torch.Tensor | Sequence[int]) -> tuple[int, ...]:
+    """The shape of a tensor, or a shape given as a sequence (header metadata), as ints."""
+    return tuple(t.shape) if isinstance(t, torch.Tensor) else tuple(int(d) for d in t)
+
+
+def scalar_f32(t: torch.Tensor, what: str, dev: torch.device) -> torch.Tensor:
+    """The one value of ``t`` as a 0-dim float32 tensor on ``dev``; ``what`` names it in errors."""
+    if t.numel() != 1:
+        raise ValueError(f"{what} must hold exactly one value, got shape {list(t.shape)}")
+    return t.detach().reshape(()).to(device=dev, dtype=torch.float32)

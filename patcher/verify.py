@@ -97,6 +97,24 @@ class VerifyReport:
             raise VerifyMismatch(self.summary(), where=where)
 
 
+def _cached_or_to_hash(root: Path, expected: Mapping, listing: Mapping,
+                       known: KnownDigests | None) -> tuple[dict[str, str], list[str]]:
+    """Digests taken from verified cache rows (``known``, in fast mode), and the files left to
+    hash. A missing file, or one of the wrong size, needs no hashing: it is already a mismatch."""
+    digests: dict[str, str] = {}
+    to_hash: list[str] = []
+    for path, entry in expected.items():
+        st = listing.get(path)
+        if st is None or st.st_size != entry[1]:
+            continue
+        hit = known.lookup(root / path, st=st, require_verified=True) if known else None
+        if hit is not None:
+            digests[path] = hit.sha256
+        else:
+            to_hash.append(path)
+    return digests, to_hash
+
+
 def compare_maps(expected: Mapping[str, tuple[str, int]], actual_files: set[str] | Any,
                  actual_digests: Mapping[str, str],
                  actual_sizes: Mapping[str, int | None] | None = None) -> VerifyReport:
@@ -196,20 +214,8 @@ def verify_dir(directory: str | os.PathLike, *, jobs: int | None = None, fast: b
     known = KnownDigests(cache if cache is not None else DigestCache(), use_hf_blob_names=False)
 
     sizes = {p: (st.st_size if st is not None else None) for p, st in listing.items()}
-    digests: dict[str, str] = {}
-    to_hash: list[str] = []
-    cached = 0
-    for path, entry in expected.items():
-        st = listing.get(path)
-        if st is None or st.st_size != entry[1]:
-            continue  # missing, not a file, or the wrong size: no need to hash
-        if fast:
-            hit = known.lookup(root / path, st=st, require_verified=True)
-            if hit is not None:
-                digests[path] = hit.sha256
-                cached += 1
-                continue
-        to_hash.append(path)
+    digests, to_hash = _cached_or_to_hash(root, expected, listing, known if fast else None)
+    cached = len(digests)
 
     faults.point("verify:hashing")
     observed = time.time_ns()

@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -167,8 +168,15 @@ class PatchBuilder:
     def __init__(self, plan: Plan, model: ModelDir, *, jobs: int | None, progress: Progress):
         self.plan, self.model, self.jobs, self.progress = plan, model, jobs, progress
         self.known = KnownDigests()
+        self.trusted = _base_manifest_digests(model)
+        self.hashed_while_rewriting: dict[str, str] = {}     # base relpath -> sha256
+        self.sequence = next_sequence(model.root)
         self.started = _now()
         self.bytes_hashed = 0
+
+    def _known_base_digest(self, rel: str) -> str | None:
+        return (self.known.sha256(self.model.files[rel].path) or self.trusted.get(rel)
+                or self.hashed_while_rewriting.get(rel))
 
     def write_new_files(self, dest: Path) -> dict[str, str]:
         """Write every file the plan creates (JSON, added files, shards) under ``dest``."""
@@ -180,26 +188,41 @@ class PatchBuilder:
                 digests[fp.path] = hashlib.sha256(fp.content).hexdigest()
         shards = [fp for fp in self.plan.files if fp.action is Action.REWRITE_SHARD]
         if shards:
-            from .shard_writer import run_shard_tasks
-
-            for fp in shards:
-                _prepare(dest, fp.path)
-            digests.update(run_shard_tasks([fp.shard_task for fp in shards], dest,
-                                           jobs=self.jobs, on_progress=self.progress.writing))
+            digests.update(self._rewrite_shards(shards, dest))
         for rel, digest in digests.items():
             self.known.record(os.stat(dest / rel), digest, verified=True)
         return digests
 
+    def _rewrite_shards(self, shards: list, dest: Path) -> dict[str, str]:
+        """Write the rewritten shards; a base shard whose digest is not known yet is hashed as
+        the rewrite reads it (``patcher.source_digest``), not in a pass of its own."""
+        from .shard_writer import run_shard_tasks
+
+        for fp in shards:
+            _prepare(dest, fp.path)
+        model = self.model
+        wanted = {str(model.files[fp.source].path): fp.source for fp in shards
+                  if fp.source is not None and self._known_base_digest(fp.source) is None}
+        observed = time.time_ns()
+        results = run_shard_tasks([fp.shard_task for fp in shards], dest, jobs=self.jobs,
+                                  on_progress=self.progress.writing,
+                                  hash_sources=frozenset(wanted))
+        stable = [r for r in results.sources.values() if r.stable]
+        self.known.record_results(stable, observed_ns=observed)
+        self.hashed_while_rewriting.update(
+            {wanted[path]: r.sha256 for path, r in results.sources.items() if r.stable})
+        return results.outputs
+
     def base_digests(self) -> dict[str, str]:
         """sha256 of every base file the output keeps or the revert data needs, each computed
-        at most once: known digests (cache, HF blob names, the base's manifest) first."""
+        at most once: known digests (cache, HF blob names, the base's manifest, shards hashed
+        while rewritten) first."""
         faults.point("hashing")
         model = self.model
-        trusted = _base_manifest_digests(model)
         needed = [fp.source for fp in self.plan.files if fp.source is not None]
         digests, unknown = {}, []
         for rel in needed:
-            digest = self.known.sha256(model.files[rel].path) or trusted.get(rel)
+            digest = self._known_base_digest(rel)
             if digest:
                 digests[rel] = digest
             else:
@@ -220,7 +243,7 @@ class PatchBuilder:
                       for rel, f in model.files.items() if rel in base_digests}
         files = self.plan.files
         return PatchRecord(
-            sequence=next_sequence(model.root),
+            sequence=self.sequence,
             recipe={"name": self.plan.recipe.name, "sha256": self.plan.recipe.sha256},
             mode=mode, base_files=base_files,
             replaced=sorted(f.source for f in files if f.source and f.action is not Action.LINK),

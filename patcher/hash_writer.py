@@ -113,13 +113,14 @@ def _copy_kernel(method: str, src_fd: int, dst_fd: int, src_off: int, dst_off: i
 
 
 def hash_while_copying(src_fd: int, offset: int, length: int, dst: HashingWriter, *,
-                       on_progress: ProgressFn | None = None) -> int:
+                       on_progress: ProgressFn | None = None, source_digest=None) -> int:
     """Append bytes ``[offset, offset + length)`` of ``src_fd`` to ``dst``, hashing them once.
 
     The range is hashed from an mmap of the source (no copy into Python) and copied into the
     destination by the kernel with ``os.copy_file_range`` (which reflinks on XFS/btrfs and copies
     server-side on NFS), falling back to ``sendfile`` and then to writing the mapped bytes. The
-    digest and size of ``dst`` include the range. Returns ``length``.
+    digest and size of ``dst`` include the range; a ``source_digest``
+    (``patcher.source_digest.SourceDigest``) is fed the same mapped bytes. Returns ``length``.
 
     The source must not change while it is copied (base files are read-only in modelpatch): the
     bytes copied by the kernel are read a moment after the bytes hashed.
@@ -152,7 +153,8 @@ def hash_while_copying(src_fd: int, offset: int, length: int, dst: HashingWriter
             win_len = min(COPY_WINDOW, length - done)
             if done + win_len < length:
                 _read_ahead(src_fd, win_off + win_len, min(COPY_WINDOW, length - done - win_len))
-            _hash_and_copy_window(src_fd, win_off, win_len, dst, dst_fd, dst_pos + done, methods)
+            _hash_and_copy_window(src_fd, win_off, win_len, dst, dst_fd, dst_pos + done, methods,
+                                  source_digest)
             done += win_len
             if on_progress is not None:
                 on_progress(win_len)
@@ -176,7 +178,8 @@ def _read_ahead(src_fd: int, offset: int, length: int) -> None:
 
 
 def _hash_and_copy_window(src_fd: int, win_off: int, win_len: int, dst: HashingWriter,
-                          dst_fd: int, dst_off: int, methods: list[str]) -> None:
+                          dst_fd: int, dst_off: int, methods: list[str],
+                          source_digest=None) -> None:
     """Hash ``win_len`` bytes of ``src_fd`` at ``win_off`` into ``dst``'s digest from an mmap
     window, and copy the same bytes to ``dst_fd`` at ``dst_off`` (size bookkeeping is the
     caller's)."""
@@ -188,6 +191,8 @@ def _hash_and_copy_window(src_fd: int, win_off: int, win_len: int, dst: HashingW
         view = memoryview(mm)[skip:]
         try:
             dst._h.update(view)
+            if source_digest is not None:
+                source_digest.feed(win_off, view)
             copied = 0
             while copied < win_len:
                 k = _copy_in_kernel(methods, src_fd, dst_fd, win_off + copied, dst_off + copied,

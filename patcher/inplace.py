@@ -29,7 +29,7 @@ from .fsops import write_file
 from .journal import Journal, recover, roll_back, switch
 from .locking import lock_directory
 from .model_dir import MANIFEST_NAME, STATE_DIR, ModelDir
-from .patch_record import PATCHES_DIR, RECORD_NAME, PatchRecord, encode_record
+from .patch_record import PATCHES_DIR, RECORD_NAME, encode_record
 from .plan import Action, Plan
 from .plan import plan as make_plan
 
@@ -73,20 +73,15 @@ def apply_in_place(plan: Plan, model: ModelDir, *, jobs: int | None = None,
     with lock_directory(root, exclusive=True):
         model, plan = _recover_and_replan(root, plan)
         builder = PatchBuilder(plan, model, jobs=jobs, progress=progress or Progress())
-        try:
-            base_digests = builder.base_digests()
-        except OSError as exc:
-            raise _failed(exc, root, "nothing was changed") from None
-        record = builder.record(base_digests, mode="in-place")
+        sequence = builder.sequence
         journal = Journal(op="apply", phase="preparing",
-                          patch_dir=f"{PATCHES_DIR}/{record.dirname}",
-                          staging=f"{STATE_DIR}/staging-{record.sequence:04d}",
-                          trash=f"{STATE_DIR}/trash-{record.sequence:04d}",
+                          patch_dir=f"{PATCHES_DIR}/{sequence:04d}-{plan.recipe.name}",
+                          staging=f"{STATE_DIR}/staging-{sequence:04d}",
+                          trash=f"{STATE_DIR}/trash-{sequence:04d}",
                           steps=steps_for(plan, model))
         faults.point("inplace:begin")
         try:
-            subjects, manifest_sha = _stage_patch(root, plan, model, builder, journal, record,
-                                                   base_digests)
+            subjects, manifest_sha = _stage_patch(root, plan, model, builder, journal)
         except BaseException as exc:
             _roll_back_or_warn(root, journal)
             if isinstance(exc, OSError):
@@ -115,17 +110,19 @@ def _recover_and_replan(root: Path, plan: Plan) -> tuple[ModelDir, Plan]:
 
 
 def _stage_patch(root: Path, plan: Plan, model: ModelDir, builder: PatchBuilder,
-                 journal: Journal, record: PatchRecord, base_digests: dict[str, str]
-                 ) -> tuple[dict[str, tuple[str, int]], str]:
-    """Everything before the switch: the journal, the new files in staging, the kept original
-    links, the patch record and the manifest, all fsynced. Returns the manifest's subjects and
-    its sha256."""
+                 journal: Journal) -> tuple[dict[str, tuple[str, int]], str]:
+    """Everything before the switch: the journal, the new files in staging, the base's digests
+    (shards the rewrite read are hashed by then), the kept original links, the patch record and
+    the manifest, all fsynced. Returns the manifest's subjects and its sha256."""
     journal.create(root)
     faults.point("inplace:prepare")
     staging = root / journal.staging
     staging.mkdir()
     digests = builder.write_new_files(staging)
+    base_digests = builder.base_digests()
+    record = builder.record(base_digests, mode="in-place")
     patch_dir = root / journal.patch_dir
+    assert patch_dir.name == record.dirname
     record.links = _link_originals(root, model, journal, patch_dir)
     record.made_dirs = _new_dirs(root, journal)
     write_file(_prepare(patch_dir, RECORD_NAME), encode_record(record))

@@ -16,12 +16,14 @@ import multiprocessing
 import os
 import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
 from .errors import OperationFailed
 from .hash_writer import HashingWriter, hash_while_copying
-from .hashing import default_jobs
+from .hashing import HashResult, default_jobs
+from .source_digest import SourceDigest, single_source_in_order
 from .tensor_tasks import ShardTask, TensorJob
 
 # safetensors dtype name -> torch dtype attribute name
@@ -45,9 +47,19 @@ SMALL_COMPUTE = 256 << 20
 WRITEBACK_STEP = 32 << 20
 
 
+@dataclass(frozen=True)
+class ShardResults:
+    outputs: dict[str, str]              # output relpath -> sha256
+    sources: dict[str, HashResult]       # source path -> its digest, computed while rewriting
+
+
 def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None = None,
-                    on_progress: Callable[[int], None] | None = None) -> dict[str, str]:
-    """Write every task's shard under ``staging``; returns relpath -> sha256.
+                    on_progress: Callable[[int], None] | None = None,
+                    hash_sources: frozenset[str] = frozenset()) -> ShardResults:
+    """Write every task's shard under ``staging``.
+
+    A task whose one source file is in ``hash_sources`` and is read front to back also yields
+    that file's sha256 (``patcher.source_digest``), so that it is not read a second time.
 
     With ``jobs`` > 1 the shards are written by worker processes, one task each, the biggest
     first. Left unset (None), ``jobs`` is the number of cores, except that less than
@@ -58,24 +70,26 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
     if jobs is None and computes and sum(t.bytes_computed for t in tasks) < SMALL_COMPUTE:
         jobs = 1        # starting workers (each imports torch) would cost more than it saves
     jobs = max(1, min(jobs or default_jobs(), len(tasks)))
-    results: dict[str, str] = {}
+    results = ShardResults({}, {})
     if jobs <= 1:
         for task in tasks:
-            results[task.output] = write_shard(task, staging / task.output, on_progress)
+            _collect(results, task, write_shard(task, staging / task.output, on_progress,
+                                                hash_sources))
         return results
     threads = max(1, default_jobs() // jobs)
     context = _pool_context(computes)
     order = sorted(tasks, key=lambda t: t.file_size, reverse=True)
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context,
                              initializer=_init_worker, initargs=(threads,)) as pool:
-        futures = {pool.submit(write_shard, t, staging / t.output): t for t in order}
+        futures = {pool.submit(write_shard, t, staging / t.output, None, hash_sources): t
+                   for t in order}
         pending = set(futures)
         try:
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
                     task = futures[future]
-                    results[task.output] = future.result()
+                    _collect(results, task, future.result())
                     if on_progress:
                         on_progress(task.file_size)
         except BaseException:
@@ -83,6 +97,14 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
                 future.cancel()
             raise
     return results
+
+
+def _collect(results: ShardResults, task: ShardTask,
+             written: tuple[str, str | None, HashResult | None]) -> None:
+    sha256, source, digest = written
+    results.outputs[task.output] = sha256
+    if source is not None and digest is not None:
+        results.sources[source] = digest
 
 
 def _pool_context(computes: bool):
@@ -109,8 +131,13 @@ def _init_worker(threads: int) -> None:
 
 
 def write_shard(task: ShardTask, target: Path,
-                on_progress: Callable[[int], None] | None = None) -> str:
-    """Write ``task``'s shard to ``target`` (which must not exist); returns its sha256."""
+                on_progress: Callable[[int], None] | None = None,
+                hash_sources: frozenset[str] = frozenset()
+                ) -> tuple[str, str | None, HashResult | None]:
+    """Write ``task``'s shard to ``target`` (which must not exist).
+
+    Returns its sha256, and the task's source file with that file's digest if it is in
+    ``hash_sources`` and could be hashed along the way (else None, None)."""
     from . import faults
 
     header = task.header
@@ -121,6 +148,9 @@ def write_shard(task: ShardTask, target: Path,
         writeback = _Writeback(fd)
         sources: dict[str, int] = {}
         cache: dict = {}
+        source = single_source_in_order(task)
+        digest = (SourceDigest(_fd(sources, source))
+                  if source is not None and source in hash_sources else None)
         try:
             for group in _groups(task.jobs):
                 for job in group:
@@ -136,21 +166,22 @@ def write_shard(task: ShardTask, target: Path,
                         writeback(before + copied[0])
 
                     hash_while_copying(_fd(sources, first.path), first.offset, expected, writer,
-                                       on_progress=progress)
+                                       on_progress=progress, source_digest=digest)
                 else:
-                    _write_pieces(writer, _compute(group[0], sources, cache, task.device),
-                                  writeback)
+                    _write_pieces(writer, _compute(group[0], sources, cache, task.device,
+                                                   digest), writeback)
                 if writer.size - before != expected:
                     raise OperationFailed(f"wrote {writer.size - before} bytes, expected "
                                           f"{expected}", where=target, tensor=group[0].out.name)
                 if on_progress:
                     on_progress(expected)
+            source_result = digest.result() if digest is not None else None
         finally:
             for src_fd in sources.values():
                 os.close(src_fd)
         os.fsync(raw.fileno())
         os.fchmod(raw.fileno(), 0o444)
-    return writer.sha256
+    return writer.sha256, source if source_result else None, source_result
 
 
 def _groups(jobs: tuple[TensorJob, ...]) -> Iterator[list[TensorJob]]:
@@ -218,8 +249,9 @@ def _fd(sources: dict[str, int], path: str) -> int:
     return sources[path]
 
 
-def _read(sources: dict[str, int], src):
-    """A source tensor as a torch tensor (one read of its bytes, no mmap of the shard)."""
+def _read(sources: dict[str, int], src, digest: SourceDigest | None = None):
+    """A source tensor as a torch tensor (one read of its bytes, no mmap of the shard), fed to
+    ``digest`` too."""
     import torch
 
     buf = bytearray(src.nbytes)
@@ -229,13 +261,16 @@ def _read(sources: dict[str, int], src):
         if n == 0:
             raise OperationFailed("unexpected end of file", where=src.path, tensor=src.name)
         view, offset = view[n:], offset + n
+    if digest is not None:
+        digest.feed(src.offset, buf)
     dtype = getattr(torch, _TORCH_DTYPES[src.dtype])
     if not buf:
         return torch.empty(src.shape, dtype=dtype)
     return torch.frombuffer(buf, dtype=dtype).reshape(src.shape)
 
 
-def _compute(job: TensorJob, sources: dict[str, int], cache: dict, device: str) -> memoryview:
+def _compute(job: TensorJob, sources: dict[str, int], cache: dict, device: str,
+             digest: SourceDigest | None = None) -> memoryview:
     from .tensor_compute import compute
 
     global _torch_threads
@@ -244,7 +279,7 @@ def _compute(job: TensorJob, sources: dict[str, int], cache: dict, device: str) 
 
         torch.set_num_threads(_torch_threads)
         _torch_threads = None
-    tensor = compute(job, lambda: [_read(sources, s) for s in job.inputs], cache, device)
+    tensor = compute(job, lambda: [_read(sources, s, digest) for s in job.inputs], cache, device)
     return _as_bytes(tensor)
 
 

@@ -80,7 +80,8 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
     context = _pool_context(computes)
     order = sorted(tasks, key=lambda t: t.file_size, reverse=True)
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context,
-                             initializer=_init_worker, initargs=(threads,)) as pool:
+                             initializer=_init_worker,
+                             initargs=(threads, os.getpid())) as pool:
         futures = {pool.submit(write_shard, t, staging / t.output, None, hash_sources): t
                    for t in order}
         pending = set(futures)
@@ -123,11 +124,29 @@ def _pool_context(computes: bool):
     return multiprocessing.get_context("spawn")
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, parent: int) -> None:
     global _torch_threads
+    _die_with(parent)
     _torch_threads = threads
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
+
+
+def _die_with(parent: int) -> None:
+    """End this worker when ``parent`` (the apply) ends, however it ends: a worker left behind
+    by a killed apply would go on writing into a staging directory nobody will commit (Linux
+    ``PR_SET_PDEATHSIG``; elsewhere the pool's broken pipe ends it at its next task)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:      # it ended before the request took effect
+        os._exit(1)
 
 
 def write_shard(task: ShardTask, target: Path,

@@ -414,6 +414,10 @@ def test_kill_in_a_pool_worker_releases_the_directory(scenarios, tmp_path):
         with open(tmp_path / "out.txt", "w") as out:
             proc = popen(*args, env={"MODELPATCH_FAULT": f"kill@{first_tensor}"}, stdout=out)
             assert proc.wait(timeout=120) == -signal.SIGKILL
+        deadline = time.monotonic() + 10          # the other worker dies with the apply
+        while _processes_mentioning(str(root)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _processes_mentioning(str(root)) == []
         v = cli("verify", root)
         assert "rolled back the interrupted apply" in v.stderr, v.stderr
         assert _state(root, VARY) == sc.states["before"]

@@ -79,6 +79,15 @@ def shard_metadata(shard: Path) -> dict | None:
         return f.metadata()
 
 
+def transformers_logits(model_dir: Path) -> torch.Tensor:
+    """Logits of a fixed prompt from the model at ``model_dir`` loaded by transformers (bf16)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
+    with torch.no_grad():
+        return model(torch.arange(12).reshape(1, 12)).logits
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
     return t.contiguous().view(width)

@@ -186,26 +186,27 @@ def _cast(view, names, op, changes) -> None:
         if t.dtype == target:
             continue
         job = TensorJob(out=OutputTensor(name, target, t.shape), op="cast",
-                        inputs=(_primary(t),), params=(("to", target),))
+                        inputs=(_primary(t, op.loc),), params=(("to", target),))
         view[name] = replace(t, dtype=target, job=job)
         changes.append(_converted(name, t, target, t.shape, "cast", op.loc))
 
 
 def _dequantize(view, names, op, changes) -> None:
     target = CAST_TARGETS[op.action.to]
+    consumed = _companions_of_selected(view, names, op)
     for name in names:
+        if name in consumed or name not in view:
+            continue        # a scale (or other companion) of a selected weight: used up with it
         t = view[name]
         try:
-            scheme = (find_scheme(name, view) if op.action.scheme == "auto"
-                      else scheme_named(op.action.scheme))
-            parts = scheme.companions(name, view)
+            scheme, parts = _scheme_parts(view, name, op)
         except CompanionError as exc:
             raise PlanError(str(exc), where=op.loc, tensor=name) from None
         out_name = parts.output_name
         if out_name != name and out_name in view:
             raise PlanError(f"its dequantized output {out_name!r} already exists",
                             where=op.loc, tensor=name)
-        inputs = (_primary(t),) + tuple(_primary(view[c]) for c in parts.inputs)
+        inputs = (_primary(t, op.loc),) + tuple(_primary(view[c], op.loc) for c in parts.inputs)
         job = TensorJob(out=OutputTensor(out_name, target, parts.shape), op="dequantize",
                         inputs=inputs, params=(("scheme", scheme.name), ("to", target)))
         how = f"dequantize:{scheme.name}"
@@ -216,6 +217,25 @@ def _dequantize(view, names, op, changes) -> None:
                                   **({"to": out_name} if out_name != name else {})))
         for gone in removed:
             changes.append(_dropped(view.pop(gone), op.loc, companion_of=name, reason=how))
+
+
+def _scheme_parts(view, name: str, op):
+    scheme = (find_scheme(name, view) if op.action.scheme == "auto"
+              else scheme_named(op.action.scheme))
+    return scheme, scheme.companions(name, view)
+
+
+def _companions_of_selected(view, names, op) -> set[str]:
+    """Tensors a selected weight's dequantization consumes (its scales, dropped companions): a
+    selection such as ``mlp.down_proj.*`` holds them too, and they are not weights themselves."""
+    consumed: set[str] = set()
+    for name in names:
+        try:
+            _scheme, parts = _scheme_parts(view, name, op)
+        except CompanionError:
+            continue        # not a weight of the scheme; reported below unless consumed
+        consumed.update(parts.inputs + parts.dropped)
+    return consumed
 
 
 def _quantize(view, names, op, changes) -> None:
@@ -234,7 +254,7 @@ def _quantize(view, names, op, changes) -> None:
             params = (("scheme", scheme.name), ("layout", layout), ("block", block),
                       ("role", role))
             job = TensorJob(out=OutputTensor(out_name, dtype, shape), op="quantize",
-                            inputs=(_primary(t),), params=params)
+                            inputs=(_primary(t, op.loc),), params=params)
             view[out_name] = replace(t, name=out_name, dtype=dtype, shape=shape, job=job,
                                      order=t.order + i * 1e-3)
         how = f"quantize:{scheme.name}"
@@ -247,11 +267,11 @@ def _quantize(view, names, op, changes) -> None:
                             "recipe_line": op.loc})
 
 
-def _primary(t: VirtualTensor) -> TensorSource:
+def _primary(t: VirtualTensor, loc: str) -> TensorSource:
     """The bytes a computation reads: only byte-exact copies of source tensors are readable."""
     if t.job.op != "copy":
         raise PlanError("a tensor produced by an earlier operation cannot be transformed again "
-                        "in the same recipe", tensor=t.name)
+                        "in the same recipe", where=loc, tensor=t.name)
     return t.job.inputs[0]
 
 

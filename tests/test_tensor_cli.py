@@ -79,6 +79,12 @@ FAILURES = {
         - select: {glob: "x.other.weight"}
           dequantize: {scheme: auto}
         """, "x.other.weight", "no quantization scheme"),
+    "a computed tensor transformed again": ({}, """
+        - select: {glob: "x.other.weight"}
+          cast: fp16
+        - select: {glob: "x.other.weight"}
+          cast: fp32
+        """, "x.other.weight", "cannot be transformed again"),
 }
 
 
@@ -102,6 +108,28 @@ def test_failure_is_one_line_exit_2_and_nothing_written(tmp_path, case):
     # plan (and apply --dry-run) report the same
     planned = run("plan", recipe, model)
     assert planned.exit_code == 2 and planned.stderr.strip() == lines[0]
+
+
+@pytest.mark.parametrize("recipe", ["fp8-block-to-bf16", "nvfp4-to-bf16"])
+def test_a_selection_holding_the_scales_too_dequantizes_their_weights(
+        recipe, deepseek_fp8_dir, kimi_dir, tmp_path):
+    """``mlp.down_proj.*`` selects the weight and its scales: the scales are used up with the
+    weight (the same output as selecting the weight alone), not dequantized themselves."""
+    model = deepseek_fp8_dir if recipe.startswith("fp8") else kimi_dir
+    layer = ("model.layers.0.mlp.down_proj" if recipe.startswith("fp8")
+             else "language_model.model.layers.1.mlp.experts.0.down_proj")
+    scheme = "fp8-block" if recipe.startswith("fp8") else "nvfp4-modelopt"
+    outs = {}
+    for what, glob in (("weight", f"{layer}.weight"), ("all", f"{layer}.*")):
+        r = write_recipe(tmp_path / f"{what}.yaml", f"""
+            - select: {{glob: "{glob}"}}
+              dequantize: {{scheme: {scheme}, to: bf16}}
+            """)
+        out = tmp_path / what
+        result = run("apply", r, model, "-o", out, "-q")
+        assert result.exit_code == 0, result.output
+        outs[what] = {p.name: p.read_bytes() for p in shard_files(out)}
+    assert outs["weight"] == outs["all"]
 
 
 def test_empty_selection_allowed_when_the_recipe_says_so(tmp_path):

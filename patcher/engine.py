@@ -252,7 +252,7 @@ class PatchBuilder:
             base_manifest=model.has(MANIFEST_NAME), base_path=str(model.root))
 
     def write_manifest(self, dest: Path, subjects: dict[str, tuple[str, int]],
-                       base_digests: dict[str, str], record: PatchRecord) -> str:
+                       base_digests: dict[str, str]) -> str:
         faults.point("manifest")
         model, plan = self.model, self.plan
         statement = build_statement(
@@ -279,9 +279,10 @@ def _build(plan: Plan, model: ModelDir, staging: Path, force_copy: bool, jobs: i
     for fp in plan.by_action(Action.LINK):
         digests[fp.path] = base_digests[fp.source]
     record = builder.record(base_digests, mode="variant")
-    _write_revert_data(record, model, staging, force_copy)
     subjects = {p: (d, (staging / p).stat().st_size) for p, d in digests.items()}
-    manifest_sha = builder.write_manifest(staging, subjects, base_digests, record)
+    manifest_sha = builder.write_manifest(staging, subjects, base_digests)
+    record.manifest_sha256 = manifest_sha
+    _write_revert_data(record, model, staging, force_copy)
     _fsync_tree(staging)
     return {"manifest_sha256": manifest_sha, "files": len(subjects),
             "bytes_linked": plan.bytes_linked, "bytes_written": plan.bytes_written,

@@ -125,9 +125,10 @@ def _stage_patch(root: Path, plan: Plan, model: ModelDir, builder: PatchBuilder,
     assert patch_dir.name == record.dirname
     record.links = _link_originals(root, model, journal, patch_dir)
     record.made_dirs = _new_dirs(root, journal)
-    write_file(_prepare(patch_dir, RECORD_NAME), encode_record(record))
     subjects = _subjects(plan, model, staging, digests, base_digests)
-    manifest_sha = builder.write_manifest(staging, subjects, base_digests, record)
+    manifest_sha = builder.write_manifest(staging, subjects, base_digests)
+    record.manifest_sha256 = manifest_sha
+    write_file(_prepare(patch_dir, RECORD_NAME), encode_record(record))
     _fsync_tree(root / STATE_DIR)
     faults.point("inplace:prepared")
     return subjects, manifest_sha

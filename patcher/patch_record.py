@@ -57,6 +57,9 @@ class PatchRecord:
     links: dict[str, str] = field(default_factory=dict)
     # In place: directories the patch created (for added files); revert removes them.
     made_dirs: list[str] = field(default_factory=list)
+    # sha256 of the provenance manifest this patch wrote: ``verify`` checks the manifest
+    # against it (older records have none).
+    manifest_sha256: str | None = None
 
     @property
     def dirname(self) -> str:
@@ -77,7 +80,8 @@ class PatchRecord:
                        base_manifest=bool(data.get("base_manifest", False)),
                        base_path=data.get("base_path"),
                        links={str(k): str(v) for k, v in (data.get("links") or {}).items()},
-                       made_dirs=[str(d) for d in data.get("made_dirs") or []])
+                       made_dirs=[str(d) for d in data.get("made_dirs") or []],
+                       manifest_sha256=_optional_sha256(data.get("manifest_sha256")))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"malformed patch record: {exc}", where=where) from None
         outside = [p for p in [*record.base_files, *record.replaced, *record.added,
@@ -86,6 +90,15 @@ class PatchRecord:
             raise InputError(f"malformed patch record: path {outside[0]!r} is not inside the "
                              f"directory", where=where)
         return record
+
+
+def _optional_sha256(value: object) -> str | None:
+    if value is None:
+        return None
+    if not (isinstance(value, str) and len(value) == 64
+            and all(c in "0123456789abcdef" for c in value)):
+        raise ValueError(f"manifest_sha256 {value!r} is not a sha256")
+    return value
 
 
 def _inside(rel: object) -> bool:

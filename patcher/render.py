@@ -107,4 +107,6 @@ def render_verify(report: dict) -> str:
     lines += [f"  modified  {m['path']}: {m['reason']}" for m in report["modified"]]
     lines += [f"  missing   {p}" for p in report["missing"]]
     lines += [f"  extra     {p}" for p in report["extra"]]
+    lines += [f"  manifest  modelpatch.provenance.json: {p}"
+              for p in report.get("manifest_problems", [])]
     return "\n".join(lines)

@@ -41,7 +41,7 @@ class Mismatch:
     @property
     def reason(self) -> str:
         if self.actual_size is None:
-            return "not a regular file"
+            return "not a regular file inside the directory"
         if self.actual_size != self.expected_size:
             return f"size {self.actual_size} != {self.expected_size}"
         if self.actual_sha256 is None:
@@ -51,11 +51,13 @@ class Mismatch:
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """The outcome of a verification. ``ok`` when nothing is modified, missing or extra."""
+    """The outcome of a verification. ``ok`` when nothing is modified, missing or extra, and the
+    manifest itself is intact (``manifest_problems``)."""
 
     modified: list[Mismatch] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
+    manifest_problems: list[str] = field(default_factory=list)
     checked: int = 0
     """Manifest entries compared."""
     hashed_files: int = 0
@@ -65,13 +67,15 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return not (self.modified or self.missing or self.extra)
+        return not (self.modified or self.missing or self.extra or self.manifest_problems)
 
     def summary(self) -> str:
         """One line: ``2 modified, 1 missing, 0 extra (first: model.safetensors: sha256 differs)``.
         """
         if self.ok:
             return f"{self.checked} files match"
+        if self.manifest_problems:
+            return f"{MANIFEST_NAME}: {self.manifest_problems[0]}"
         first = (f"{self.modified[0].path}: {self.modified[0].reason}" if self.modified
                  else f"{self.missing[0]}: missing" if self.missing
                  else f"{self.extra[0]}: not in the manifest")
@@ -86,6 +90,7 @@ class VerifyReport:
             "modified": [dict(asdict(m), reason=m.reason) for m in self.modified],
             "missing": list(self.missing),
             "extra": list(self.extra),
+            "manifest_problems": list(self.manifest_problems),
             "hashed_files": self.hashed_files,
             "hashed_bytes": self.hashed_bytes,
             "cached_files": self.cached_files,
@@ -148,13 +153,23 @@ def compare_maps(expected: Mapping[str, tuple[str, int]], actual_files: set[str]
 def list_files(directory: str | os.PathLike) -> dict[str, os.stat_result | None]:
     """Every file of ``directory`` as ``{relative POSIX path: os.stat of its content}``.
 
-    Symlinks are followed to what they point at (inside or outside the directory) and valued by
-    the target's status; symlinked directories are not descended into. Entries that are not, or do
-    not lead to, a regular file (dangling symlinks, FIFOs, symlinked directories) map to None.
-    The manifest and everything under ``.modelpatch/`` at the root are left out.
+    Symlinks are followed to what they point at and valued by the target's status, if it lies
+    inside the directory (or, for a Hugging Face cache snapshot, inside its repository's folder,
+    where its ``blobs/`` are); symlinked directories are not descended into. Entries that are not,
+    or do not lead to, a regular file there (dangling symlinks, links out of the directory, FIFOs,
+    symlinked directories) map to None. The manifest and everything under ``.modelpatch/`` at the
+    root are left out.
     """
+    from .model_dir import _hf_cache_repo
+
     root = os.fspath(directory)
     out: dict[str, os.stat_result | None] = {}
+    repo = _hf_cache_repo(Path(root))
+    allowed = [os.path.realpath(root)] + ([str(repo)] if repo else [])
+
+    def inside(path: str) -> bool:
+        real = os.path.realpath(path)
+        return any(real == a or real.startswith(a + os.sep) for a in allowed)
 
     def walk(dirpath: str, prefix: str) -> None:
         with os.scandir(dirpath) as it:
@@ -170,6 +185,8 @@ def list_files(directory: str | os.PathLike) -> dict[str, os.stat_result | None]
                 st = os.stat(entry.path)  # follows symlinks
             except OSError:
                 st = None  # dangling or looping symlink
+            if st is not None and entry.is_symlink() and not inside(entry.path):
+                st = None
             out[rel] = st if st is not None and stat.S_ISREG(st.st_mode) else None
 
     try:
@@ -227,5 +244,37 @@ def verify_dir(directory: str | os.PathLike, *, jobs: int | None = None, fast: b
 
     report = compare_maps(expected, listing.keys(), digests, sizes)
     return VerifyReport(modified=report.modified, missing=report.missing, extra=report.extra,
+                        manifest_problems=manifest_problems(root, manifest),
                         checked=report.checked, hashed_files=len(results),
                         hashed_bytes=sum(r.size for r in results.values()), cached_files=cached)
+
+
+def manifest_problems(root: Path, manifest) -> list[str]:
+    """What shows that the manifest itself was changed after modelpatch wrote it: digests inside
+    it that no longer match what they describe, or a digest other than the one the last patch
+    record (under ``.modelpatch/``) noted for it. (Without a signature a consistent forgery of
+    both cannot be told; an edit of either can.)"""
+    import hashlib
+
+    from .manifest import canonical_json
+    from .patch_record import patch_dirs, read_record
+
+    problems = []
+    recipe = manifest.recipe
+    text = recipe.get("text")
+    if isinstance(text, str) and hashlib.sha256(
+            text.encode("utf-8", "surrogatepass")).hexdigest() != recipe.get("sha256"):
+        problems.append("the recipe text does not match the recipe sha256 recorded beside it")
+    for item in manifest.predicate.get("runDetails", {}).get("byproducts", []):
+        digest = (item.get("digest") or {}).get("sha256")
+        changes = (item.get("annotations") or {}).get("changes")
+        if digest and changes is not None and \
+                hashlib.sha256(canonical_json(changes)).hexdigest() != digest:
+            problems.append(f"the change log does not match its digest ({item.get('name')})")
+    dirs = patch_dirs(root)
+    if dirs:
+        noted = read_record(dirs[-1]).manifest_sha256
+        if noted is not None and noted != manifest.sha256:
+            problems.append(f"sha256 {manifest.sha256[:12]}... differs from the "
+                            f"{noted[:12]}... that patch {dirs[-1].name} wrote")
+    return problems

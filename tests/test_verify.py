@@ -77,7 +77,7 @@ def test_compare_maps_reports_everything_at_once():
     b, c, e = r.modified
     assert b == Mismatch("b", sha(b"b"), 1, sha(b"other"), 1) and b.reason == "sha256 differs"
     assert c.actual_sha256 is None and c.reason == "size 2 != 1"
-    assert e.reason == "not a regular file"
+    assert e.reason == "not a regular file inside the directory"
     assert r.checked == 5
     assert "1 missing" in r.summary() and "first: b: sha256 differs" in r.summary()
     with pytest.raises(VerifyMismatch) as info:
@@ -144,7 +144,7 @@ def test_verify_symlinks_and_non_files(tmp_path, cache):
     (root / "config.json" / "inner").write_text("x")
     r = verify_dir(root, cache=cache)
     assert [(m.path, m.reason) for m in r.modified] == [("sub/tokenizer.json",
-                                                         "not a regular file")]
+                                                         "not a regular file inside the directory")]
     assert r.missing == ["config.json"]
     assert r.extra == ["config.json/inner", "sub/real.json"]
 
@@ -214,3 +214,52 @@ def test_verify_with_unusable_cache(tmp_path):
     broken = DigestCache(tmp_path / "blocker" / "digests.sqlite3")
     r = verify_dir(root, cache=broken, fast=True)
     assert r.ok and r.hashed_files == len(FILES)
+
+
+# --- the manifest itself, and links out of the directory -----------------------------------
+
+def _variant(kimi_dir, tmp_path):
+    from fs_snapshot import copy_tree
+
+    from patcher import api
+
+    base = copy_tree(kimi_dir, tmp_path / "base")
+    return api.apply("sm120-fp16-kv", base, out=tmp_path / "v").output
+
+
+def _edit_manifest(variant, old: str, new: str) -> None:
+    path = variant / MANIFEST_NAME
+    text = path.read_text()
+    assert old in text
+    os.chmod(path, 0o644)
+    path.write_text(text.replace(old, new, 1))
+
+
+@pytest.mark.parametrize(("old", "new", "says"), [
+    ("Why this recipe exists", "Why this recipe EXISTS", "recipe text does not match"),
+    ('"startedOn": "20', '"startedOn": "19', "differs from the"),
+    ('"kind": "removed"', '"kind": "removxd"', "change log does not match"),
+])
+def test_an_edited_manifest_fails_verification(kimi_dir, tmp_path, old, new, says):
+    from fs_snapshot import cli
+
+    variant = _variant(kimi_dir, tmp_path)
+    assert verify_dir(variant).ok
+    _edit_manifest(variant, old, new)
+    report = verify_dir(variant)
+    assert not report.ok and any(says in p for p in report.manifest_problems), report
+    for fast in ([], ["--fast"]):
+        result = cli("verify", variant, *fast)
+        assert result.returncode == 1 and MANIFEST_NAME in result.stdout + result.stderr
+
+
+def test_a_symlink_out_of_the_directory_is_not_a_match(kimi_dir, tmp_path):
+    variant = _variant(kimi_dir, tmp_path)
+    outside = tmp_path / "outside.model"
+    target = variant / "tiktoken.model"
+    outside.write_bytes(target.read_bytes())          # the very bytes, but outside
+    target.unlink()
+    target.symlink_to(outside)
+    report = verify_dir(variant)
+    assert [(m.path, m.reason) for m in report.modified] == [
+        ("tiktoken.model", "not a regular file inside the directory")]

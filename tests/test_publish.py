@@ -92,6 +92,43 @@ def test_private_repo_invisible_without_token_and_wrong_token_refused(hub, varia
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+def test_pull_sets_aside_the_hubs_gitattributes_and_stale_staging(hub, variant, tmp_path,
+                                                                    monkeypatch):
+    """huggingface.co puts a .gitattributes in every new repository; it is not the variant's.
+    A pull killed earlier left a staging directory: the next pull removes it."""
+    monkeypatch.setenv("HF_TOKEN", "write-alice")
+    client = hub.api("write-alice")
+    client.create_repo("alice/ga", private=True)
+    client.upload_file(path_or_fileobj=b"*.safetensors filter=lfs diff=lfs merge=lfs -text\n",
+                       path_in_repo=".gitattributes", repo_id="alice/ga")
+    api.publish(variant, "alice/ga", endpoint=hub.endpoint)
+    stale = tmp_path / ".p.modelpatch-staging-killed"
+    (stale / "sub").mkdir(parents=True)
+    result = cli("pull", "alice/ga", "-o", tmp_path / "p", "--endpoint", hub.endpoint)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "p" / ".modelpatch" / "hub" / ".gitattributes").is_file()
+    assert not (tmp_path / "p" / ".gitattributes").exists() and not stale.exists()
+    assert api.verify(tmp_path / "p").ok
+
+
+def test_a_variant_of_a_cache_snapshot_names_the_hub_repo_as_its_base(hub, kimi_dir, tmp_path,
+                                                                      monkeypatch):
+    from examples.generate import make_hf_cache_snapshot
+
+    snap = make_hf_cache_snapshot(kimi_dir, tmp_path / "hf", "nvidia/Kimi-K2.5-NVFP4")
+    variant = api.apply("sm120-fp16-kv", snap, out=tmp_path / "v").output
+    monkeypatch.setenv("HF_TOKEN", "write-alice")
+    api.publish(variant, "alice/kimi-from-cache", endpoint=hub.endpoint)
+    from huggingface_hub import hf_hub_download
+
+    client = hub.api("write-alice")
+    card = hf_hub_download("alice/kimi-from-cache", "README.md", endpoint=hub.endpoint,
+                           token="write-alice", cache_dir=tmp_path / "dl")
+    assert "base_model: nvidia/Kimi-K2.5-NVFP4" in Path(card).read_text()
+    title = client.list_repo_commits("alice/kimi-from-cache")[0].title
+    assert title == "modelpatch: sm120-fp16-kv applied to nvidia/Kimi-K2.5-NVFP4"
+
+
 def test_tampered_blob_makes_pull_fail_and_leaves_nothing(hub, variant, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "write-alice")
     api.publish(variant, "alice/t", endpoint=hub.endpoint)

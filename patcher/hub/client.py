@@ -24,14 +24,16 @@ from ..fsops import remove_tree
 from ..manifest import read_manifest
 from ..model_dir import MANIFEST_NAME
 from ..patch_record import patch_dirs, read_record
-from .model_card import CARD_NAME, render_card
+from .model_card import CARD_NAME, base_model_id, render_card
 
 HF_HOSTS = ("huggingface.co", "hf.co")
 # The hub's README.md is the model card publish writes, not the variant's file. The variant's own
 # README.md (when it has one) travels under this name; pull puts it back and keeps the card
 # under .modelpatch/hub/, where verify does not look.
 ORIGINAL_README = "modelpatch-original-README.md"
-HUB_CARD_COPY = ".modelpatch/hub/README.md"
+HUB_FILES = ".modelpatch/hub"                  # what pull sets aside: the hub's, not the variant's
+HUB_CARD_COPY = f"{HUB_FILES}/README.md"
+GIT_ATTRIBUTES = ".gitattributes"
 
 
 def _client(endpoint: str | None):
@@ -128,16 +130,19 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
     recipe = manifest.recipe["name"]
     info = _hub_call("create_commit", repo_id, api.create_commit, repo_id, operations=ops,
                      revision=branch,
-                     commit_message=message or f"modelpatch: {recipe} applied to {base}")
+                     commit_message=message or f"modelpatch: {recipe} applied to "
+                                               f"{base_model_id(base)}")
     return PublishResult(repo_id=repo_id, revision=branch, commit=info.oid, files=len(ops))
 
 
 def _base_name(root: Path) -> str:
+    """Where the original base (the first patch's) was; ``base_model_id`` turns it into a hub
+    repo id for a Hugging Face cache snapshot, else into its directory name."""
     dirs = patch_dirs(root)
     if dirs:
-        base_path = read_record(dirs[-1]).base_path
+        base_path = read_record(dirs[0]).base_path
         if base_path:
-            return Path(base_path).name
+            return base_path
     return "unknown base"
 
 
@@ -173,7 +178,7 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
     file matches both the hub's digests and the provenance manifest."""
     from huggingface_hub import snapshot_download
 
-    from ..engine import make_staging_dir
+    from ..engine import _remove_stale_staging, make_staging_dir
     from ..locking import lock_new_path
 
     out = Path(os.path.abspath(out or repo_id.split("/")[-1]))
@@ -181,6 +186,7 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
     with lock_new_path(out):
         if os.path.lexists(out):
             raise InputError("output already exists", where=out)
+        _remove_stale_staging(out)      # left by a killed pull
         info = _hub_call("model_info", repo_id, api.model_info, repo_id, revision=revision,
                          files_metadata=True)
         staging = make_staging_dir(out)
@@ -190,6 +196,7 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
             remove_tree(staging / ".cache")          # huggingface_hub's local-dir bookkeeping
             _check_hub_digests(staging, info)
             _restore_readme(staging)
+            _set_aside_git_attributes(staging)
             _check_manifest(staging)
             os.rename(staging, out)
         except BaseException:
@@ -228,6 +235,16 @@ def _restore_readme(root: Path) -> None:
         os.rename(card, target)
     if (root / ORIGINAL_README).exists():
         os.rename(root / ORIGINAL_README, card)
+
+
+def _set_aside_git_attributes(root: Path) -> None:
+    """Hugging Face's hub adds a ``.gitattributes`` to every new repository: it is the hub's,
+    not the variant's (unless the manifest lists it), so it goes beside the hub's card."""
+    attributes = root / GIT_ATTRIBUTES
+    if attributes.exists() and GIT_ATTRIBUTES not in read_manifest(root).subjects:
+        target = root / HUB_FILES / GIT_ATTRIBUTES
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(attributes, target)
 
 
 def _check_manifest(root: Path) -> None:

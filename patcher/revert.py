@@ -100,6 +100,27 @@ def _check_restored(root: Path, record: PatchRecord, jobs: int | None, *,
         raise VerifyMismatch(message, where=root)
 
 
+def _check_originals(patch_dir: Path, record: PatchRecord, jobs: int | None,
+                     force: bool) -> None:
+    """Before anything moves: the revert data still holds the base's bytes (a damaged original
+    found after the switch could no longer be undone)."""
+    originals = patch_dir / "originals"
+    paths = {originals / rel: rel for rel in record.replaced
+             if rel in record.base_files and os.path.exists(originals / rel)}
+    digests = KnownDigests().digests(list(paths), jobs=jobs)
+    bad = sorted(paths[p] for p, d in digests.items()
+                 if d != record.base_files[paths[p]].sha256)
+    if not bad:
+        return
+    message = (f"the revert data is damaged: {len(bad)} original(s) no longer match the base "
+               f"(first: {bad[0]})")
+    if force:
+        log.warning("%s: %s; reverting anyway (--force)", patch_dir, message)
+        return
+    raise VerifyMismatch(f"{message}; nothing was changed", where=originals / bad[0],
+                         hint="--force reverts anyway, to the damaged bytes")
+
+
 def revert_steps(patch_dir: Path, record: PatchRecord) -> list[list[str]]:
     """The journal steps that undo ``record`` in place: move the patch's files aside, then put
     the originals back (symlinks recreated with their original text), manifest last."""
@@ -134,6 +155,7 @@ def revert_in_place(root: Path, *, force: bool = False, jobs: int | None = None)
         if not os.path.lexists(original) and rel not in record.links:
             raise InputError(f"the original of {rel} is missing from the revert data",
                              where=original)
+    _check_originals(patch_dir, record, jobs, force)
     steps = revert_steps(patch_dir, record)
     journal = Journal(op="revert", phase="preparing",
                       patch_dir=patch_dir.relative_to(root).as_posix(),

@@ -161,3 +161,21 @@ def test_revert_of_a_missing_directory(tmp_path):
     assert r.returncode == 2 and "no such directory" in r.stderr
     r = cli("revert", tmp_path / "nope", "-o", tmp_path / "out")
     assert r.returncode == 2 and "no such directory" in r.stderr
+
+
+def test_damaged_revert_data_is_found_before_anything_moves(kimi_dir, tmp_path):
+    root = copy_tree(kimi_dir, tmp_path / "m")
+    original = snapshot(root)
+    api.apply_in_place("sm120-fp16-kv", root)
+    kept = root / ".modelpatch/patches/0001-sm120-fp16-kv/originals/config.json"
+    os.chmod(kept, 0o644)
+    with open(kept, "a") as f:
+        f.write(" ")
+    patched = snapshot(root)
+    result = cli("revert", root)
+    assert result.returncode == 1 and "revert data is damaged" in result.stderr
+    assert "config.json" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert diff(snapshot(root), patched) == []          # the patched state, untouched
+    forced = cli("revert", root, "--force")            # to the damaged bytes, and says so
+    assert forced.returncode == 0 and "revert data is damaged" in forced.stderr
+    assert [d.split(":")[0] for d in diff(snapshot(root), original)] == ["config.json"]

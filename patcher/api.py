@@ -82,6 +82,7 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
         options = {"force_copy": force_copy, "jobs": jobs, "device": device, "in_place": False,
                    "max_shard_size": max_shard_size}
         the_plan = make_plan(loaded, base, options=options)
+        _log_warnings(the_plan)
         target = Path(out) if out is not None else default_output(base.root, loaded.name)
         return apply_plan(the_plan, base, target, force=force, force_copy=force_copy,
                           jobs=jobs, progress=progress)
@@ -127,7 +128,15 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     base = _open(model)
     options = {"force_copy": False, "jobs": jobs, "device": device, "in_place": True,
                "max_shard_size": max_shard_size}
-    return run(make_plan(loaded, base, options=options), base, jobs=jobs, progress=progress)
+    the_plan = make_plan(loaded, base, options=options)
+    _log_warnings(the_plan)
+    return run(the_plan, base, jobs=jobs, progress=progress)
+
+
+def _log_warnings(plan: Plan) -> None:
+    """What ``plan`` prints as warnings, on stderr for an apply too (``-q`` silences them)."""
+    for warning in plan.warnings:
+        log.warning("warning: %s", warning)
 
 
 def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None,

@@ -25,6 +25,8 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except PatchError as exc:
             if ctx.obj and ctx.obj.get("debug"):
+                for problem in getattr(exc, "errors", None) or []:   # every recipe problem
+                    click.echo(f"modelpatch: {problem}", err=True)
                 raise
             click.echo(f"modelpatch: error: {exc.one_line()}", err=True)
             ctx.exit(exc.exit_code)
@@ -43,9 +45,12 @@ class _Group(click.Group):
             click.echo(f"modelpatch: error: {where}{exc.strerror or exc}".replace("\n", " "),
                        err=True)
             ctx.exit(3)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
+            # Ctrl-C: 130; SIGTERM/SIGHUP (turned into KeyboardInterrupt("signal N") so that
+            # cleanup runs): 128 + N, as a shell reports a process that signal ended.
+            signum = str(exc).removeprefix("signal ")
             click.echo("modelpatch: interrupted", err=True)
-            ctx.exit(130)
+            ctx.exit(128 + int(signum) if signum.isdigit() else 130)
 
 
 def _set_quiet(ctx: click.Context, _param, value: bool) -> bool:

@@ -224,3 +224,19 @@ def test_a_forked_child_does_not_keep_a_dead_holders_lock(tmp_path):
             pass
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(("sig", "code"), [("SIGTERM", 143), ("SIGHUP", 129), ("SIGINT", 130)])
+def test_a_signal_unwinds_cleanly_with_the_shells_exit_code(kimi_dir, tmp_path, sig, code):
+    import signal
+
+    root = copy_tree(kimi_dir, tmp_path / "m")
+    before = snapshot(root)
+    holder = _hold(tmp_path, "manifest", "apply", "sm120-fp16-kv", root, "-o", tmp_path / "v",
+                   "-q")
+    holder.send_signal(getattr(signal, sig))
+    _out, err = holder.communicate(timeout=60)
+    assert holder.returncode == code and err.strip() == "modelpatch: interrupted"
+    assert not (tmp_path / "v").exists()
+    assert not [p for p in tmp_path.iterdir() if ".modelpatch-" in p.name or p.name.endswith(".lock")]
+    assert diff(snapshot(root), before) == []

@@ -407,3 +407,25 @@ def test_cuda_quantize_writes_the_same_bytes_as_cpu(kimi_dir, tmp_path):
         """)
     outs = _cpu_and_cuda_outputs(quantize, kimi_dir, tmp_path, "1")
     assert outs["cpu"] == outs["cuda"]
+
+
+def test_apply_shows_the_plans_warnings(kimi_dir, tmp_path):
+    """What `plan` warns about, `apply` says too (on stderr; -q silences it)."""
+    recipe = write_recipe(tmp_path / "r.yaml", """
+        - select: {glob: "*.weight", dtype: [U8]}
+          dequantize: {scheme: nvfp4-modelopt}
+        """)
+    planned = run("plan", recipe, kimi_dir)
+    warnings = [line for line in planned.stdout.splitlines() if line.startswith("warning: ")]
+    assert warnings, planned.stdout
+    applied = subprocess.run([sys.executable, "-m", "patcher.cli", "apply", str(recipe),
+                              str(kimi_dir), "-o", str(tmp_path / "v")],
+                             env=env(), capture_output=True, text=True, timeout=300)
+    assert applied.returncode == 0, applied.stderr
+    shown = [line.removeprefix("modelpatch: ") for line in applied.stderr.splitlines()
+             if line.startswith("modelpatch: warning: ")]
+    assert shown == warnings
+    quiet = subprocess.run([sys.executable, "-m", "patcher.cli", "-q", "apply", str(recipe),
+                            str(kimi_dir), "-o", str(tmp_path / "q")],
+                           env=env(), capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0 and "warning" not in quiet.stderr

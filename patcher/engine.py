@@ -58,7 +58,13 @@ class Progress:
 
 
 def default_output(model_root: Path, recipe_name: str) -> Path:
+    """``<model>-<recipe>`` beside the model; for a Hugging Face cache snapshot
+    (``models--org--name/snapshots/<commit>``), ``<name>-<recipe>`` in the current directory:
+    a directory beside the snapshot would pose as another revision inside the cache."""
     root = Path(os.path.abspath(model_root))
+    if root.parent.name == "snapshots" and root.parent.parent.name.startswith("models--"):
+        name = root.parent.parent.name.split("--")[-1]
+        return Path.cwd() / f"{name}-{recipe_name}"
     return root.with_name(f"{root.name}-{recipe_name}")
 
 
@@ -90,6 +96,7 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
             if (out.exists() or out.is_symlink()) and not force:
                 raise InputError("output already exists", where=out,
                                  hint="pass --force to replace it")
+            _refuse_to_replace_a_stranger(out)
             _remove_stale_staging(out)
             staging = make_staging_dir(out)
             try:
@@ -108,6 +115,20 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
             exc.where, exc.hint = str(out), exc.hint or untouched
         raise
     return ApplyResult(output=out, **{k: v for k, v in result.items()})
+
+
+def _refuse_to_replace_a_stranger(out: Path) -> None:
+    """``--force`` replaces an earlier variant, never a directory modelpatch did not write (or a
+    file, or a link): that could be anything, and it would be deleted."""
+    if not os.path.lexists(out):
+        return
+    if out.is_symlink() or not out.is_dir():
+        raise InputError("output exists and is not a directory; --force replaces only an "
+                         "earlier modelpatch variant", where=out)
+    if not (out / MANIFEST_NAME).is_file() and any(out.iterdir()):
+        raise InputError(f"output exists and is not a modelpatch variant (no {MANIFEST_NAME}); "
+                         f"--force replaces only an earlier variant", where=out,
+                         hint="remove it yourself, or choose another -o")
 
 
 def make_staging_dir(out: Path) -> Path:

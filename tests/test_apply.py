@@ -199,14 +199,43 @@ def test_recipe_editing_a_missing_file_is_an_error(kimi, tmp_path):
 
 def test_existing_output_is_refused_unless_force(kimi, tmp_path):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep").write_text("x")
+    run("apply", "sm120-fp16-kv", kimi, "-o", out, "-q")
+    first = (out / "modelpatch.provenance.json").read_bytes()
     result = run("apply", "sm120-fp16-kv", kimi, "-o", out, ok=False)
     assert result.exit_code == 2 and "--force" in result.stderr
-    assert (out / "keep").exists()
+    assert (out / "modelpatch.provenance.json").read_bytes() == first
     run("apply", "sm120-fp16-kv", kimi, "-o", out, "--force", "-q")
-    assert not (out / "keep").exists() and api.verify(out).ok
+    assert (out / "modelpatch.provenance.json").read_bytes() != first and api.verify(out).ok
     assert not list(tmp_path.glob(".out.*"))                 # no staging or lock residue
+
+
+@pytest.mark.parametrize("what", ["directory", "file"])
+def test_force_never_replaces_what_modelpatch_did_not_write(kimi, tmp_path, what):
+    out = tmp_path / "precious"
+    if what == "directory":
+        out.mkdir()
+        (out / "keep.txt").write_text("x")
+    else:
+        out.write_text("x")
+    result = run("apply", "sm120-fp16-kv", kimi, "-o", out, "--force", ok=False)
+    assert result.exit_code == 2 and "not" in result.stderr and "precious" in result.stderr
+    assert (out / "keep.txt").read_text() == "x" if what == "directory" else out.read_text() == "x"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert run("apply", "sm120-fp16-kv", kimi, "-o", empty, "--force", "-q").exit_code == 0
+
+
+def test_default_output_of_a_cache_snapshot_is_not_inside_the_cache(kimi_dir, tmp_path,
+                                                                     monkeypatch):
+    from examples.generate import make_hf_cache_snapshot
+
+    snap = make_hf_cache_snapshot(kimi_dir, tmp_path / "hf", "nvidia/Kimi-K2.5-NVFP4")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    result = run("apply", "sm120-fp16-kv", snap, "-q")
+    assert result.stdout.strip() == str(work / "Kimi-K2.5-NVFP4-sm120-fp16-kv")
+    assert sorted(p.name for p in snap.parent.iterdir()) == [snap.name]
 
 
 @pytest.mark.parametrize("point", ["file:config.json", "hashing", "manifest", "commit"])

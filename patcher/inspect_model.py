@@ -100,7 +100,7 @@ def _weight_format(qc: dict) -> dict:
 
 def quantization_summary(model: ModelDir) -> dict:
     path, qc = _quant_config(model.config)
-    hf = model.json("hf_quant_config.json")
+    hf = model.hf_quant_config
     hq = hf["quantization"] if isinstance(hf, dict) and isinstance(hf.get("quantization"), dict) else {}
     summary: dict[str, Any] = {"config": None, "hf_quant_config": None, "disagreements": []}
     if qc is not None:

@@ -11,6 +11,7 @@ import contextlib
 import gc
 import os
 import posixpath
+import re
 import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ STATE_DIR = ".modelpatch"
 # Directories that are bookkeeping, not model content: our revert data, git, and the
 # huggingface_hub local-dir download cache.
 SKIPPED_DIRS = frozenset({STATE_DIR, ".git", ".cache"})
+# Shard names as transformers and huggingface_hub write them: model-00001-of-00004.safetensors.
+_SHARD_NAME = re.compile(r"(?P<stem>.+)-(?P<number>\d{5,})-of-(?P<count>\d{5,})\.safetensors")
 
 
 @dataclass(frozen=True)
@@ -102,10 +105,29 @@ class ModelDir:
             self._json[relpath] = parse_json(self.read_bytes(relpath), str(self.root / relpath))
         return self._json[relpath]
 
+    def json_object(self, relpath: str) -> dict | None:
+        """The JSON file ``relpath`` when it must hold an object: None if absent, else a dict.
+
+        Raises:
+            ModelDirError: the file is valid JSON but not an object (``[1]``, ``"x"``, ``null``).
+        """
+        doc = self.json(relpath)
+        if doc is None and relpath not in self.files:
+            return None
+        if not isinstance(doc, dict):
+            raise ModelDirError(f"is valid JSON but not an object (got {_json_type(doc)})",
+                                where=str(self.root / relpath))
+        return doc
+
     @property
     def config(self) -> dict:
-        config = self.json("config.json")
-        return config if isinstance(config, dict) else {}
+        """config.json, or {} when the directory has none (a non-object is an error)."""
+        return self.json_object("config.json") or {}
+
+    @property
+    def hf_quant_config(self) -> dict | None:
+        """hf_quant_config.json, or None when the directory has none."""
+        return self.json_object("hf_quant_config.json")
 
     # --- tensors ---------------------------------------------------------------------------
 
@@ -135,9 +157,15 @@ class ModelDir:
     # --- validation ------------------------------------------------------------------------
 
     def _check_index(self) -> None:
-        unindexed = sorted(set(self.shards) - set(self.model_shards))
-        for shard in unindexed:
-            self.warnings.append(f"{shard}: not referenced by {INDEX_NAME}; left as an opaque file")
+        unloaded = sorted(set(self.shards) - set(self.model_shards))
+        if self.index is None:
+            _refuse_shards_without_index(self.root, self.shards)
+            reason = (f"not loaded: there is no {INDEX_NAME}, and only {SINGLE_SHARD_NAME} "
+                      f"is loaded without one")
+        else:
+            reason = f"not referenced by {INDEX_NAME}"
+        for shard in unloaded:
+            self.warnings.append(f"{shard}: {reason}; left as an opaque file")
         if self.index is None:
             return
         defects = _index_defects(self.root, self.index, self.shards, self.files)
@@ -148,6 +176,30 @@ class ModelDir:
                                     hint=first.hint)
             error.defects = defects
             raise error
+
+
+def _json_type(doc: object) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null",
+            int: "a number", float: "a number"}.get(type(doc), type(doc).__name__)
+
+
+def _shard_set(relpath: str) -> tuple[str, str] | None:
+    """(directory/prefix, shard count) of a file named like a shard of a sharded model."""
+    m = _SHARD_NAME.fullmatch(relpath)
+    return (m["stem"], m["count"]) if m else None
+
+
+def _refuse_shards_without_index(root: Path, shards: dict[str, ShardHeader]) -> None:
+    """Shards named ``model-NNNNN-of-MMMMM.safetensors`` and neither an index nor a
+    ``model.safetensors``: the index is missing, and the model is not an empty one."""
+    if SINGLE_SHARD_NAME in shards:
+        return
+    sharded = [s for s in sorted(set(shards)) if (key := _shard_set(s)) and key[0] == "model"]
+    if sharded:
+        raise ShardIndexError(
+            f"sharded model without {INDEX_NAME}: {len(sharded)} shard file(s) such as "
+            f"{sharded[0]} cannot be loaded without it", where=str(root),
+            hint=f"download {INDEX_NAME} too")
 
 
 def _hf_cache_repo(root: Path) -> Path | None:
@@ -254,6 +306,7 @@ def _index_defects(root: Path, index: ShardIndex, shards: dict[str, ShardHeader]
         if shard not in shards:
             defects.append(ShardIndexError(f"names shard {shard!r}, which does not exist",
                                            where=where))
+    defects += _unreferenced_siblings(where, index, shards)
     seen: dict[str, str] = {}
     for shard in sorted(set(shards) & set(index.weight_map.values())):
         for name in shards[shard].tensors:
@@ -279,4 +332,23 @@ def _index_defects(root: Path, index: ShardIndex, shards: dict[str, ShardHeader]
             defects.append(ShardIndexError(
                 f"metadata.total_size is {index.total_size} but the tensors hold {actual} bytes",
                 where=where))
+    return defects
+
+
+def _unreferenced_siblings(where: str, index: ShardIndex,
+                           shards: dict[str, ShardHeader]) -> list[PatchError]:
+    """Shards the index does not name, though named as members of a set of shards it does name
+    (same prefix, same shard count): the index is evidently missing their tensors."""
+    referenced = set(index.weight_map.values())
+    sets = {key: shard for shard in sorted(referenced, reverse=True)
+            if (key := _shard_set(shard)) is not None}
+    defects: list[PatchError] = []
+    for shard in sorted(set(shards) - referenced):
+        key = _shard_set(shard)
+        member_of = sets.get(key) if key else None
+        if member_of is not None:
+            defects.append(ShardIndexError(
+                f"does not reference {shard}, a shard of the same set as {member_of} "
+                f"(it holds {len(shards[shard].tensors)} tensor(s))", where=where,
+                hint="the index is incomplete, or the file is left over from another download"))
     return defects

@@ -140,8 +140,7 @@ def _plan_json_file(model: ModelDir, name: str, ops: list, changes: list[dict],
         return None
     after = dump_json_document(new_value, document.style)
     if not document.exact:
-        warnings.append(f"{name}: formatting cannot be reproduced exactly ({document.note}); "
-                        f"lines outside the patched keys may change")
+        warnings.append(f"{name}: {document.note}; lines outside the patched keys may change")
     changes.extend(change.to_json() for change in file_changes)
     if after == before:
         return None
@@ -167,6 +166,7 @@ def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list[dict]) -> dict
             raise PlanError(f"the recipe adds {name}, which the model already has",
                             where=op.loc, hint="set overwrite: true to replace it")
         content = op.content.encode("utf-8")
+        _check_added_file(name, content, op.loc)
         source = name if model.has(name) else None
         out[name] = FilePlan(name, Action.ADD, source=source,
                              size_before=model.files[name].size if source else None,
@@ -176,6 +176,23 @@ def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list[dict]) -> dict
         changes.append({"kind": "file_added", "file": name, "size": len(content),
                         "replaced": source is not None})
     return out
+
+
+def _check_added_file(name: str, content: bytes, loc: str) -> None:
+    """``files: add`` writes text: never a shard or the shard index (the variant would not load),
+    and for a ``.json`` file, valid strict JSON."""
+    if name.endswith(".safetensors") or name == INDEX_NAME:
+        raise PlanError(f"files: add cannot write {name}: shards and the shard index are made by "
+                        f"the tensors: operations", where=loc)
+    if name.endswith(".json"):
+        from .errors import InputError
+        from .jsonfile import parse_json
+
+        try:
+            parse_json(content, name)
+        except InputError as exc:
+            raise PlanError(f"the content added as {name} is not valid JSON: {exc.message}",
+                            where=loc) from None
 
 
 def _quantization_warnings(model: ModelDir, replaced: dict[str, FilePlan],

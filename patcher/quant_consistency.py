@@ -7,7 +7,9 @@ no declaration left. Both are legal to write, and both deserve a warning before 
 
 from __future__ import annotations
 
+import fnmatch
 import json
+import re
 from typing import Any, Mapping
 
 QUANTIZED_DTYPES = {"F8_E4M3", "F8_E5M2", "F4"}
@@ -38,12 +40,65 @@ def quantized_tensors(dtypes: Mapping[str, str]) -> list[str]:
     return out
 
 
+def skip_lists(config: Any, hf_quant: Any) -> list[tuple[str, list[str]]]:
+    """``(where, patterns)`` of every declaration of quantization in the final configs, with the
+    modules it leaves unquantized: ``quantization_config.ignore`` (compressed-tensors, and
+    ModelOpt in config.json) and ``exclude_modules`` (ModelOpt), at the top level or in
+    ``text_config``; hf_quant_config.json's ``quantization.exclude_modules``."""
+    out = []
+    for where, scope in (("config.json", config),
+                         ("config.json text_config",
+                          config.get("text_config") if isinstance(config, dict) else None)):
+        qc = scope.get("quantization_config") if isinstance(scope, dict) else None
+        if isinstance(qc, dict):
+            out.append((f"{where} quantization_config",
+                        _strings(qc.get("ignore")) + _strings(qc.get("exclude_modules"))))
+    q = hf_quant.get("quantization") if isinstance(hf_quant, dict) else None
+    if isinstance(q, dict) and q.get("quant_algo"):
+        out.append(("hf_quant_config.json", _strings(q.get("exclude_modules"))))
+    return out
+
+
+def _strings(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def module_skipped(module: str, patterns: list[str]) -> bool:
+    """Whether a skip list names ``module``: exactly, by an fnmatch pattern (ModelOpt's
+    ``exclude_modules``: ``*self_attn*``), or by a ``re:`` regex (compressed-tensors' ``ignore``,
+    matched from the start of the name as compressed-tensors does with ``re.match``)."""
+    for pattern in patterns:
+        if pattern.startswith("re:"):
+            try:
+                if re.match(pattern[3:], module):
+                    return True
+            except re.error:
+                continue
+        elif pattern == module or fnmatch.fnmatchcase(module, pattern):
+            return True
+    return False
+
+
+def _not_skipped(config: Any, hf_quant: Any, changes: list[dict]) -> list[str]:
+    """The dequantized tensors (output names) that some declaration of quantization still
+    covers: their module is missing from its ignore/exclude list."""
+    lists = skip_lists(config, hf_quant)
+    out = []
+    for c in changes:
+        if c.get("kind") != "tensor_converted" or not c["how"].startswith("dequantize"):
+            continue
+        name = c.get("to", c["tensor"])
+        module = name.rsplit(".", 1)[0]
+        if any(not module_skipped(module, patterns) for _where, patterns in lists):
+            out.append(name)
+    return out
+
+
 def quantization_warnings(config: Any, hf_quant: Any, dtypes: Mapping[str, str],
                           changes: list[dict]) -> list[str]:
     declared = _declared(config, hf_quant)
     quantized = quantized_tensors(dtypes)
-    dequantized = [c["tensor"] for c in changes
-                   if c.get("kind") == "tensor_converted" and c["how"].startswith("dequantize")]
+    dequantized = _not_skipped(config, hf_quant, changes) if declared else []
     warnings = []
     if declared and not quantized:
         warnings.append(f"the output config still declares {declared} quantization but no tensor "

@@ -230,6 +230,8 @@ class CastTensors:
 class DequantizeTensors:
     scheme: str  # one of DEQUANT_SCHEMES
     to: str      # one of FLOAT_TARGETS
+    # fp8-block (or auto) only: (bm, bn); None: the config's weight_block_size, else 128x128
+    block: tuple[int, int] | None = None
     kind = "dequantize"
 
 

@@ -9,7 +9,9 @@ Each item selects tensors and names exactly one action::
       #                                                        select regex)
       # cast: bf16 | fp16 | fp32
       # dequantize: {scheme: fp8-tensor | fp8-block | nvfp4-modelopt |
-      #              nvfp4-compressed-tensors | auto, to: bf16 | fp16 | fp32}   (to: bf16)
+      #              nvfp4-compressed-tensors | auto, to: bf16 | fp16 | fp32,   (to: bf16)
+      #              block: [128, 128]}   (fp8-block/auto; default: the config's
+      #                                    weight_block_size, else 128x128)
       # quantize: {scheme: fp8-tensor | fp8-block,
       #            layout: modelopt | deepseek | compressed-tensors, block: [128, 128]}
 
@@ -211,10 +213,7 @@ def _action(v: rc.Validator, node: Any, action: str,
     if action == "rename":
         return _rename(v, value, pos, select)
     if action == "dequantize":
-        v.check_keys(value, ("scheme", "to"), "dequantize", required=("scheme",))
-        scheme = v.choice(value, "scheme", DEQUANT_SCHEMES)
-        to = v.choice(value, "to", FLOAT_TARGETS) if "to" in value else "bf16"
-        return None if scheme is None or to is None else DequantizeTensors(scheme, to)
+        return _dequantize(v, value)
     v.check_keys(value, ("scheme", "layout", "block"), "quantize", required=("scheme", "layout"))
     scheme = v.choice(value, "scheme", QUANT_SCHEMES)
     layout = v.choice(value, "layout", QUANT_LAYOUTS)
@@ -225,21 +224,38 @@ def _action(v: rc.Validator, node: Any, action: str,
         v.err(rc.val_pos(value, "layout"), f"layout {layout!r} has no {scheme} format (use "
               f"{' or '.join(fits)})")
         return None
-    block = None
-    if "block" in value:
-        if scheme != "fp8-block":
-            v.err(rc.key_pos(value, "block"), f"block applies to fp8-block, not {scheme}")
-            return None
-        raw = value["block"]
-        if not (rc.is_seq(raw) and len(raw) == 2 and all(
-                isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in raw)):
-            v.err(rc.val_pos(value, "block"), "block must be two positive integers, e.g. "
-                  "[128, 128]")
-            return None
-        block = (int(raw[0]), int(raw[1]))
-    elif scheme == "fp8-block":
-        block = DEFAULT_BLOCK
-    return QuantizeTensors(scheme, layout, block)
+    if "block" not in value:
+        return QuantizeTensors(scheme, layout, DEFAULT_BLOCK if scheme == "fp8-block" else None)
+    block = _block(v, value, scheme, ("fp8-block",))
+    return None if block is None else QuantizeTensors(scheme, layout, block)
+
+
+def _dequantize(v: rc.Validator, value: Any) -> DequantizeTensors | None:
+    v.check_keys(value, ("scheme", "to", "block"), "dequantize", required=("scheme",))
+    scheme = v.choice(value, "scheme", DEQUANT_SCHEMES)
+    to = v.choice(value, "to", FLOAT_TARGETS) if "to" in value else "bf16"
+    if scheme is None or to is None:
+        return None
+    if "block" not in value:
+        return DequantizeTensors(scheme, to)
+    block = _block(v, value, scheme, ("fp8-block", "auto"))
+    return None if block is None else DequantizeTensors(scheme, to, block)
+
+
+def _block(v: rc.Validator, value: Any, scheme: str,
+           schemes: tuple[str, ...]) -> tuple[int, int] | None:
+    """``value['block']`` as ``(bm, bn)``, or None after reporting why it is not one."""
+    if scheme not in schemes:
+        v.err(rc.key_pos(value, "block"), f"block applies to {' or '.join(schemes)}, not "
+              f"{scheme}")
+        return None
+    raw = value["block"]
+    if not (rc.is_seq(raw) and len(raw) == 2 and all(
+            isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in raw)):
+        v.err(rc.val_pos(value, "block"), "block must be two positive integers, e.g. "
+              "[128, 128]")
+        return None
+    return (int(raw[0]), int(raw[1]))
 
 
 def _rename(v: rc.Validator, value: Any, pos: rc.Pos,

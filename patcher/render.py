@@ -28,7 +28,7 @@ def render_inspect(report: dict) -> str:
     lines = [f"model      {report['path']}" + ("  (HF cache snapshot)" if report["hf_cache_snapshot"] else "")]
     for arch in report["architectures"]:
         names = ", ".join(arch["architectures"] or []) or "-"
-        lines.append(f"arch {arch['path']:<14} {names}  model_type={arch['model_type']}")
+        lines.append(f"arch {arch['path']:<14} {names}  model_type={_or_dash(arch['model_type'])}")
     lines += _render_quant(report["quantization"])
     t = report["tensors"]["totals"]
     lines.append(f"tensors    {t['tensors']}  params {human_count(t['params'])}  "
@@ -49,9 +49,14 @@ def render_inspect(report: dict) -> str:
     idx = report["index"]
     health = "ok" if idx["healthy"] else "DEFECTS"
     lines.append(f"index      {'present' if idx['present'] else 'none'}, {idx['tensors']} tensors, "
-                 f"total_size {idx['total_size']}, {health}")
+                 f"total_size {_or_dash(idx['total_size'])}, {health}")
     lines += [f"warning    {w}" for w in idx["warnings"]]
     return "\n".join(lines)
+
+
+def _or_dash(value) -> str:
+    """A missing value (JSON null) as ``-``, never Python's ``None``."""
+    return "-" if value is None else str(value)
 
 
 def _render_quant(q: dict) -> list[str]:
@@ -62,11 +67,13 @@ def _render_quant(q: dict) -> list[str]:
     if c is not None:
         w = c["weights"]
         wdesc = " ".join(f"{k}={v}" for k, v in w.items() if v is not None)
-        lines.append(f"quant      config.json{c['path']}: {c['quant_method']} {c['quant_algo'] or ''} "
+        lines.append(f"quant      config.json{c['path']}: {_or_dash(c['quant_method'])} "
+                     f"{c['quant_algo'] or ''} "
                      f"{wdesc} kv_cache={c['kv_cache'] or 'none'} ignore={len(c['ignore'])}")
     if h is not None:
-        lines.append(f"quant      hf_quant_config.json: {h['producer']} {h['producer_version'] or ''} "
-                     f"{h['quant_algo']} group_size={h['group_size']} kv_cache={h['kv_cache'] or 'none'} "
+        lines.append(f"quant      hf_quant_config.json: {_or_dash(h['producer'])} "
+                     f"{h['producer_version'] or ''} {_or_dash(h['quant_algo'])} "
+                     f"group_size={_or_dash(h['group_size'])} kv_cache={h['kv_cache'] or 'none'} "
                      f"exclude={len(h['exclude_modules'])}")
     lines += [f"DISAGREE   {d}" for d in q["disagreements"]]
     return lines
@@ -79,8 +86,7 @@ def render_plan(plan_json: dict) -> str:
         if f.get("diff"):
             lines.append(f["diff"].rstrip("\n"))
             lines.append("")
-        for t in f.get("tensors", {}).get("changed", []):
-            lines.append(f"  {f['path']}: {t}")
+    lines += render_tensor_changes(plan_json["changes"])
     marks = {"link": " ", "write-json": "~", "rewrite-shard": "~", "drop": "-", "add": "+"}
     rows = [[f"{marks[f['action']]} {f['path']}", f["action"],
              human_bytes(f["size_before"]) if f["size_before"] is not None else "-",
@@ -96,6 +102,53 @@ def render_plan(plan_json: dict) -> str:
                  + f"; {human_bytes(b['linked'])} linked, {human_bytes(b['written'])} written.")
     lines += [f"warning: {w}" for w in plan_json["warnings"]]
     return "\n".join(lines)
+
+
+TENSOR_KINDS = {"tensor_converted": ("~", "converted"), "tensor_renamed": (">", "renamed"),
+                "tensor_dropped": ("-", "dropped"), "tensor_added": ("+", "added")}
+
+
+def render_tensor_changes(changes: list[dict], per_shard: int = 20) -> list[str]:
+    """Every tensor the plan touches, grouped by the base shard it comes from, with dtype and
+    shape before and after; at most ``per_shard`` lines a shard, then "... and N more" (the
+    ``--json`` plan lists them all)."""
+    counts: dict[str, int] = {}
+    groups: dict[str, list[str]] = {}
+    for c in changes:
+        if c.get("kind") not in TENSOR_KINDS:
+            continue
+        mark, word = TENSOR_KINDS[c["kind"]]
+        counts[word] = counts.get(word, 0) + 1
+        groups.setdefault(c.get("shard") or "(no shard)", []).append(f"{mark} {_tensor_line(c)}")
+    if not groups:
+        return []
+    total = sum(counts.values())
+    lines = [f"tensors: {total} touched ("
+             + ", ".join(f"{n} {w}" for w, n in counts.items()) + ")"]
+    for shard, entries in groups.items():
+        lines.append(f"  {shard}")
+        lines += [f"    {e}" for e in entries[:per_shard]]
+        if len(entries) > per_shard:
+            lines.append(f"    ... and {len(entries) - per_shard} more (--json lists them all)")
+    return lines + [""]
+
+
+def _layout_text(layout: dict | None) -> str:
+    return "-" if layout is None else f"{layout['dtype']}{layout['shape']}"
+
+
+def _tensor_line(c: dict) -> str:
+    before, after = _layout_text(c.get("before")), _layout_text(c.get("after"))
+    kind = c["kind"]
+    if kind == "tensor_renamed":
+        return f"{c['tensor']} -> {c['to']}  {after}"
+    if kind == "tensor_dropped":
+        why = f"  (companion of {c['companion_of']})" if c.get("companion_of") else "  (drop)"
+        return f"{c['tensor']}  {before}{why}"
+    if kind == "tensor_added":
+        return f"{c['tensor']}  {after}  ({c.get('reason', 'added')} of {c['companion_of']})"
+    name = c["tensor"] + (f" -> {c['to']}" if c.get("to") else "")
+    return f"{name}  {before} -> {after}  ({c['how']})"
 
 
 def render_verify(report: dict) -> str:

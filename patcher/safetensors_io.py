@@ -21,6 +21,10 @@ from .jsonfile import no_duplicate_keys
 
 # The safetensors library refuses headers over 100 MB (MAX_HEADER_SIZE); so do we.
 MAX_HEADER_SIZE = 100_000_000
+# It computes sizes in u64 (usize): the element count multiplying the dimensions left to right,
+# then the bit count; either overflowing is an error, and so is a bit count that is not a whole
+# number of bytes (sub-byte dtypes).
+U64_MAX = 2**64 - 1
 
 # Element size in bits for each dtype name the safetensors format defines.
 DTYPE_BITS: dict[str, int] = {
@@ -160,37 +164,66 @@ def _parse_entry(name: str, entry: object, where: str) -> TensorInfo:
                 and type(offsets) is list
                 and len(offsets) == 2 and type(offsets[0]) is int and type(offsets[1]) is int
                 and all(type(d) is int and d >= 0 for d in shape)
-                and 0 <= offsets[0] <= offsets[1]
-                and tensor_nbytes(dtype, shape) == offsets[1] - offsets[0]):
-            return TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1])
-    raise _entry_defect(name, entry, where)
+                and 0 <= offsets[0] <= offsets[1]):
+            # A non-zero product of dimensions >= 1 bounds every left-to-right partial product,
+            # so one comparison covers the library's overflow checks; empty tensors (where a
+            # zero can hide an overflowing prefix) take the slow path.
+            nbits = DTYPE_BITS[dtype] * math.prod(shape)
+            if 0 < nbits <= U64_MAX and nbits % 8 == 0 and nbits >> 3 == offsets[1] - offsets[0]:
+                return TensorInfo(name, dtype, tuple(shape), offsets[0], offsets[1])
+    return _parse_entry_slow(name, entry, where)
 
 
-def _entry_defect(name: str, entry: object, where: str) -> SafetensorsFormatError:
-    """The precise defect of an entry the fast path refused."""
+def _parse_entry_slow(name: str, entry: object, where: str) -> TensorInfo:
+    """An entry the fast path refused: a valid empty tensor, or the precise defect raised."""
     def bad(message: str) -> SafetensorsFormatError:
         return SafetensorsFormatError(message, where=where, tensor=name)
 
     if not isinstance(entry, dict):
-        return bad("entry is not an object")
+        raise bad("entry is not an object")
     extra = set(entry) - {"dtype", "shape", "data_offsets"}
     if extra:
-        return bad(f"unexpected field(s) {sorted(extra)}")
+        raise bad(f"unexpected field(s) {sorted(extra)}")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
-        return bad(f"unknown dtype {dtype!r}")
+        raise bad(f"unknown dtype {dtype!r}")
     if not isinstance(shape, list) or not all(_is_int(d) for d in shape):
-        return bad(f"shape must be a list of integers, got {shape!r}")
+        raise bad(f"shape must be a list of integers, got {shape!r}")
     if any(d < 0 for d in shape):
-        return bad(f"negative dimension in shape {shape}")
+        raise bad(f"negative dimension in shape {shape}")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)):
-        return bad(f"data_offsets must be [begin, end], got {offsets!r}")
+        raise bad(f"data_offsets must be [begin, end], got {offsets!r}")
     start, end = offsets
     if start < 0 or end < start:
-        return bad(f"data_offsets {offsets} are not an increasing non-negative range")
+        raise bad(f"data_offsets {offsets} are not an increasing non-negative range")
+    defect = size_defect(dtype, shape)
+    if defect:
+        raise bad(defect)
     expected = tensor_nbytes(dtype, shape)
-    return bad(f"shape {shape} x {dtype} needs {expected} bytes but data_offsets span "
-               f"{end - start}")
+    if expected != end - start:
+        raise bad(f"shape {shape} x {dtype} needs {expected} bytes but data_offsets span "
+                  f"{end - start}")
+    return TensorInfo(name, dtype, tuple(shape), start, end)
+
+
+def size_defect(dtype: str, shape: Iterable[int]) -> str | None:
+    """Why the safetensors library refuses a tensor of ``dtype`` and ``shape`` whatever its
+    offsets, or None: its size overflows 64 bits, or it is not a whole number of bytes."""
+    shape = list(shape)
+    count = 1
+    for dim in shape:  # left to right, as the library multiplies (checked u64)
+        count *= dim
+        if count > U64_MAX:
+            return (f"shape {shape}: the product of its dimensions overflows 64 bits "
+                    f"(the safetensors library refuses it)")
+    bits = count * DTYPE_BITS[dtype]
+    if bits > U64_MAX:
+        return (f"shape {shape} x {dtype}: {count} elements of {DTYPE_BITS[dtype]} bits "
+                f"overflow a 64-bit bit count (the safetensors library refuses it)")
+    if bits % 8:
+        return (f"shape {shape} x {dtype}: {count} elements of {DTYPE_BITS[dtype]} bits are "
+                f"{bits} bits, not a whole number of bytes")
+    return None
 
 
 def _is_int(value: object) -> bool:

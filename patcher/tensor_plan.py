@@ -16,7 +16,14 @@ from .errors import InputError, PlanError
 from .model_dir import INDEX_NAME, ModelDir
 from .plan import Action, FilePlan
 from .safetensors_io import OutputTensor, tensor_nbytes
-from .tensor_schemes import CompanionError, QuantScheme, find_scheme, scheme_named
+from .tensor_schemes import (
+    CompanionError,
+    Fp8Block,
+    QuantScheme,
+    config_weight_block,
+    find_scheme,
+    scheme_named,
+)
 from .tensor_tasks import ShardTask, TensorJob, TensorSource, index_document
 
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
@@ -121,7 +128,10 @@ def plan_tensor_ops(recipe, model: ModelDir, changes: list[dict], *, device: str
     view = initial_view(model)
     for op in recipe.tensors:
         names = select(view, op)
-        _HANDLERS[op.kind](view, names, op, changes)
+        if op.kind == "dequantize":
+            _dequantize(view, names, op, changes, _fp8_block(op, model))
+        else:
+            _HANDLERS[op.kind](view, names, op, changes)
     if max_shard_size is None:
         files = _shard_plans(model, view, changes, device)
     else:
@@ -129,6 +139,20 @@ def plan_tensor_ops(recipe, model: ModelDir, changes: list[dict], *, device: str
 
         files = reshard_plans(model, view, changes, device, max_shard_size)
     return TensorPlan(files=files, dtypes={name: t.dtype for name, t in view.items()})
+
+
+def _fp8_block(op, model: ModelDir) -> Fp8Block:
+    """The block size an fp8-block dequantization assumes: the recipe's ``block``, else the
+    base config's ``weight_block_size``, else 128x128."""
+    if op.action.block is not None:
+        return Fp8Block(op.action.block, "from the recipe")
+    try:
+        declared = config_weight_block(model.json("config.json")
+                                       if model.has("config.json") else None)
+    except ValueError as exc:
+        raise PlanError(str(exc), where=op.loc,
+                        hint="set block: [BM, BN] in the dequantize action") from None
+    return Fp8Block(*declared) if declared else Fp8Block()
 
 
 # --- operations -----------------------------------------------------------------------------
@@ -139,7 +163,7 @@ def _layout(t) -> dict:
 
 def _dropped(t: VirtualTensor, loc: str, **extra) -> dict:
     entry = {"kind": "tensor_dropped", "tensor": t.name, "dtype": t.dtype, "shape": list(t.shape),
-             "before": _layout(t), "after": None, "recipe_line": loc}
+             "shard": t.shard, "before": _layout(t), "after": None, "recipe_line": loc}
     entry.update(extra)
     return entry
 
@@ -169,7 +193,7 @@ def _rename(view, names, op, changes) -> None:
     for old, t in renamed.items():
         new = moves[old]
         view[new] = replace(t, name=new, job=replace(t.job, out=replace(t.job.out, name=new)))
-        changes.append({"kind": "tensor_renamed", "tensor": old, "to": new,
+        changes.append({"kind": "tensor_renamed", "tensor": old, "to": new, "shard": t.shard,
                         "before": _layout(t), "after": _layout(t), "recipe_line": op.loc})
 
 
@@ -191,15 +215,15 @@ def _cast(view, names, op, changes) -> None:
         changes.append(_converted(name, t, target, t.shape, "cast", op.loc))
 
 
-def _dequantize(view, names, op, changes) -> None:
+def _dequantize(view, names, op, changes, fp8_block: Fp8Block) -> None:
     target = CAST_TARGETS[op.action.to]
-    consumed = _companions_of_selected(view, names, op)
+    consumed = _companions_of_selected(view, names, op, fp8_block)
     for name in names:
         if name in consumed or name not in view:
             continue        # a scale (or other companion) of a selected weight: used up with it
         t = view[name]
         try:
-            scheme, parts = _scheme_parts(view, name, op)
+            scheme, parts = _scheme_parts(view, name, op, fp8_block)
         except CompanionError as exc:
             raise PlanError(str(exc), where=op.loc, tensor=name) from None
         out_name = parts.output_name
@@ -207,8 +231,11 @@ def _dequantize(view, names, op, changes) -> None:
             raise PlanError(f"its dequantized output {out_name!r} already exists",
                             where=op.loc, tensor=name)
         inputs = (_primary(t, op.loc),) + tuple(_primary(view[c], op.loc) for c in parts.inputs)
+        params = (("scheme", scheme.name), ("to", target))
+        if scheme.name == Fp8Block.name:
+            params += (("block", fp8_block.block),)
         job = TensorJob(out=OutputTensor(out_name, target, parts.shape), op="dequantize",
-                        inputs=inputs, params=(("scheme", scheme.name), ("to", target)))
+                        inputs=inputs, params=params)
         how = f"dequantize:{scheme.name}"
         removed = list(parts.inputs + parts.dropped)
         view.pop(name)
@@ -219,19 +246,19 @@ def _dequantize(view, names, op, changes) -> None:
             changes.append(_dropped(view.pop(gone), op.loc, companion_of=name, reason=how))
 
 
-def _scheme_parts(view, name: str, op):
-    scheme = (find_scheme(name, view) if op.action.scheme == "auto"
-              else scheme_named(op.action.scheme))
+def _scheme_parts(view, name: str, op, fp8_block: Fp8Block):
+    scheme = (find_scheme(name, view, fp8_block) if op.action.scheme == "auto"
+              else scheme_named(op.action.scheme, fp8_block))
     return scheme, scheme.companions(name, view)
 
 
-def _companions_of_selected(view, names, op) -> set[str]:
+def _companions_of_selected(view, names, op, fp8_block: Fp8Block) -> set[str]:
     """Tensors a selected weight's dequantization consumes (its scales, dropped companions): a
     selection such as ``mlp.down_proj.*`` holds them too, and they are not weights themselves."""
     consumed: set[str] = set()
     for name in names:
         try:
-            _scheme, parts = _scheme_parts(view, name, op)
+            _scheme, parts = _scheme_parts(view, name, op, fp8_block)
         except CompanionError:
             continue        # not a weight of the scheme; reported below unless consumed
         consumed.update(parts.inputs + parts.dropped)
@@ -262,7 +289,7 @@ def _quantize(view, names, op, changes) -> None:
                                   added=[o[0] for o in outputs[1:]]))
         for out_name, dtype, shape, _role in outputs[1:]:
             changes.append({"kind": "tensor_added", "tensor": out_name, "companion_of": name,
-                            "reason": how, "before": None,
+                            "shard": t.shard, "reason": how, "before": None,
                             "after": {"dtype": dtype, "shape": list(shape)},
                             "recipe_line": op.loc})
 
@@ -276,15 +303,14 @@ def _primary(t: VirtualTensor, loc: str) -> TensorSource:
 
 
 def _converted(name, t, dtype, shape, how, loc, **extra) -> dict:
-    entry = {"kind": "tensor_converted", "tensor": name, "how": how,
+    entry = {"kind": "tensor_converted", "tensor": name, "how": how, "shard": t.shard,
              "before": {"dtype": t.dtype, "shape": list(t.shape)},
              "after": {"dtype": dtype, "shape": list(shape)}, "recipe_line": loc}
     entry.update(extra)
     return entry
 
 
-_HANDLERS = {"drop": _drop, "rename": _rename, "cast": _cast, "dequantize": _dequantize,
-             "quantize": _quantize}
+_HANDLERS = {"drop": _drop, "rename": _rename, "cast": _cast, "quantize": _quantize}
 
 
 # --- shards ---------------------------------------------------------------------------------

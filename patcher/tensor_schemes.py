@@ -7,7 +7,8 @@ is dequantized (activation scales), and the names and shapes a quantization writ
 - ``fp8-tensor``: ModelOpt FP8 / compressed-tensors float-quantized: ``weight`` F8_E4M3 and
   ``weight_scale`` (scalar, [1] or per channel [out, 1]); ``input_scale`` is dropped.
 - ``fp8-block``: DeepSeek-V3: ``weight`` F8_E4M3 and ``weight_scale_inv`` F32
-  [ceil(M/128), ceil(N/128)].
+  [ceil(M/bm), ceil(N/bn)], 128x128 blocks unless the recipe or the model's
+  ``quantization_config.weight_block_size`` says otherwise.
 - ``nvfp4-modelopt``: ``weight`` U8 [out, in/2], ``weight_scale`` F8_E4M3 [out, in/16],
   ``weight_scale_2`` F32 scalar; ``input_scale`` is dropped.
 - ``nvfp4-compressed-tensors``: ``weight_packed`` U8, ``weight_scale`` F8_E4M3,
@@ -109,9 +110,18 @@ class Fp8Tensor(QuantScheme):
                 (f"{stem}.weight_scale", "F32", scale_shape, "scale")]
 
 
+DEFAULT_FP8_BLOCK = (128, 128)
+
+
 class Fp8Block(QuantScheme):
+    """``block`` is the ``(bm, bn)`` block size dequantizing assumes; ``origin`` says where it
+    came from (for the message when a scale's shape does not fit it)."""
+
     name = "fp8-block"
-    block = (128, 128)
+
+    def __init__(self, block: tuple[int, int] = DEFAULT_FP8_BLOCK, origin: str = "the default"):
+        self.block = (int(block[0]), int(block[1]))
+        self.origin = origin
 
     def companions(self, name, view):
         rows, cols = _matrix(view[name], "F8_E4M3")
@@ -123,7 +133,15 @@ class Fp8Block(QuantScheme):
         elif scale not in view:
             also = f" (or compressed-tensors' {ct_scale!r})" if ct_scale else ""
             raise CompanionError(f"missing block scale {scale!r}{also}")
-        _need(view, scale, ("F32", "BF16", "F16"), (expected,), "block scale")
+        try:
+            _need(view, scale, ("F32", "BF16", "F16"), (expected,), "block scale")
+        except CompanionError as exc:
+            if tuple(view[scale].shape) == expected:
+                raise
+            bm, bn = self.block
+            raise CompanionError(f"{exc} for {bm}x{bn} blocks ({self.origin}); if the weights "
+                                 f"use another block size, set it in the recipe: "
+                                 f"dequantize: {{scheme: fp8-block, block: [BM, BN]}}") from None
         dropped = tuple(n for n in (f"{name[:-len('weight')]}input_scale",) if n in view)
         return Companions((scale,), dropped, name, view[name].shape)
 
@@ -172,18 +190,23 @@ SCHEMES: dict[str, QuantScheme] = {s.name: s for s in (
     Fp8Tensor(), Fp8Block(), Nvfp4ModelOpt(), Nvfp4CompressedTensors())}
 
 
-def scheme_named(name: str) -> QuantScheme:
+def scheme_named(name: str, fp8_block: Fp8Block | None = None) -> QuantScheme:
+    """The scheme called ``name``; ``fp8_block`` replaces the default (128x128) ``fp8-block``."""
+    if name == Fp8Block.name and fp8_block is not None:
+        return fp8_block
     return SCHEMES[name]
 
 
-def find_scheme(name: str, view: Mapping[str, _Tensor]) -> QuantScheme:
-    """The scheme whose companions ``name`` has (for ``scheme: auto``).
+def find_scheme(name: str, view: Mapping[str, _Tensor],
+                fp8_block: Fp8Block | None = None) -> QuantScheme:
+    """The scheme whose companions ``name`` has (for ``scheme: auto``); ``fp8_block`` as in
+    ``scheme_named``.
 
     Raises:
         CompanionError: no scheme fits; the message says what each plausible scheme missed.
     """
     problems = []
-    for scheme in SCHEMES.values():
+    for scheme in (scheme_named(n, fp8_block) for n in SCHEMES):
         try:
             scheme.companions(name, view)
             return scheme
@@ -197,3 +220,25 @@ def find_scheme(name: str, view: Mapping[str, _Tensor]) -> QuantScheme:
                              f"{list(t.shape)} under this name (FP8: F8_E4M3 '.weight'; NVFP4: "
                              f"U8 '.weight' or '.weight_packed')")
     raise CompanionError("no quantization scheme fits: " + "; ".join(problems))
+
+
+def config_weight_block(config) -> tuple[tuple[int, int], str] | None:
+    """The FP8 block size a model's config.json declares (``quantization_config.
+    weight_block_size``, at the top level or in ``text_config``) and where, or None.
+
+    Raises:
+        ValueError: the config declares one that is not two positive integers.
+    """
+    if not isinstance(config, dict):
+        return None
+    for where, scope in (("", config), ("text_config.", config.get("text_config"))):
+        qc = scope.get("quantization_config") if isinstance(scope, dict) else None
+        if not isinstance(qc, dict) or qc.get("weight_block_size") is None:
+            continue
+        value = qc["weight_block_size"]
+        key = f"config.json {where}quantization_config.weight_block_size"
+        if not (isinstance(value, list) and len(value) == 2 and all(
+                isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in value)):
+            raise ValueError(f"{key} is {value!r}, expected two positive integers")
+        return (value[0], value[1]), f"from {key}"
+    return None

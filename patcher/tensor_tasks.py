@@ -63,12 +63,21 @@ class ShardTask:
         return sum(j.out.nbytes for j in self.jobs if j.op != "copy")
 
     def summary(self) -> dict:
-        changed = [f"{j.op} {j.inputs[0].name} {j.inputs[0].dtype}{list(j.inputs[0].shape)} -> "
-                   f"{j.out.name} {j.out.dtype}{list(j.out.shape)}"
-                   for j in self.jobs if j.op != "copy" or j.inputs[0].name != j.out.name]
+        """Counts and bytes, and one line per output tensor that is not a plain copy of a
+        source tensor of the same name (what a shard lost is in the plan's ``changes``)."""
+        changed = [_job_line(j) for j in self.jobs
+                   if j.op != "copy" or j.inputs[0].name != j.out.name]
         return {"tensors": len(self.jobs), "bytes_copied": self.bytes_copied,
                 "bytes_computed": self.bytes_computed,
                 "changed": changed}
+
+
+def _job_line(job: TensorJob) -> str:
+    src, out = job.inputs[0], job.out
+    if job.op == "copy":            # a rename: the bytes are copied under a new name
+        return f"rename {src.name} -> {out.name} {out.dtype}{list(out.shape)}"
+    return (f"{job.op} {src.name} {src.dtype}{list(src.shape)} -> "
+            f"{out.name} {out.dtype}{list(out.shape)}")
 
 
 def index_document(before: bytes, where: str, weight_map: dict[str, str], total: int) -> bytes:

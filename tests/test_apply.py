@@ -305,3 +305,18 @@ def test_output_inside_the_base_or_containing_it_is_refused(kimi, where):
     result = run("apply", "sm120-fp16-kv", kimi, "-o", out, "--force", ok=False)
     assert result.exit_code == 2 and "contain one another" in result.stderr
     assert snapshot(kimi) == before
+
+
+@pytest.mark.parametrize(("name", "content", "says"), [
+    ("model-00001-of-00004.safetensors", "hi", "made by the tensors: operations"),
+    ("model.safetensors.index.json", "{}", "made by the tensors: operations"),
+    ("config.json", "{not json", "is not valid JSON"),
+    ("generation_config.json", '{"a": 1, "a": 2}', "is not valid JSON"),
+])
+def test_files_add_never_writes_an_unloadable_variant(kimi, tmp_path, name, content, says):
+    recipe = tmp_path / "add.yaml"
+    recipe.write_text("modelpatch: 1\nname: add\ndescription: x\nfiles:\n"
+                      f"  - add: {name}\n    content: '{content}'\n    overwrite: true\n")
+    result = run("apply", recipe, kimi, "-o", tmp_path / "v", ok=False)
+    assert result.exit_code == 2 and says in result.stderr and "add.yaml:5:5" in result.stderr
+    assert not (tmp_path / "v").exists()

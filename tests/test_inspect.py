@@ -487,8 +487,7 @@ def test_bad_json_file(tmp_path: Path, filename: str, content: bytes, message: s
     {"producer": "modelopt", "quantization": {"quant_algo": "NVFP4"}},
     {"quantization": "NVFP4"},
     {"producer": None, "quantization": None},
-    [],
-])
+])  # a non-object hf_quant_config.json is an error: tests/test_reader_configs.py
 def test_oddly_shaped_hf_quant_config_does_not_crash(tmp_path: Path, hf):
     specs = {"model.safetensors": [Spec("w", "F32", (3,), "other")]}
     model = write_model(tmp_path / "m", specs, kimi_config(), hf_quant=hf, index=False)

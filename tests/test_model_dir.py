@@ -186,8 +186,8 @@ HEADER_DEFECTS = [
      "unknown dtype None", "w"),
     ("size-mismatch", st_bytes({"w": entry("F32", [2, 3], 0, 20)}, 20),
      "shape [2, 3] x F32 needs 24 bytes but data_offsets span 20", "w"),
-    ("size-mismatch-packed-f4", st_bytes({"w": entry("F4", [3], 0, 1)}, 1),
-     "needs 2 bytes but data_offsets span 1", "w"),
+    ("size-mismatch-packed-f4", st_bytes({"w": entry("F4", [6], 0, 2)}, 2),
+     "needs 3 bytes but data_offsets span 2", "w"),
     ("negative-dimension", st_bytes({"w": entry("F32", [-2, 4], 0, 0)}), "negative dimension",
      "w"),
     ("shape-float", st_bytes({"w": entry("F32", [2.0], 0, 8)}, 8),
@@ -326,7 +326,7 @@ def test_read_header_matches_the_safetensors_library(tmp_path: Path):
 def test_header_without_metadata_and_zero_sized_tensors(tmp_path: Path):
     path = tmp_path / "x.safetensors"
     path.write_bytes(st_bytes({"e1": entry("F32", [0], 0, 0), "e2": entry("F16", [3, 0], 0, 0),
-                               "w": entry("F4", [3], 0, 2), "s": entry("F8_E8M0", [], 2, 3)}, 3))
+                               "w": entry("F4", [4], 0, 2), "s": entry("F8_E8M0", [], 2, 3)}, 3))
     header = read_header(path)
     assert header.metadata is None
     assert [header.tensors[n].nbytes for n in ("e1", "e2", "w", "s")] == [0, 0, 2, 1]

@@ -145,6 +145,7 @@ def test_full_recipe_types_and_locations():
     assert t[2].select.regexes == ("a", "b")
     assert t[3].action == CastTensors("fp16") and t[3].select.dtypes == ("BF16",)
     assert t[4].action == DequantizeTensors("auto", "bf16")
+    assert t[4].action.block is None
     assert t[5].action == QuantizeTensors("fp8-block", "deepseek", (128, 128))
     assert t[6].action == QuantizeTensors("fp8-tensor", "modelopt", None)
 
@@ -746,6 +747,8 @@ SCHEMA_VALID = [
            "    dequantize: {scheme: fp8-block, to: fp32}\n"
            "  - select: {regex: '.*'}\n    quantize: {scheme: fp8-block, layout: "
            "compressed-tensors, block: [64, 32]}\n",
+    HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: fp8-block, block: [64, 64]}\n"
+           "  - select: {glob: '*'}\n    dequantize: {scheme: auto, to: fp16, block: [1, 128]}\n",
     HEAD + "requires:\n  - not: {any_of: [{all_of: [{file: a.json, path: '', exists: true}]}]}\n"
            "    in: ['/', /x]\n    message: m\n",
     (REPO / "recipes" / "sm120-fp16-kv.yaml").read_text(),
@@ -793,6 +796,10 @@ SCHEMA_INVALID = [
            "modelopt, block: [1, 1]}\n",
     HEAD + "tensors:\n  - select: {glob: '*'}\n    quantize: {scheme: fp8-block, layout: "
            "deepseek, block: [1]}\n",
+    HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: nvfp4-modelopt, "
+           "block: [64, 64]}\n",
+    HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: fp8-block, block: [0, 64]}\n",
+    HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: fp8-block, block: 64}\n",
 ]
 
 # Checks only the loader can make (they need the whole recipe or Python's regex engine);
@@ -811,6 +818,15 @@ def test_schema_and_loader_accept(text):
     validator = _schema_validator()
     assert [e.message for e in validator.iter_errors(_plain(text))] == []
     load(text)
+
+
+def test_dequantize_block_is_parsed():
+    recipe = load(HEAD + "tensors:\n  - select: {glob: '*'}\n"
+                  "    dequantize: {scheme: fp8-block, block: [64, 32]}\n")
+    assert recipe.tensors[0].action == DequantizeTensors("fp8-block", "bf16", (64, 32))
+    with pytest.raises(RecipeError, match="block applies to fp8-block or auto, not fp8-tensor"):
+        load(HEAD + "tensors:\n  - select: {glob: '*'}\n"
+             "    dequantize: {scheme: fp8-tensor, block: [64, 32]}\n")
 
 
 @pytest.mark.parametrize("text", SCHEMA_INVALID)

@@ -6,6 +6,7 @@ CPU tensors. Dequantizers compute in float32 and round once to the output dtype
 compressed-tensors' own order of operations so their results are bit-identical to its
 decompression. Weights are processed in row chunks, so memory stays near the size of the output.
 
+A weight to quantize that holds inf or NaN raises ``NonFiniteInput`` (a ``ValueError``).
 Shape problems raise ``ValueError`` with a message that names expected and actual shapes; the
 caller adds the tensor name. The ``check_*`` functions validate shapes alone, so a planner can
 use them on safetensors header metadata before reading any data.
@@ -24,6 +25,7 @@ from patcher.quant.fp8 import (
     quantize_fp8_block,
     quantize_fp8_per_tensor,
 )
+from patcher.quant.kernel_args import NonFiniteInput
 from patcher.quant.nvfp4 import (
     E2M1_MAX,
     E2M1_VALUES,
@@ -43,6 +45,7 @@ __all__ = [
     "E2M1_MAX",
     "E2M1_VALUES",
     "NVFP4_GROUP_SIZE",
+    "NonFiniteInput",
     "check_fp8_block_shapes",
     "check_fp8_scale_shape",
     "check_nvfp4_shapes",

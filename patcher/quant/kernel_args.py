@@ -31,3 +31,23 @@ def scalar_f32(t: torch.Tensor, what: str, dev: torch.device) -> torch.Tensor:
     if t.numel() != 1:
         raise ValueError(f"{what} must hold exactly one value, got shape {list(t.shape)}")
     return t.detach().reshape(()).to(device=dev, dtype=torch.float32)
+
+
+class NonFiniteInput(ValueError):
+    """A weight to quantize holds inf or NaN: no scale can represent it."""
+
+
+def check_finite_amax(amax: torch.Tensor, w: torch.Tensor) -> None:
+    """Raise ``NonFiniteInput`` if ``amax`` (max |x| over all or part of ``w``) is inf or NaN.
+
+    ``amax`` propagates inf and NaN, so this costs nothing on finite weights; the count of bad
+    values in the message is computed only when there are some."""
+    if bool(torch.isfinite(amax).all()):
+        return
+    from .chunks import row_chunks
+
+    cols = w.shape[-1] if w.dim() else 1
+    w2 = w.reshape(-1, cols)
+    bad = sum(int((~torch.isfinite(w2[r0:r1])).sum()) for r0, r1 in row_chunks(w2.shape[0], cols))
+    raise NonFiniteInput(f"cannot quantize a weight holding non-finite values: {bad} of "
+                         f"{w.numel()} are inf or NaN")

@@ -7,7 +7,7 @@ import math
 import torch
 
 from ..chunks import abs_max, row_chunks
-from ..kernel_args import torch_device
+from ..kernel_args import check_finite_amax, torch_device
 from .e4m3 import FP8_E4M3_MAX, to_e4m3
 from .shapes import check_block, fp8_block_scale_shape
 
@@ -31,7 +31,9 @@ def quantize_fp8_per_tensor(w: torch.Tensor, *,
     dev = torch_device(device)
     # A 0-dim tensor divisor: PyTorch's CUDA kernel turns a Python-scalar divisor into a multiply
     # by its reciprocal, which can differ from the CPU's division in the last bit.
-    scale = abs_max(w, dev) / torch.tensor(FP8_E4M3_MAX, device=dev)
+    amax = abs_max(w, dev)
+    check_finite_amax(amax, w)
+    scale = amax / torch.tensor(FP8_E4M3_MAX, device=dev)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     shape = tuple(w.shape)
     cols = shape[-1] if shape else 1
@@ -49,7 +51,8 @@ def quantize_fp8_block(w: torch.Tensor, block: tuple[int, int] = (128, 128), *,
 
     Per block: ``s = amax(|block|) / 448`` and ``fp8 = clamp(w / s, -448, 448)`` cast to
     float8_e4m3fn, in float32. Edge blocks are partial. An all-zero block gets ``s = 1.0``
-    (DeepSeek's kernel would divide 0 by 0 and store NaN).
+    (DeepSeek's kernel would divide 0 by 0 and store NaN). A weight holding inf or NaN is refused
+    (``NonFiniteInput``).
 
     Args:
         w: ``[M, N]`` weight, any float dtype.
@@ -62,6 +65,7 @@ def quantize_fp8_block(w: torch.Tensor, block: tuple[int, int] = (128, 128), *,
 
     Raises:
         ValueError: ``w`` is not 2-D or the block is invalid.
+        NonFiniteInput: ``w`` holds inf or NaN.
     """
     bm, bn = check_block(block)
     if w.dim() != 2:
@@ -79,6 +83,7 @@ def quantize_fp8_block(w: torch.Tensor, block: tuple[int, int] = (128, 128), *,
         padded = torch.nn.functional.pad(x.abs(), (0, nb * bn - n, 0, rb * bm - rows))
         amax = padded.reshape(rb, bm, nb, bn).amax(dim=(1, 3))
         del padded
+        check_finite_amax(amax, w)
         s = amax / torch.tensor(FP8_E4M3_MAX, device=dev)
         s = torch.where(s > 0, s, torch.ones_like(s))
         scales[r0 // bm: r0 // bm + rb].copy_(s)

@@ -8,7 +8,7 @@ import torch
 
 from ..chunks import abs_max, row_chunks
 from ..fp8.e4m3 import FP8_E4M3_MAX
-from ..kernel_args import torch_device
+from ..kernel_args import check_finite_amax, torch_device
 from .e2m1 import E2M1_MAX, round_to_e2m1_codes
 from .shapes import NVFP4_GROUP_SIZE
 
@@ -50,12 +50,14 @@ def quantize_nvfp4(w: torch.Tensor, layout: str = "modelopt", *,
 
     Raises:
         ValueError: unknown layout, fewer than 2 dimensions, or ``in`` not a multiple of 16.
+        NonFiniteInput: ``w`` holds inf or NaN.
     """
     _check_quantize_args(w, layout)
     dev = torch_device(device)
     k = w.shape[-1]
     lead = tuple(w.shape[:-1])
     amax = abs_max(w, dev)
+    check_finite_amax(amax, w)
     modelopt = layout == "modelopt"
     if modelopt:
         global_value = _modelopt_weight_scale_2(amax, dev)

@@ -9,9 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 from fs_snapshot import copy_tree, diff, snapshot
-from tensor_helpers import write_model
 
 from patcher import api
 from patcher.digest_cache import KnownDigests

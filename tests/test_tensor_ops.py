@@ -17,8 +17,6 @@ applied with ``patcher.api`` and read back with safetensors.
 from __future__ import annotations
 
 import json
-import math
-import shutil
 from pathlib import Path
 
 import pytest

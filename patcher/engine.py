@@ -15,7 +15,6 @@ import hashlib
 import logging
 import os
 import signal
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,16 +23,16 @@ from typing import Callable, Iterator
 from . import faults
 from .digest_cache import KnownDigests
 from .errors import InputError, OperationFailed
-from .fsops import fsync_dir, link_or_copy, remove_tree, write_file
+from .fsops import link_or_copy, remove_tree, write_file
 from .locking import lock_directory, lock_new_path
 from .manifest import build_statement, read_manifest, write_manifest
 from .model_dir import MANIFEST_NAME, STATE_DIR, ModelDir
 from .patch_record import (PATCHES_DIR, RECORD_NAME, BaseFile, PatchRecord, encode_record,
                            next_sequence, patch_dirs)
+from .output_dir import (commit, fsync_tree, make_staging_dir, refuse_to_replace_a_stranger,
+                         remove_stale_staging, restore_replaced)
 from .plan import Action, Plan
 
-STAGING_MARK = ".modelpatch-staging-"
-REPLACED_MARK = ".modelpatch-replaced-"
 log = logging.getLogger("modelpatch")
 
 
@@ -92,18 +91,18 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
     untouched = "the base is untouched and no output was written"
     try:
         with lock_directory(model.root, exclusive=False), lock_new_path(out):
-            _restore_replaced(out)
+            restore_replaced(out)
             if (out.exists() or out.is_symlink()) and not force:
                 raise InputError("output already exists", where=out,
                                  hint="pass --force to replace it")
-            _refuse_to_replace_a_stranger(out)
-            _remove_stale_staging(out)
+            refuse_to_replace_a_stranger(out)
+            remove_stale_staging(out)
             staging = make_staging_dir(out)
             try:
                 with _signals_raise_interrupt():
                     result = _build(plan, model, staging, force_copy, jobs,
                                     progress or Progress())
-                    _commit(staging, out)
+                    commit(staging, out)
             finally:
                 remove_tree(staging)        # gone already after a successful commit
     except OSError as exc:
@@ -115,55 +114,6 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
             exc.where, exc.hint = str(out), exc.hint or untouched
         raise
     return ApplyResult(output=out, **{k: v for k, v in result.items()})
-
-
-def _refuse_to_replace_a_stranger(out: Path) -> None:
-    """``--force`` replaces an earlier variant, never a directory modelpatch did not write (or a
-    file, or a link): that could be anything, and it would be deleted."""
-    if not os.path.lexists(out):
-        return
-    if out.is_symlink() or not out.is_dir():
-        raise InputError("output exists and is not a directory; --force replaces only an "
-                         "earlier modelpatch variant", where=out)
-    if not (out / MANIFEST_NAME).is_file() and any(out.iterdir()):
-        raise InputError(f"output exists and is not a modelpatch variant (no {MANIFEST_NAME}); "
-                         f"--force replaces only an earlier variant", where=out,
-                         hint="remove it yourself, or choose another -o")
-
-
-def make_staging_dir(out: Path) -> Path:
-    """A fresh staging directory beside ``out`` (same filesystem, so the commit is a rename),
-    with the mode a plain mkdir would give (mkdtemp's 0700 would otherwise become the output's)."""
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}{STAGING_MARK}", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)
-    return staging
-
-
-def _remove_stale_staging(out: Path) -> None:
-    """Staging dirs for ``out`` left by a killed process (we hold ``out``'s lock, so no live
-    process owns them), and previous outputs a ``--force`` run moved aside, once ``out`` is in
-    place (without ``out``, one of them may be the only copy: see ``_restore_replaced``)."""
-    patterns = [f".{out.name}{STAGING_MARK}*"]
-    if os.path.lexists(out):
-        patterns.append(f".{out.name}{REPLACED_MARK}*")
-    for pattern in patterns:
-        for entry in out.parent.glob(pattern):
-            remove_tree(entry)
-
-
-def _restore_replaced(out: Path) -> None:
-    """Put back a previous output that a ``--force`` run killed between moving it aside and
-    renaming its new output into place had left hidden (the caller holds ``out``'s lock)."""
-    if os.path.lexists(out):
-        return
-    replaced = sorted(out.parent.glob(f".{out.name}{REPLACED_MARK}*"),
-                      key=lambda p: p.lstat().st_mtime_ns)
-    if replaced:
-        os.rename(replaced[-1], out)
-        log.warning("%s: put back the previous output, which an interrupted --force run had "
-                    "moved aside", out)
 
 
 @contextlib.contextmanager
@@ -304,7 +254,7 @@ def _build(plan: Plan, model: ModelDir, staging: Path, force_copy: bool, jobs: i
     manifest_sha = builder.write_manifest(staging, subjects, base_digests)
     record.manifest_sha256 = manifest_sha
     _write_revert_data(record, model, staging, force_copy)
-    _fsync_tree(staging)
+    fsync_tree(staging)
     return {"manifest_sha256": manifest_sha, "files": len(subjects),
             "bytes_linked": plan.bytes_linked, "bytes_written": plan.bytes_written,
             "bytes_hashed": builder.bytes_hashed,
@@ -357,42 +307,6 @@ def _link_tree(src: Path, dst: Path, force_copy: bool) -> None:
         if path.is_file():           # a symlinked original (in-place HF patch) links its blob
             link_or_copy(path, _prepare(dst, path.relative_to(src).as_posix()),
                          force_copy=force_copy)
-
-
-def _fsync_tree(root: Path) -> None:
-    """fsync every directory under ``root`` (files were fsynced as written)."""
-    for dirpath, _dirs, _files in os.walk(root):
-        fsync_dir(Path(dirpath))
-
-
-def _commit(staging: Path, out: Path) -> None:
-    """Rename ``staging`` to ``out`` (moving a previous ``out`` aside first, for --force).
-
-    On failure nothing has changed: the new tree is back at ``staging`` for the caller to remove,
-    and a previous ``out`` is back in place."""
-    faults.point("commit")
-    old = None
-    if out.exists() or out.is_symlink():
-        with lock_directory(out, exclusive=True) if out.is_dir() else contextlib.nullcontext():
-            old = out.with_name(f".{out.name}{REPLACED_MARK}{os.getpid()}")
-            os.rename(out, old)
-    try:
-        os.rename(staging, out)
-        try:
-            fsync_dir(out.parent)
-        except BaseException:
-            os.rename(out, staging)     # not durable: take it back
-            raise
-    except BaseException:
-        if old is not None:
-            os.rename(old, out)
-        raise
-    if old is not None:
-        try:
-            remove_tree(old)
-        except OSError as exc:          # the new output is in place; this is only clutter
-            log.warning("%s: could not remove the replaced output: %s", old,
-                        exc.strerror or exc)
 
 
 def _now() -> str:

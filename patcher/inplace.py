@@ -23,7 +23,8 @@ import posixpath
 from pathlib import Path
 
 from . import faults
-from .engine import ApplyResult, PatchBuilder, Progress, _fsync_tree, _prepare
+from .engine import ApplyResult, PatchBuilder, Progress, _prepare
+from .output_dir import fsync_tree
 from .errors import ModelDirError, OperationFailed
 from .fsops import write_file
 from .journal import Journal, recover, roll_back, switch
@@ -129,7 +130,7 @@ def _stage_patch(root: Path, plan: Plan, model: ModelDir, builder: PatchBuilder,
     manifest_sha = builder.write_manifest(staging, subjects, base_digests)
     record.manifest_sha256 = manifest_sha
     write_file(_prepare(patch_dir, RECORD_NAME), encode_record(record))
-    _fsync_tree(root / STATE_DIR)
+    fsync_tree(root / STATE_DIR)
     faults.point("inplace:prepared")
     return subjects, manifest_sha
 

@@ -29,13 +29,8 @@ from pathlib import Path
 
 from . import faults
 from .digest_cache import KnownDigests
-from .engine import (
-    _commit,
-    _fsync_tree,
-    _prepare,
-    _remove_stale_staging,
-    make_staging_dir,
-)
+from .engine import _prepare
+from .output_dir import commit, fsync_tree, make_staging_dir, remove_stale_staging
 from .errors import InputError, ModelDirError, OperationFailed, VerifyMismatch
 from .fsops import link_or_copy, remove_tree
 from .journal import JOURNAL_NAME, Journal, recover, switch
@@ -243,7 +238,7 @@ def _rebuild(variant: Path, out: Path, all_patches: bool, force: bool,
             raise InputError("output already exists", where=out)
         last_patch(variant)                 # something to revert?
         _check_unmodified(variant, force, jobs)
-        _remove_stale_staging(out)
+        remove_stale_staging(out)
         reverted, source, temps = [], variant, []
         try:
             while True:
@@ -254,8 +249,8 @@ def _rebuild(variant: Path, out: Path, all_patches: bool, force: bool,
                 if not all_patches or not patch_dirs(source):
                     break
             faults.point("revert:rebuilt")
-            _fsync_tree(source)
-            _commit(source, out)
+            fsync_tree(source)
+            commit(source, out)
         finally:
             for temp in temps:
                 if temp != out:

@@ -178,7 +178,7 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
     file matches both the hub's digests and the provenance manifest."""
     from huggingface_hub import snapshot_download
 
-    from ..engine import _remove_stale_staging, make_staging_dir
+    from ..output_dir import make_staging_dir, remove_stale_staging
     from ..locking import lock_new_path
 
     out = Path(os.path.abspath(out or repo_id.split("/")[-1]))
@@ -186,7 +186,7 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
     with lock_new_path(out):
         if os.path.lexists(out):
             raise InputError("output already exists", where=out)
-        _remove_stale_staging(out)      # left by a killed pull
+        remove_stale_staging(out)      # left by a killed pull
         info = _hub_call("model_info", repo_id, api.model_info, repo_id, revision=revision,
                          files_metadata=True)
         staging = make_staging_dir(out)

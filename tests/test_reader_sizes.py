@@ -108,3 +108,31 @@ def test_a_defect_in_one_of_many_tensors_names_that_tensor(tmp_path: Path):
                                "c": entry("F4", [2], 8, 9)}, 9))
     with expect_error(SafetensorsFormatError, path, OVERFLOW, "bad"):
         read_header(path)
+
+
+def test_amd_float8_variants_are_read_and_copied(tmp_path):
+    """F8_E4M3FNUZ / F8_E5M2FNUZ (torch's *_fnuz, written by AMD's quantizers): read like any
+    dtype, and carried through a rewrite byte for byte."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from patcher import api
+
+    model = tmp_path / "m"
+    model.mkdir()
+    tensors = {"a.weight": torch.arange(16, dtype=torch.uint8).view(torch.float8_e4m3fnuz),
+               "b.weight": torch.arange(8, dtype=torch.uint8).view(torch.float8_e5m2fnuz),
+               "c.k_scale": torch.ones(())}
+    save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
+    (model / "config.json").write_text("{}")
+    report = api.inspect(model)
+    assert {"F8_E4M3FNUZ", "F8_E5M2FNUZ"} <= set(report["tensors"]["per_dtype"])
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("modelpatch: 1\nname: r\ndescription: x\ntensors:\n"
+                      "  - select: {glob: '*.k_scale'}\n    drop: true\n")
+    out = api.apply(recipe, model, out=tmp_path / "v").output
+    back = load_file(out / "model.safetensors")
+    assert sorted(back) == ["a.weight", "b.weight"]
+    for name in back:
+        assert back[name].dtype == tensors[name].dtype
+        assert back[name].view(torch.uint8).equal(tensors[name].view(torch.uint8))

@@ -140,14 +140,15 @@ class PatchBuilder:
         self.plan, self.model, self.jobs, self.progress = plan, model, jobs, progress
         self.known = KnownDigests()
         self.trusted = _base_manifest_digests(model)
-        self.hashed_while_rewriting: dict[str, str] = {}     # base relpath -> sha256
+        # base relpath -> sha256 of the bytes a rewrite read or a copy copied
+        self.hashed_while_writing: dict[str, str] = {}
         self.sequence = next_sequence(model.root)
         self.started = _now()
         self.bytes_hashed = 0
 
     def _known_base_digest(self, rel: str) -> str | None:
         return (self.known.sha256(self.model.files[rel].path) or self.trusted.get(rel)
-                or self.hashed_while_rewriting.get(rel))
+                or self.hashed_while_writing.get(rel))
 
     def write_new_files(self, dest: Path) -> dict[str, str]:
         """Write every file the plan creates (JSON, added files, shards) under ``dest``."""
@@ -163,6 +164,28 @@ class PatchBuilder:
         for rel, digest in digests.items():
             self.known.record(os.stat(dest / rel), digest, verified=True)
         return digests
+
+    def copier(self, rel: str) -> Callable[[Path, Path], None]:
+        """A ``link_or_copy`` copy function for base file ``rel`` that hashes what it copies:
+        the base is then not read a second time to hash it, and a digest claimed for it (an HF
+        blob name, the cache) that the bytes contradict is caught here."""
+        from .hash_writer import copy_hashed
+
+        def copy(src: Path, dst: Path) -> None:
+            observed = time.time_ns()
+            result = copy_hashed(src, dst)
+            if not result.stable:
+                return
+            claimed = self._known_base_digest(rel)
+            if claimed is not None and claimed != result.sha256:
+                raise OperationFailed(f"the copied bytes have sha256 {result.sha256}, not the "
+                                      f"{claimed} known for this file", where=src,
+                                      hint="the file changed, or a digest claimed for it (an "
+                                           "HF blob name) is wrong: run `modelpatch verify`")
+            self.known.record_results([result], observed_ns=observed)
+            self.hashed_while_writing[rel] = result.sha256
+
+        return copy
 
     def _rewrite_shards(self, shards: list, dest: Path) -> dict[str, str]:
         """Write the rewritten shards; a base shard whose digest is not known yet is hashed as
@@ -180,7 +203,7 @@ class PatchBuilder:
                                   hash_sources=frozenset(wanted))
         stable = [r for r in results.sources.values() if r.stable]
         self.known.record_results(stable, observed_ns=observed)
-        self.hashed_while_rewriting.update(
+        self.hashed_while_writing.update(
             {wanted[path]: r.sha256 for path, r in results.sources.items() if r.stable})
         return results.outputs
 
@@ -244,7 +267,7 @@ def _build(plan: Plan, model: ModelDir, staging: Path, force_copy: bool, jobs: i
     for fp in plan.by_action(Action.LINK):
         faults.point(f"file:{fp.path}")
         methods.add(link_or_copy(model.files[fp.path].path, _prepare(staging, fp.path),
-                                 force_copy=force_copy))
+                                 force_copy=force_copy, copy=builder.copier(fp.source)))
     digests = builder.write_new_files(staging)
     base_digests = builder.base_digests()
     for fp in plan.by_action(Action.LINK):

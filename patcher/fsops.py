@@ -12,6 +12,7 @@ import errno
 import fcntl
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 READ_ONLY = 0o444
@@ -36,11 +37,14 @@ def reflink(src: Path, dst: Path) -> bool:
     return True
 
 
-def link_or_copy(src: Path, dst: Path, *, force_copy: bool = False) -> str:
+def link_or_copy(src: Path, dst: Path, *, force_copy: bool = False,
+                 copy: Callable[[Path, Path], None] | None = None) -> str:
     """Make ``dst`` hold ``src``'s bytes, sharing storage when possible.
 
     ``src`` symlinks are resolved first, so a Hugging Face snapshot's blob is linked, never the
-    symlink. Returns the method used: ``"reflink"``, ``"hardlink"`` or ``"copy"``.
+    symlink. ``copy(src, dst)``, if given, makes the copy (the engine's hashes what it copies);
+    it must leave ``dst`` read-only. Returns the method used: ``"reflink"``, ``"hardlink"`` or
+    ``"copy"``.
     """
     src = Path(os.path.realpath(src))
     if not force_copy:
@@ -53,6 +57,9 @@ def link_or_copy(src: Path, dst: Path, *, force_copy: bool = False) -> str:
             if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP,
                                  errno.EOPNOTSUPP):
                 raise
+    if copy is not None:
+        copy(src, dst)
+        return "copy"
     shutil.copyfile(src, dst)
     os.chmod(dst, READ_ONLY)
     return "copy"

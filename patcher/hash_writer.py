@@ -12,9 +12,11 @@ import errno
 import hashlib
 import mmap
 import os
+from pathlib import Path
 from typing import Callable
 
 from .errors import OperationFailed
+from .hashing import HashResult
 
 ProgressFn = Callable[[int], None]
 
@@ -223,3 +225,23 @@ def _copy_in_kernel(methods: list[str], src_fd: int, dst_fd: int, src_off: int, 
             return k
         methods.pop(0)  # unsupported here, or no progress: next method
     return 0
+
+
+def copy_hashed(src: Path, dst: Path) -> HashResult:
+    """Copy ``src`` to a new read-only, fsynced ``dst`` in the kernel, hashing the bytes as they
+    are copied (``hash_while_copying``); returns the digest with ``src``'s status before and after
+    (``stable`` False if it changed meanwhile)."""
+    from .fsops import READ_ONLY
+
+    with open(src, "rb") as fsrc:
+        before = os.fstat(fsrc.fileno())
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb", buffering=0) as raw:
+            writer = HashingWriter(raw)
+            hash_while_copying(fsrc.fileno(), 0, before.st_size, writer)
+            os.fsync(fd)
+            os.fchmod(fd, READ_ONLY)
+        after = os.fstat(fsrc.fileno())
+    stable = (before.st_size == after.st_size and before.st_mtime_ns == after.st_mtime_ns
+              and before.st_ctime_ns == after.st_ctime_ns)
+    return HashResult(writer.sha256, writer.size, before, stable)

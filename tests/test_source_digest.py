@@ -131,3 +131,35 @@ def test_in_place_rewrite_hashes_its_shards_as_it_reads_them(kimi_dir, tmp_path)
     assert result.bytes_hashed == sum(size for rel, size in sizes.items() if rel not in KV_SHARDS)
     api.revert(root)
     assert diff(snapshot(root), before) == []
+
+
+def test_copies_are_hashed_as_they_are_copied(kimi_dir, tmp_path):
+    """--copy (or a copy across file systems): each copied base file is hashed from the bytes
+    copied, not read again; only the replaced JSON files are hashed in a pass."""
+    base = copy_tree(kimi_dir, tmp_path / "base")
+    result = api.apply("sm120-fp16-kv", base, out=tmp_path / "v", force_copy=True)
+    assert result.link_method == "copy"
+    replaced = ("config.json", "hf_quant_config.json")
+    assert result.bytes_hashed == sum((base / rel).stat().st_size for rel in replaced)
+    assert api.verify(result.output).ok
+    for shard in base.glob("*.safetensors"):
+        assert (result.output / shard.name).stat().st_ino != shard.stat().st_ino
+
+
+def test_a_copy_contradicting_a_claimed_digest_is_refused(kimi_dir, tmp_path):
+    """A Hugging Face blob whose bytes no longer match its name: the copy finds out."""
+    from examples.generate import make_hf_cache_snapshot
+
+    snap = make_hf_cache_snapshot(kimi_dir, tmp_path / "hf", "org/kimi")
+    blob = (snap / "model-00001-of-00004.safetensors").resolve()
+    os.chmod(blob, 0o644)
+    with open(blob, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    from patcher.errors import OperationFailed
+
+    with pytest.raises(OperationFailed, match="known for this file"):
+        api.apply("sm120-fp16-kv", snap, out=tmp_path / "v", force_copy=True)
+    assert not (tmp_path / "v").exists()

@@ -170,10 +170,12 @@ def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: in
 @click.argument("recipe")
 @click.argument("model")
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
-              help="Where to write the variant (default: <model>-<recipe name>).")
+              help="Where to write the variant (default: <model>-<recipe name> beside the "
+                   "model; for a Hugging Face cache snapshot, in the current directory).")
 @click.option("--in-place", is_flag=True, help="Patch MODEL itself (revertible).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and write nothing.")
-@click.option("--force", is_flag=True, help="Replace an existing output directory.")
+@click.option("--force", is_flag=True,
+              help="Replace an existing output that is an earlier modelpatch variant.")
 @click.option("--copy", "force_copy", is_flag=True, help="Copy unchanged files instead of linking.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Parallel hashing/rewrite workers (default: all cores).")

@@ -153,23 +153,26 @@ def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None
 HF_SCHEME = "hf://"
 
 
-def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None) -> Path:
+def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
+                  progress: bool = True) -> Path:
     """A model directory; ``hf://org/name[@rev]`` is resolved through the huggingface_hub cache
-    (downloaded if needed) to its snapshot directory."""
+    (downloaded if needed) to its snapshot directory. The endpoint defaults to ``$HF_ENDPOINT``
+    (a malformed one is an ``InputError``); ``progress=False``: no progress bars."""
     text = os.fspath(model)
     if not text.startswith(HF_SCHEME):
         return Path(text)
     from huggingface_hub import snapshot_download
 
-    from .hub.client import _client, _hub_call
+    from .hub.client import _client, _hub_call, _progress_bars
 
     repo_id, _, revision = text[len(HF_SCHEME):].partition("@")
     if repo_id.count("/") != 1:
         raise InputError(f"{text!r} is not hf://ORG/NAME[@REVISION]")
-    endpoint = endpoint or os.environ.get("HF_ENDPOINT")
     client = _client(endpoint)
-    return Path(_hub_call("download", repo_id, snapshot_download, repo_id,
-                          revision=revision or None, endpoint=endpoint, token=client.token))
+    with _progress_bars(progress):
+        return Path(_hub_call("download", repo_id, snapshot_download, repo_id,
+                              revision=revision or None, endpoint=client.endpoint,
+                              token=client.token))
 
 
 def publish(directory: str | os.PathLike, repo_id: str, **kwargs):

@@ -193,7 +193,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, d
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")
     if model.startswith(api.HF_SCHEME):
-        resolved = api.resolve_model(model)
+        resolved = api.resolve_model(model, progress=not ctx.obj.get("quiet"))
         if out is None and not in_place:       # never write beside a cache snapshot
             out = f"{model[len(api.HF_SCHEME):].split('@')[0].split('/')[-1]}-" \
                   f"{api.load(recipe).name}"
@@ -280,12 +280,14 @@ def revert(directory, out, all_patches, force, jobs, as_json):
 @click.option("--revision", default=None, help="Branch to commit to (created if needed).")
 @click.option("-m", "--message", default=None, help="Commit message.")
 @click.option("--json", "as_json", is_flag=True)
-def publish(directory, repo_id, endpoint, private, revision, message, as_json):
+@quiet_option
+@click.pass_context
+def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_json):
     """Verify the variant DIRECTORY and upload it to REPO_ID in one commit."""
     from . import api
 
     r = api.publish(directory, repo_id, endpoint=endpoint, private=private, revision=revision,
-                    message=message)
+                    message=message, progress=not ctx.obj.get("quiet"))
     if as_json:
         _emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
                     "files": r.files})
@@ -299,11 +301,15 @@ def publish(directory, repo_id, endpoint, private, revision, message, as_json):
               help="Directory to create (default: ./<name>).")
 @click.option("--endpoint", default=None, envvar="HF_ENDPOINT")
 @click.option("--revision", default=None, help="Branch, tag or commit.")
-def pull(repo_id, out, endpoint, revision):
+@quiet_option
+@click.pass_context
+def pull(ctx, repo_id, out, endpoint, revision):
     """Download REPO_ID and verify every file against the hub's digests and the manifest."""
     from . import api
 
-    click.echo(str(api.pull(repo_id, out, endpoint=endpoint, revision=revision).output))
+    result = api.pull(repo_id, out, endpoint=endpoint, revision=revision,
+                      progress=not ctx.obj.get("quiet"))
+    click.echo(str(result.output))
 
 
 @main.group()

@@ -1,4 +1,5 @@
 """publish / pull / hf:// through the embedded hub on 127.0.0.1 with the real client."""
+# ruff: noqa: F811  (the `hub` fixture is imported, then named as a test argument)
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from hub_fixtures import TOKENS, configure_hf_client, hub, running_hub  # noqa: F401
+
 from patcher import api
 from patcher.cli import main
 from patcher.manifest import read_manifest
@@ -38,6 +39,11 @@ def cli(*args, env_token: str | None = None, monkeypatch=None):
         else:
             monkeypatch.delenv("HF_TOKEN", raising=False)
     return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def error_line(result) -> str:
+    """The error line, after whatever progress bars came before it."""
+    return result.stderr.splitlines()[-1]
 
 
 def test_round_trip_publish_pull_verify(hub, variant, tmp_path, monkeypatch):
@@ -140,9 +146,132 @@ def test_tampered_blob_makes_pull_fail_and_leaves_nothing(hub, variant, tmp_path
     blob.write_bytes(bytes(data))
     result = cli("pull", "alice/t", "-o", tmp_path / "p", "--endpoint", hub.endpoint)
     assert result.exit_code == 1
-    assert "model-00003-of-00004.safetensors" in result.stderr
+    # The repository and the file are named, not the staging directory (gone by now).
+    assert error_line(result).startswith("modelpatch: error: alice/t: downloaded files differ "
+                                         "from the hub's digests: "
+                                         "model-00003-of-00004.safetensors")
+    assert "staging" not in result.stderr and str(tmp_path) not in result.stderr
     assert not (tmp_path / "p").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".p")]
+
+
+def test_pull_errors_name_the_repo_not_the_staging_directory(hub, variant, tmp_path,
+                                                             monkeypatch):
+    """A file the hub serves faithfully but the manifest does not list, a repository without a
+    manifest, and a malformed manifest: each error names the repository (and the file)."""
+    monkeypatch.setenv("HF_TOKEN", "write-alice")
+    client = hub.api("write-alice")
+    api.publish(variant, "alice/m", endpoint=hub.endpoint)
+    client.upload_file(path_or_fileobj=b'{"changed": true}\n', path_in_repo="config.json",
+                       repo_id="alice/m")
+    client.create_repo("alice/plain", private=True)
+    client.upload_file(path_or_fileobj=b"{}", path_in_repo="config.json", repo_id="alice/plain")
+    client.create_repo("alice/bad", private=True)
+    client.upload_file(path_or_fileobj=b"not json", path_in_repo="modelpatch.provenance.json",
+                       repo_id="alice/bad")
+    for repo, code, start in (
+            ("alice/m", 1, "alice/m: downloaded files do not match the provenance manifest: "),
+            ("alice/plain", 2, "alice/plain: not a modelpatch variant: no provenance manifest"),
+            ("alice/bad", 2, "alice/bad: modelpatch.provenance.json: ")):
+        out = tmp_path / repo.split("/")[1]
+        result = cli("pull", repo, "-o", out, "--endpoint", hub.endpoint)
+        assert result.exit_code == code, result.output
+        assert error_line(result).startswith(f"modelpatch: error: {start}"), result.stderr
+        assert "staging" not in result.stderr and str(tmp_path) not in result.stderr
+        assert not out.exists()
+    assert "(first: config.json: " in error_line(cli("pull", "alice/m", "-o", tmp_path / "m2",
+                                                     "--endpoint", hub.endpoint))
+    assert not [p for p in tmp_path.iterdir() if ".modelpatch-staging-" in p.name]
+
+
+def test_refused_token_says_to_check_hf_token(hub, variant, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "write-alice")
+    api.publish(variant, "alice/secret", endpoint=hub.endpoint)
+    monkeypatch.setenv("HF_TOKEN", "wrong-token")
+    for args in (["pull", "alice/secret", "-o", tmp_path / "p"],
+                 ["publish", variant, "alice/other"]):
+        result = cli(*args, "--endpoint", hub.endpoint)
+        assert result.exit_code == 3
+        assert "HTTP 401 (check HF_TOKEN or `hf auth login` for this endpoint)" in result.stderr
+        assert "wrong-token" not in result.output and len(result.stderr.splitlines()) == 1
+    monkeypatch.setenv("HF_TOKEN", "read-alice")          # a valid token without write access
+    result = cli("publish", variant, "alice/other", "--endpoint", hub.endpoint)
+    assert result.exit_code == 3
+    assert "HTTP 403 (the token lacks the permission: check HF_TOKEN" in result.stderr
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a connection fails the test."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args[1:]!r}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket.socket, "connect_ex", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+@pytest.mark.parametrize("command, endpoint, env", [
+    ("pull", "notaurl", False),
+    ("pull", "ftp://127.0.0.1/", True),
+    ("pull", "http://", False),
+    ("pull", "http://127.0.0.1:notaport", True),
+    ("publish", "notaurl", False),
+    ("publish", "127.0.0.1:8080", True),
+    ("apply", "notaurl", True),
+])
+def test_malformed_endpoint_is_bad_usage_before_any_request(command, endpoint, env, request,
+                                                            tmp_path, monkeypatch):
+    configure_hf_client(monkeypatch, tmp_path / "hf-home")
+    monkeypatch.setenv("HF_TOKEN", "write-alice")
+    monkeypatch.chdir(tmp_path)
+    args = {"pull": ["pull", "alice/x", "-o", tmp_path / "out"],
+            "apply": ["apply", "sm120-fp16-kv", "hf://team/kimi"]}.get(command)
+    if args is None:
+        args = ["publish", request.getfixturevalue("variant"), "alice/x"]
+    request.getfixturevalue("no_network")
+    if env:
+        monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    else:
+        monkeypatch.delenv("HF_ENDPOINT", raising=False)
+        args += ["--endpoint", endpoint]
+    before = set(tmp_path.iterdir())
+    result = cli(*args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (f"modelpatch: error: hub endpoint {endpoint!r} is not an http:// or "
+                             f"https:// URL (check --endpoint / HF_ENDPOINT, e.g. "
+                             f"https://huggingface.co)\n")
+    assert set(tmp_path.iterdir()) == before                  # no output, no staging
+
+
+def test_malformed_endpoint_never_shows_its_credentials(tmp_path, monkeypatch, no_network):
+    from patcher.errors import InputError
+
+    with pytest.raises(InputError, match=r"'ftp://\*\*\*@127\.0\.0\.1/'") as caught:
+        api.pull("alice/x", tmp_path / "out", endpoint="ftp://user:s3cret@127.0.0.1/")
+    assert "s3cret" not in str(caught.value)
+
+
+def test_progress_bars_follow_the_progress_flag(hub, variant, tmp_path, monkeypatch, capfd):
+    """huggingface_hub shows its bars (forced on here: stderr is not a terminal) unless
+    progress=False (the CLI's -q); a trailing slash on the endpoint is harmless."""
+    from huggingface_hub.utils import are_progress_bars_disabled
+
+    monkeypatch.setenv("HF_TOKEN", "write-alice")
+    monkeypatch.setenv("TQDM_POSITION", "-1")
+    capfd.readouterr()
+    api.publish(variant, "alice/bars", endpoint=hub.endpoint, progress=False)
+    api.pull("alice/bars", tmp_path / "quiet", endpoint=hub.endpoint, progress=False)
+    assert capfd.readouterr().err == ""
+    assert not are_progress_bars_disabled()                     # restored afterwards
+    api.publish(variant, "alice/bars", endpoint=hub.endpoint + "/", revision="b")
+    assert "Upload" in capfd.readouterr().err
+    api.pull("alice/bars", tmp_path / "loud", endpoint=hub.endpoint + "/")
+    assert "Fetching" in capfd.readouterr().err
+    assert api.verify(tmp_path / "quiet").ok and api.verify(tmp_path / "loud").ok
 
 
 def test_publishing_twice_stores_no_duplicate_blobs(hub, variant, monkeypatch):
@@ -181,12 +310,36 @@ def test_apply_to_hf_model_resolves_through_the_cache(hub, kimi_dir, tmp_path, m
             assert hashlib.sha256(blob.read_bytes()).hexdigest() == blob.name
 
 
+def test_quiet_publish_pull_and_apply_show_no_progress_bars(hub, variant, kimi_dir, tmp_path,
+                                                            monkeypatch):
+    """-q (before or after the command) silences huggingface_hub's bars; without it they stay."""
+    monkeypatch.setenv("HF_TOKEN", "write-alice")
+    monkeypatch.setenv("TQDM_POSITION", "-1")      # bars on although stderr is not a terminal
+    monkeypatch.chdir(tmp_path)
+    client = hub.api("write-alice")
+    client.create_repo("team/kimi", private=True)
+    client.upload_folder(folder_path=str(kimi_dir), repo_id="team/kimi")
+    for args in (["-q", "publish", variant, "alice/q"], ["publish", "-q", variant, "alice/q"],
+                 ["-q", "pull", "alice/q", "-o", tmp_path / "a"],
+                 ["pull", "-q", "alice/q", "-o", tmp_path / "b"]):
+        result = cli(*args, "--endpoint", hub.endpoint)
+        assert result.exit_code == 0, result.output
+        assert result.stderr == "", args
+    result = cli("pull", "alice/q", "-o", tmp_path / "c", "--endpoint", hub.endpoint)
+    assert result.exit_code == 0 and "Fetching" in result.stderr
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    result = cli("apply", "sm120-fp16-kv", "hf://team/kimi", "-q", "-o", tmp_path / "v")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    assert api.verify(tmp_path / "a").ok and api.verify(tmp_path / "v").ok
+
+
 @pytest.mark.slow
 def test_large_file_streams_through_publish_and_pull(tmp_path, monkeypatch):
     """A 600 MB shard goes through publish and pull in child processes (server included);
     the largest child's peak RSS stays far below the file size."""
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     base = tmp_path / "big"
     base.mkdir()

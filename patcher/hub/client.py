@@ -9,17 +9,23 @@ manifest, and only then renames it into place.
 The token comes from ``HF_TOKEN`` or huggingface_hub's login and is only ever handed to the
 client: never printed, logged or written. huggingface_hub 1.20+ uploads through Xet, which a
 self-hosted hub does not speak: for any endpoint other than huggingface.co, Xet is turned off.
+The endpoint (``endpoint=``, else ``HF_ENDPOINT``) must be an http(s) URL: anything else is an
+``InputError`` before any request. ``progress=False`` silences huggingface_hub's progress bars
+(the CLI's ``-q``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from ..errors import HubError, InputError, VerifyMismatch
+from ..errors import HubError, InputError, PatchError, VerifyMismatch
 from ..fsops import remove_tree
 from ..manifest import read_manifest
 from ..model_dir import MANIFEST_NAME
@@ -36,8 +42,30 @@ HUB_CARD_COPY = f"{HUB_FILES}/README.md"
 GIT_ATTRIBUTES = ".gitattributes"
 
 
+def check_endpoint(endpoint: str | None) -> str | None:
+    """``endpoint``, else ``$HF_ENDPOINT`` (None when neither is set), if it is an http(s) URL
+    with a host; otherwise an ``InputError`` naming it (exit code 2), before any request."""
+    value = endpoint if endpoint is not None else (os.environ.get("HF_ENDPOINT") or None)
+    if value is None:
+        return None
+    try:
+        parts = urlparse(value)
+        ok = (parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+              and not any(c.isspace() or ord(c) < 32 for c in value))
+        _ = parts.port                     # a bad port raises ValueError
+    except ValueError:
+        ok = False
+    if not ok:
+        shown = re.sub(r"//[^/?#]*@", "//***@", value)   # never print credentials in the URL
+        raise InputError(f"hub endpoint {shown!r} is not an http:// or https:// URL",
+                         hint="check --endpoint / HF_ENDPOINT, e.g. https://huggingface.co")
+    return value.rstrip("/")
+
+
 def _client(endpoint: str | None):
-    """An ``HfApi`` for ``endpoint``, with Xet disabled where the endpoint cannot speak it."""
+    """An ``HfApi`` for ``endpoint`` (default ``$HF_ENDPOINT``, then huggingface.co), with Xet
+    disabled where the endpoint cannot speak it. A malformed endpoint is an ``InputError``."""
+    endpoint = check_endpoint(endpoint)
     host = urlparse(endpoint).hostname if endpoint else "huggingface.co"
     if not any(host == h or (host or "").endswith("." + h) for h in HF_HOSTS):
         os.environ["HF_HUB_DISABLE_XET"] = "1"
@@ -60,13 +88,44 @@ def _hub_call(what: str, repo_id: str, fn, *args, **kwargs):
                        where=repo_id, hint="check the name, the endpoint and HF_TOKEN") from None
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else "?"
-        raise HubError(f"{what}: the hub answered HTTP {status}", where=repo_id) from None
+        hint = _STATUS_HINTS.get(status)
+        raise HubError(f"{what}: the hub answered HTTP {status}", where=repo_id,
+                       hint=hint) from None
     except OSError as exc:
         raise HubError(f"{what}: {exc.strerror or exc}", where=repo_id) from None
     except _transport_errors() as exc:      # connection refused, DNS, TLS, timeouts
         raise HubError(f"{what}: cannot reach the hub ({type(exc).__name__}: "
                        f"{str(exc).splitlines()[0] if str(exc) else 'no details'})",
                        where=repo_id, hint="check --endpoint / HF_ENDPOINT") from None
+
+
+_STATUS_HINTS = {
+    401: "check HF_TOKEN or `hf auth login` for this endpoint",
+    403: "the token lacks the permission: check HF_TOKEN or `hf auth login` for this endpoint",
+}
+
+
+@contextmanager
+def _progress_bars(enabled: bool):
+    """huggingface_hub's progress bars as they are (``enabled``), or off for the block."""
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    if enabled or are_progress_bars_disabled():
+        yield
+        return
+    with warnings.catch_warnings():       # HF_HUB_DISABLE_PROGRESS_BARS=0 wins: say nothing
+        warnings.simplefilter("ignore")
+        disable_progress_bars()
+    try:
+        yield
+    finally:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            enable_progress_bars()
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
@@ -93,18 +152,21 @@ class PublishResult:
 
 def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None = None,
             private: bool = True, revision: str | None = None,
-            message: str | None = None) -> PublishResult:
-    """Upload the variant at ``directory`` to ``repo_id`` in one commit."""
+            message: str | None = None, progress: bool = True) -> PublishResult:
+    """Upload the variant at ``directory`` to ``repo_id`` in one commit (``progress=False``:
+    no progress bars)."""
     from ..locking import lock_directory
     from ..verify import verify_dir
 
+    check_endpoint(endpoint)                      # bad usage, before hashing the variant
     root = Path(directory)
     with lock_directory(root, exclusive=False):   # no in-place patch between verify and upload
         report = verify_dir(root)
         if not report.ok:
             raise VerifyMismatch(f"refusing to publish a variant that does not verify: "
                                  f"{report.summary()}", where=root)
-        return _upload(root, repo_id, endpoint, private, revision, message)
+        with _progress_bars(progress):
+            return _upload(root, repo_id, endpoint, private, revision, message)
 
 
 def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
@@ -173,13 +235,14 @@ class PullResult:
 
 
 def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | None = None,
-         revision: str | None = None) -> PullResult:
+         revision: str | None = None, progress: bool = True) -> PullResult:
     """Download ``repo_id`` into ``out`` and verify it; nothing appears at ``out`` unless every
-    file matches both the hub's digests and the provenance manifest."""
+    file matches both the hub's digests and the provenance manifest. ``progress=False``: no
+    progress bars. Errors name the repository, never the staging directory."""
     from huggingface_hub import snapshot_download
 
-    from ..output_dir import make_staging_dir, remove_stale_staging
     from ..locking import lock_new_path
+    from ..output_dir import make_staging_dir, remove_stale_staging
 
     out = Path(os.path.abspath(out or repo_id.split("/")[-1]))
     api = _client(endpoint)
@@ -191,13 +254,19 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
                          files_metadata=True)
         staging = make_staging_dir(out)
         try:
-            _hub_call("download", repo_id, snapshot_download, repo_id, revision=info.sha,
-                      local_dir=staging, endpoint=api.endpoint, token=api.token)
+            with _progress_bars(progress):
+                _hub_call("download", repo_id, snapshot_download, repo_id, revision=info.sha,
+                          local_dir=staging, endpoint=api.endpoint, token=api.token)
             remove_tree(staging / ".cache")          # huggingface_hub's local-dir bookkeeping
-            _check_hub_digests(staging, info)
-            _restore_readme(staging)
-            _set_aside_git_attributes(staging)
-            _check_manifest(staging)
+            try:
+                _check_hub_digests(staging, info, repo_id)
+                _require_manifest(staging, repo_id)
+                _restore_readme(staging)
+                _set_aside_git_attributes(staging)
+                _check_manifest(staging, repo_id)
+            except PatchError as exc:
+                _name_the_repo(exc, staging, repo_id)
+                raise
             os.rename(staging, out)
         except BaseException:
             remove_tree(staging)
@@ -213,7 +282,17 @@ def _git_blob_sha1(path: Path) -> str:
     return h.hexdigest()
 
 
-def _check_hub_digests(root: Path, info) -> None:
+def _name_the_repo(exc: PatchError, staging: Path, repo_id: str) -> None:
+    """Point an error about a file in ``staging`` (gone once pull fails) at the repository."""
+    where, prefix = exc.where, str(staging)
+    if where is None or not (where == prefix or where.startswith(prefix + os.sep)):
+        return
+    rest = where[len(prefix):].lstrip(os.sep)
+    exc.where = f"{repo_id}: {rest}" if rest else repo_id
+    exc.args = (exc.one_line(),)
+
+
+def _check_hub_digests(root: Path, info, repo_id: str) -> None:
     from ..hashing import hash_files
 
     lfs = {s.rfilename: s.lfs.sha256 for s in info.siblings if s.lfs is not None}
@@ -223,7 +302,7 @@ def _check_hub_digests(root: Path, info) -> None:
     bad += [rel for rel, oid in plain.items() if oid and _git_blob_sha1(root / rel) != oid]
     if bad:
         raise VerifyMismatch(f"downloaded files differ from the hub's digests: {', '.join(bad)}",
-                             where=root.name, hint="the hub's storage may be corrupted")
+                             where=repo_id, hint="the hub's storage may be corrupted")
 
 
 def _restore_readme(root: Path) -> None:
@@ -247,13 +326,17 @@ def _set_aside_git_attributes(root: Path) -> None:
         os.rename(attributes, target)
 
 
-def _check_manifest(root: Path) -> None:
+def _require_manifest(root: Path, repo_id: str) -> None:
+    if not (root / MANIFEST_NAME).exists():
+        raise InputError("not a modelpatch variant: no provenance manifest in the repository",
+                         where=repo_id)
+
+
+def _check_manifest(root: Path, repo_id: str) -> None:
     """Every downloaded file is the one the provenance manifest lists, and nothing is missing."""
     from ..verify import verify_dir
 
-    if not (root / MANIFEST_NAME).exists():
-        raise InputError("not a modelpatch variant: no provenance manifest in the repository")
     report = verify_dir(root)
     if not report.ok:
         raise VerifyMismatch(f"downloaded files do not match the provenance manifest: "
-                             f"{report.summary()}")
+                             f"{report.summary()}", where=repo_id)

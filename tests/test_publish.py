@@ -421,3 +421,20 @@ def _wait_for(endpoint: str) -> None:
         else:
             return
     raise RuntimeError("hub did not start")
+
+
+def test_the_card_of_stacked_patches_names_every_recipe(hub, kimi_dir, tmp_path, monkeypatch):
+    from huggingface_hub import hf_hub_download
+
+    base = tmp_path / "kimi"
+    shutil.copytree(kimi_dir, base)
+    api.apply_in_place("sm120-fp16-kv", base)
+    api.apply_in_place("drop-kv-scales", base)
+    monkeypatch.setenv("HF_TOKEN", "write-alice")
+    api.publish(base, "alice/stacked", endpoint=hub.endpoint)
+    card = Path(hf_hub_download("alice/stacked", "README.md", endpoint=hub.endpoint,
+                                token="write-alice", cache_dir=tmp_path / "dl")).read_text()
+    assert "recipes `sm120-fp16-kv`" in card and "then `drop-kv-scales`" in card
+    assert "### `sm120-fp16-kv`" in card and "/quantization_config/kv_cache_scheme" in card
+    assert "### `drop-kv-scales`" in card and "k_proj.k_scale`: dropped" in card
+    assert "modelpatch-recipe:sm120-fp16-kv" in card and "modelpatch-recipe:drop-kv-scales" in card

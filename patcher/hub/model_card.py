@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ..manifest import Manifest
+from ..manifest import CHANGES_BYPRODUCT, Manifest
 
 CARD_NAME = "README.md"
 BEGIN, END = "<!-- modelpatch:begin -->", "<!-- modelpatch:end -->"
@@ -24,9 +24,24 @@ def base_model_id(base: str) -> str:
     return f"{match.group(1)}/{match.group(2)}" if match else base.rstrip("/").rsplit("/", 1)[-1]
 
 
-def change_lines(manifest: Manifest, limit: int = 40) -> list[str]:
+def recipe_chain(manifest: Manifest) -> list[tuple[dict, list[dict]]]:
+    """(recipe, changes) of every patch behind ``manifest``, oldest first: stacked patches and
+    variants of variants embed their base's statement, down to the original model."""
+    chain, statement = [], manifest.statement
+    while isinstance(statement, dict):
+        build = statement.get("predicate", {}).get("buildDefinition", {})
+        params = build.get("externalParameters", {})
+        changes = next((item.get("annotations", {}).get("changes", [])
+                        for item in statement["predicate"].get("runDetails", {})
+                        .get("byproducts", []) if item.get("name") == CHANGES_BYPRODUCT), [])
+        chain.append((params.get("recipe", {}), changes))
+        statement = params.get("base_provenance")
+    return chain[::-1]
+
+
+def change_lines(changes: list[dict], limit: int = 40) -> list[str]:
     lines = []
-    for c in manifest.changes:
+    for c in changes:
         kind = c.get("kind")
         if kind in ("removed", "set", "renamed", "copied"):
             target = f"`{c['path']}`" + (f" from `{c['from']}`" if c.get("from") else "")
@@ -50,24 +65,28 @@ def render_card(existing: str | None, manifest: Manifest, base: str) -> str:
     from huggingface_hub import ModelCard
 
     card = ModelCard(existing or f"---\nbase_model: {base_model_id(base)}\n---\n")
-    recipe = manifest.recipe
+    chain = recipe_chain(manifest)
     data = card.data
     data.base_model = base_model_id(base)
     tags = list(data.tags or [])
-    for tag in ("modelpatch", f"modelpatch-recipe:{recipe['name']}"):
+    for tag in ["modelpatch", *(f"modelpatch-recipe:{r['name']}" for r, _ in chain)]:
         if tag not in tags:
             tags.append(tag)
     data.tags = tags
-    data.modelpatch_recipe = recipe["name"]
+    data.modelpatch_recipe = manifest.recipe["name"]
+    if len(chain) > 1:
+        data.modelpatch_recipes = [r["name"] for r, _ in chain]
     section = "\n".join([
         BEGIN,
         "## Patched with modelpatch",
         "",
-        f"This is `{data.base_model}` with the modelpatch recipe `{recipe['name']}` "
-        f"(sha256 `{recipe['sha256'][:16]}...`) applied. Every file is listed with its sha256 "
-        f"in `modelpatch.provenance.json`; `modelpatch verify` checks a download against it.",
+        f"This is `{data.base_model}` with the modelpatch "
+        f"{'recipe' if len(chain) == 1 else 'recipes'} "
+        + ", then ".join(f"`{r['name']}` (sha256 `{r['sha256'][:16]}...`)" for r, _ in chain)
+        + " applied. Every file is listed with its sha256 in `modelpatch.provenance.json`; "
+          "`modelpatch verify` checks a download against it.",
         "",
-        *(change_lines(manifest) or ["- no changes"]),
+        *_changes_section(chain),
         END,
         "",
     ])
@@ -76,3 +95,12 @@ def render_card(existing: str | None, manifest: Manifest, base: str) -> str:
         "\n\n" if body.strip() else "") + section
     card.text = body
     return str(card)
+
+
+def _changes_section(chain: list[tuple[dict, list[dict]]]) -> list[str]:
+    if len(chain) == 1:
+        return change_lines(chain[0][1]) or ["- no changes"]
+    lines: list[str] = []
+    for recipe, changes in chain:
+        lines += [f"### `{recipe['name']}`", "", *(change_lines(changes) or ["- no changes"]), ""]
+    return lines[:-1]

@@ -12,6 +12,7 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -100,3 +101,35 @@ def remove_tree(path: Path) -> None:
         path.unlink()
     elif path.exists():
         shutil.rmtree(path)
+
+
+class NotRegularFile(OSError):
+    """``read_capped``: the path is a FIFO, a device or a socket."""
+
+
+class TooLarge(OSError):
+    """``read_capped``: the file holds more than the limit (``size`` bytes, or more)."""
+
+    def __init__(self, size: int):
+        super().__init__(errno.EFBIG, f"{size} bytes")
+        self.size = size
+
+
+def read_capped(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file ``path``, refused before a byte is read if it is a
+    directory (``IsADirectoryError``), a FIFO or device (``NotRegularFile``; ``O_NONBLOCK`` keeps
+    the open itself from blocking) or larger than ``limit`` (``TooLarge``, also if it grows while
+    read)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", str(path))
+        if st.st_size > limit:
+            raise TooLarge(st.st_size)
+        data = f.read(st.st_size + 1)   # (a read of the limit would allocate the limit)
+    if len(data) > limit:
+        raise TooLarge(len(data))
+    return data

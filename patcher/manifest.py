@@ -40,7 +40,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import stat
 import sys
 import tempfile
 import uuid
@@ -51,6 +50,7 @@ from typing import Any, Mapping
 from . import __version__
 from .errors import InputError, OperationFailed
 from .hashing import is_sha256_hex
+from .fsops import NotRegularFile, TooLarge, read_capped
 from .jsonfile import parse_json
 from .manifest_rules import (BASE_PROVENANCE_ROLE, PREDICATE_TYPE, STATEMENT_TYPE, DigestEntry,
                              Invalid, check_relpath, is_excluded, validate_statement)
@@ -318,28 +318,19 @@ def read_manifest(directory: str | os.PathLike) -> Manifest:
     """
     path = Path(directory) / MANIFEST_NAME
     try:
-        # O_NONBLOCK: a FIFO planted under the manifest's name must not block the open; the
-        # type and the size are checked before a byte is read.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with open(fd, "rb") as f:
-            st = os.fstat(fd)
-            if stat.S_ISDIR(st.st_mode):
-                raise IsADirectoryError
-            if not stat.S_ISREG(st.st_mode):
-                raise InputError("provenance manifest is not a regular file", where=path)
-            if st.st_size > MAX_MANIFEST_BYTES:
-                raise InputError(f"provenance manifest larger than {MAX_MANIFEST_BYTES} bytes",
-                                 where=path)
-            data = f.read(st.st_size + 1)   # (a read of the limit would allocate the limit)
+        data = read_capped(path, MAX_MANIFEST_BYTES)
     except FileNotFoundError:
         raise InputError("no provenance manifest; not a modelpatch variant", where=path,
                          hint="run `modelpatch apply` to create a variant") from None
     except IsADirectoryError:
         raise InputError("provenance manifest is a directory", where=path) from None
+    except NotRegularFile:
+        raise InputError("provenance manifest is not a regular file", where=path) from None
+    except TooLarge:
+        raise InputError(f"provenance manifest larger than {MAX_MANIFEST_BYTES} bytes",
+                         where=path) from None
     except OSError as exc:
         raise OperationFailed(f"cannot read: {exc.strerror or exc}", where=path) from exc
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise InputError(f"provenance manifest larger than {MAX_MANIFEST_BYTES} bytes", where=path)
     statement = parse_json(data, str(path))
     try:
         subjects, base_files, link = validate_statement(statement)

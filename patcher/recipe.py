@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 from pathlib import Path
 from typing import Any
 
 from . import recipe_checks as rc
 from .errors import InputError, RecipeError
+from .fsops import NotRegularFile, TooLarge, read_capped
 from .recipe_lookup import (  # noqa: F401  (part of the public recipe API)
     builtin_recipe_dir, builtin_recipe_names, resolve_recipe)
 from .guards import check_guards, evaluate_guards  # noqa: F401  (re-exported)
@@ -111,22 +111,16 @@ def load_recipe(path_or_text: str | bytes | os.PathLike, *,
 
 def _read_capped(path: Path, source: str) -> bytes:
     try:
-        # O_NONBLOCK and a type check first: a FIFO (or a device) must not block or stream.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with open(fd, "rb") as fh:
-            st = os.fstat(fd)
-            if stat.S_ISDIR(st.st_mode):
-                raise IsADirectoryError
-            if not stat.S_ISREG(st.st_mode):
-                raise InputError("not a regular file", where=source)
-            if st.st_size > MAX_RECIPE_BYTES:
-                raise RecipeError(f"recipe is {st.st_size} bytes; the limit is "
-                                  f"{MAX_RECIPE_BYTES} (1 MiB)", where=source)
-            return fh.read(st.st_size + 1)
+        return read_capped(path, MAX_RECIPE_BYTES)
     except FileNotFoundError:
         raise InputError("no such recipe file", where=source) from None
     except IsADirectoryError:
         raise InputError("is a directory, not a recipe file", where=source) from None
+    except NotRegularFile:
+        raise InputError("not a regular file", where=source) from None
+    except TooLarge as exc:
+        raise RecipeError(f"recipe is {exc.size} bytes; the limit is {MAX_RECIPE_BYTES} (1 MiB)",
+                          where=source) from None
     except OSError as exc:
         raise InputError(f"cannot read recipe: {exc.strerror or exc}", where=source) from None
 

@@ -90,6 +90,7 @@ import pytest
 from click.testing import CliRunner
 
 from fault_helpers import ERROR_PREFIX, error_line, leftovers, run_cli, tree_state
+from test_model_dir import entry, st_bytes
 
 from patcher import api
 from patcher.cli import main
@@ -106,18 +107,6 @@ RECIPE_HEAD = "modelpatch: 1\nname: hostile\ndescription: a recipe for the hosti
 
 
 # --------------------------------------------------------------------------- builders
-
-
-def st_bytes(header: dict | bytes, data: bytes | int = 0, *, length: int | None = None) -> bytes:
-    """Raw safetensors bytes: 8-byte little-endian length, header, data."""
-    body = header if isinstance(header, bytes) else json.dumps(header).encode("utf-8")
-    if isinstance(data, int):
-        data = b"\0" * data
-    return struct.pack("<Q", len(body) if length is None else length) + body + data
-
-
-def entry(dtype: str, shape: list, start: int, end: int) -> dict:
-    return {"dtype": dtype, "shape": shape, "data_offsets": [start, end]}
 
 
 def tensors_bytes(tensors: dict[str, tuple[str, list, int]]) -> bytes:

@@ -27,7 +27,7 @@ COPY_WINDOW = 64 << 20
 class HashingWriter:
     """Write through to a binary file object, computing the sha256 and size of what was written.
 
-    Every byte of the output must go through :meth:`write` or :meth:`copy_range` so that
+    Every byte of the output must go through :meth:`write` or :func:`hash_while_copying` so that
     ``sha256`` describes the file; the written file is then never read back. The wrapped file
     object stays owned (and closed) by the caller.
 
@@ -35,7 +35,7 @@ class HashingWriter:
         >>> with open(tmp, "wb") as f:  # doctest: +SKIP
         ...     w = HashingWriter(f)
         ...     w.write(header)
-        ...     w.copy_range(src_fd, offset, length)
+        ...     hash_while_copying(src_fd, offset, length, w)
         ...     f.flush(); os.fsync(f.fileno())
         >>> record = (w.sha256, w.size)  # doctest: +SKIP
     """
@@ -86,11 +86,6 @@ class HashingWriter:
         self._h.update(view)
         self._size += n
         return n
-
-    def copy_range(self, src_fd: int, offset: int, length: int, *,
-                   on_progress: ProgressFn | None = None) -> int:
-        """Append ``length`` bytes of ``src_fd`` from ``offset``; see :func:`hash_while_copying`."""
-        return hash_while_copying(src_fd, offset, length, self, on_progress=on_progress)
 
     def flush(self) -> None:
         self._f.flush()

@@ -17,7 +17,7 @@ import re
 from decimal import Decimal, InvalidOperation
 
 from .errors import PlanError
-from .model_dir import INDEX_NAME, SINGLE_SHARD_NAME, ModelDir
+from .model_dir import INDEX_NAME, ModelDir
 from .plan import Action, FilePlan
 from .safetensors_io import tensor_nbytes
 from .tensor_tasks import ShardTask, index_document
@@ -142,4 +142,4 @@ def _index_plans(model: ModelDir, view: dict, weight_map: dict[str, str],
                                  size_after=len(after), content=after, diff=diff)}
 
 
-__all__ = ["parse_shard_size", "reshard_plans", "SINGLE_SHARD_NAME"]
+__all__ = ["parse_shard_size", "reshard_plans"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..chunks import row_chunks
@@ -10,26 +12,32 @@ from .e2m1 import E2M1_VALUES, E2M1_VALUES_CT, packed_to_f32
 from .shapes import NVFP4_GROUP_SIZE, check_nvfp4_shapes
 
 
-class _Operands:
+class _Operands(NamedTuple):
     """The checked operands of an NVFP4 dequantization, as 2-D views: ``packed`` codes
     ``[rows, k/2]``, group ``scale`` ``[rows, k/16]``; ``full`` is the output shape."""
 
-    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor,
-                 names: tuple[str, str, str], out_dtype: torch.dtype, device: str):
-        check_out_dtype(out_dtype)
-        if weight.dtype != torch.uint8:
-            raise ValueError(f"NVFP4 {names[0]} must be uint8 (two e2m1 codes per byte), "
-                             f"got {weight.dtype}")
-        if not scale.is_floating_point():
-            raise ValueError(f"NVFP4 {names[1]} must be a float tensor (float8_e4m3fn), "
-                             f"got {scale.dtype}")
-        self.full = check_nvfp4_shapes(weight.shape, scale.shape, global_scale.shape,
-                                       names=names)
-        self.dev = torch_device(device)
-        self.k = self.full[-1]
-        self.groups = self.k // NVFP4_GROUP_SIZE
-        self.packed = weight.reshape(-1, self.k // 2)
-        self.scale = scale.reshape(-1, self.groups)
+    full: tuple[int, ...]
+    dev: torch.device
+    k: int
+    groups: int
+    packed: torch.Tensor
+    scale: torch.Tensor
+
+
+def _operands(weight: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor,
+              names: tuple[str, str, str], out_dtype: torch.dtype, device: str) -> _Operands:
+    check_out_dtype(out_dtype)
+    if weight.dtype != torch.uint8:
+        raise ValueError(f"NVFP4 {names[0]} must be uint8 (two e2m1 codes per byte), "
+                         f"got {weight.dtype}")
+    if not scale.is_floating_point():
+        raise ValueError(f"NVFP4 {names[1]} must be a float tensor (float8_e4m3fn), "
+                         f"got {scale.dtype}")
+    full = check_nvfp4_shapes(weight.shape, scale.shape, global_scale.shape, names=names)
+    k = full[-1]
+    groups = k // NVFP4_GROUP_SIZE
+    return _Operands(full, torch_device(device), k, groups, weight.reshape(-1, k // 2),
+                     scale.reshape(-1, groups))
 
 
 def dequantize_nvfp4_modelopt(weight_u8: torch.Tensor, weight_scale_e4m3: torch.Tensor,
@@ -57,10 +65,9 @@ def dequantize_nvfp4_modelopt(weight_u8: torch.Tensor, weight_scale_e4m3: torch.
     Raises:
         ValueError: wrong dtypes or shapes (the message gives expected and actual shapes).
     """
-    ops = _Operands(weight_u8, weight_scale_e4m3, weight_scale_2,
-                    ("weight", "weight_scale", "weight_scale_2"), out_dtype, device)
-    full, dev, k, groups, packed, scale = (ops.full, ops.dev, ops.k, ops.groups, ops.packed,
-                                           ops.scale)
+    full, dev, k, groups, packed, scale = _operands(
+        weight_u8, weight_scale_e4m3, weight_scale_2,
+        ("weight", "weight_scale", "weight_scale_2"), out_dtype, device)
     s2 = scalar_f32(weight_scale_2, "weight_scale_2", dev)
     lut = E2M1_VALUES.to(dev)
     out = torch.empty(full, dtype=out_dtype)
@@ -109,10 +116,9 @@ def dequantize_nvfp4_compressed_tensors(weight_packed: torch.Tensor, weight_scal
     Raises:
         ValueError: wrong dtypes or shapes (the message gives expected and actual shapes).
     """
-    ops = _Operands(weight_packed, weight_scale, weight_global_scale,
-                    ("weight_packed", "weight_scale", "weight_global_scale"), out_dtype, device)
-    full, dev, k, groups, packed, scale = (ops.full, ops.dev, ops.k, ops.groups, ops.packed,
-                                           ops.scale)
+    full, dev, k, groups, packed, scale = _operands(
+        weight_packed, weight_scale, weight_global_scale,
+        ("weight_packed", "weight_scale", "weight_global_scale"), out_dtype, device)
     gs = weight_global_scale.detach().to(dev)          # same dtype and dims as the caller's
     lut = E2M1_VALUES_CT.to(dev)
     out = torch.empty(full, dtype=out_dtype)

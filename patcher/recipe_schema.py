@@ -27,7 +27,8 @@ SAFETENSORS_DTYPES = (
     "F4", "F6_E2M3", "F6_E3M2",
 )
 FLOAT_TARGETS = ("bf16", "fp16", "fp32")
-DEQUANT_SCHEMES = ("fp8-tensor", "fp8-block", "nvfp4-modelopt", "nvfp4-compressed-tensors", "auto")
+DEQUANT_SCHEMES = ("fp8-tensor", "fp8-block", "nvfp4-modelopt", "nvfp4-compressed-tensors",
+                   "mxfp4-gpt-oss", "auto")
 QUANT_SCHEMES = ("fp8-tensor", "fp8-block")
 QUANT_LAYOUTS = ("modelopt", "deepseek", "compressed-tensors")
 # (scheme, layout) pairs a checkpoint format exists for: ModelOpt FP8 is per-tensor

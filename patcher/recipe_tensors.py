@@ -9,7 +9,8 @@ Each item selects tensors and names exactly one action::
       #                                                        select regex)
       # cast: bf16 | fp16 | fp32
       # dequantize: {scheme: fp8-tensor | fp8-block | nvfp4-modelopt |
-      #              nvfp4-compressed-tensors | auto, to: bf16 | fp16 | fp32,   (to: bf16)
+      #              nvfp4-compressed-tensors | mxfp4-gpt-oss | auto,
+      #              to: bf16 | fp16 | fp32,   (to: bf16)
       #              block: [128, 128]}   (fp8-block/auto; default: the config's
       #                                    weight_block_size, else 128x128)
       # quantize: {scheme: fp8-tensor | fp8-block,

@@ -14,6 +14,7 @@ import torch
 
 from .errors import InputError
 from .quant import fp8, nvfp4
+from .quant.mxfp4 import dequantize_mxfp4_gpt_oss
 from .quant.chunks import CHUNK_ELEMENTS
 from .quant.kernel_args import NonFiniteInput
 from .tensor_tasks import TensorJob
@@ -104,6 +105,8 @@ def _dequantize(job: TensorJob, inputs: list[torch.Tensor], device: str) -> torc
         return nvfp4.dequantize_nvfp4_modelopt(*inputs, out, device=device)
     if scheme == "nvfp4-compressed-tensors":
         return nvfp4.dequantize_nvfp4_compressed_tensors(*inputs, out, device=device)
+    if scheme == "mxfp4-gpt-oss":
+        return dequantize_mxfp4_gpt_oss(*inputs, out, device=device)
     raise ValueError(f"unknown scheme {scheme!r}")
 
 

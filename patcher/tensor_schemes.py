@@ -13,6 +13,9 @@ is dequantized (activation scales), and the names and shapes a quantization writ
   ``weight_scale_2`` F32 scalar; ``input_scale`` is dropped.
 - ``nvfp4-compressed-tensors``: ``weight_packed`` U8, ``weight_scale`` F8_E4M3,
   ``weight_global_scale`` F32 [1]; ``input_global_scale`` is dropped; the output is ``weight``.
+- ``mxfp4-gpt-oss``: gpt-oss MoE experts, ``<proj>_blocks`` U8 [experts, rows, G, 16] and
+  ``<proj>_scales`` E8M0 (U8 or F8_E8M0) [experts, rows, G]; the output is ``<proj>``
+  [experts, G * 32, rows] (see ``patcher.quant.mxfp4``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from typing import Mapping, Protocol
 
 NVFP4_GROUP = 16
+MXFP4_BLOCK_BYTES = 16          # 32 e2m1 codes, two per byte, share one E8M0 scale
 
 
 class CompanionError(ValueError):
@@ -186,8 +190,32 @@ class Nvfp4CompressedTensors(_Nvfp4):
     dropped_suffix = "input_global_scale"
 
 
+class Mxfp4GptOss(QuantScheme):
+    """gpt-oss MXFP4 experts: ``<proj>_blocks`` and ``<proj>_scales`` give ``<proj>``, transposed
+    to the ``[experts, in, out]`` layout of transformers' ``GptOssExperts``."""
+
+    name = "mxfp4-gpt-oss"
+    weight_suffix = "_blocks"
+
+    def companions(self, name, view):
+        if not name.endswith("_blocks") or name == "_blocks":
+            raise NotThisScheme("expected a tensor name ending in '_blocks'")
+        blocks = view[name]
+        if blocks.dtype != "U8" or len(blocks.shape) != 4:
+            raise NotThisScheme(f"is {blocks.dtype} {list(blocks.shape)}, expected U8 "
+                                f"[experts, rows, blocks, {MXFP4_BLOCK_BYTES}]")
+        experts, rows, groups, width = blocks.shape
+        if width != MXFP4_BLOCK_BYTES:
+            raise CompanionError(f"has shape {list(blocks.shape)}: an MXFP4 block is "
+                                 f"{MXFP4_BLOCK_BYTES} bytes (32 e2m1 codes), not {width}")
+        stem = name[: -len("_blocks")]
+        scales = f"{stem}_scales"
+        _need(view, scales, ("U8", "F8_E8M0"), ((experts, rows, groups),), "E8M0 block scale")
+        return Companions((scales,), (), stem, (experts, groups * 2 * MXFP4_BLOCK_BYTES, rows))
+
+
 SCHEMES: dict[str, QuantScheme] = {s.name: s for s in (
-    Fp8Tensor(), Fp8Block(), Nvfp4ModelOpt(), Nvfp4CompressedTensors())}
+    Fp8Tensor(), Fp8Block(), Nvfp4ModelOpt(), Nvfp4CompressedTensors(), Mxfp4GptOss())}
 
 
 def scheme_named(name: str, fp8_block: Fp8Block | None = None) -> QuantScheme:
@@ -218,7 +246,7 @@ def find_scheme(name: str, view: Mapping[str, _Tensor],
         t = view[name]
         raise CompanionError(f"no quantization scheme stores a weight as {t.dtype} "
                              f"{list(t.shape)} under this name (FP8: F8_E4M3 '.weight'; NVFP4: "
-                             f"U8 '.weight' or '.weight_packed')")
+                             f"U8 '.weight' or '.weight_packed'; MXFP4: U8 '_blocks')")
     raise CompanionError("no quantization scheme fits: " + "; ".join(problems))
 
 

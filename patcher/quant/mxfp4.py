@@ -17,9 +17,9 @@ gpt-oss layout, confirmed in the two loaders that read it:
   ``gate_up_proj_blocks`` ``(E, 2 * N, block_size, entry_per_block)`` as ``(E, 2 * N, -1)``
   for ``w13_weight``: the ``rows`` dimension is the output features.
 
-Every product ``e2m1 * 2**k`` has at most two significant bits, so it is exact in float32
-whenever it is finite there (bfloat16 shares float32's exponent range; a product past it is
-inf in every output dtype). The single rounding is the cast to the output dtype.
+Every product ``e2m1 * 2**k`` (two significant bits, ``k`` in -127..127) is exact in float64; it
+is rounded once, half to even, to the output dtype by ``rounding.round_exact`` (a product past
+the dtype's range becomes inf, which the caller refuses).
 """
 
 from __future__ import annotations
@@ -29,22 +29,21 @@ import torch
 
 from .chunks import row_chunks
 from .kernel_args import check_out_dtype, torch_device
+from .rounding import round_exact
 
 #: Bytes per 32-element block (two e2m1 codes per byte).
 MXFP4_BLOCK_BYTES = 16
 #: Elements that share one E8M0 scale.
 MXFP4_BLOCK = 32
 
-# The values of a byte's low and high nibble, [256, 2] float32 (code 8 is -0.0, as in
+# The values of a byte's low and high nibble, [256, 2] float64 (code 8 is -0.0, as in
 # transformers' FP4_VALUES).
 _MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-_E2M1 = np.array(_MAGNITUDES + tuple(-v for v in _MAGNITUDES), dtype=np.float32)
+_E2M1 = np.array(_MAGNITUDES + tuple(-v for v in _MAGNITUDES), dtype=np.float64)
 _PAIRS = np.stack((_E2M1[np.arange(256) & 0x0F], _E2M1[np.arange(256) >> 4]), axis=-1)
 
-# 2 ** (byte - 127) for every E8M0 byte, float32; 255 is NaN; 2**128 overflows float32 to inf
-# (not reachable: that byte is 255). 2**-127 is a float32 subnormal, exact.
-_E8M0 = np.array([np.ldexp(np.float64(1.0), b - 127) for b in range(255)] + [np.nan],
-                 dtype=np.float64).astype(np.float32)
+# 2 ** (byte - 127) for every E8M0 byte, float64; byte 255 is NaN.
+_E8M0 = np.array([np.ldexp(1.0, b - 127) for b in range(255)] + [np.nan], dtype=np.float64)
 
 
 def mxfp4_gpt_oss_shape(blocks_shape, scales_shape) -> tuple[int, int, int]:
@@ -95,12 +94,12 @@ def dequantize_mxfp4_gpt_oss(blocks: torch.Tensor, scales: torch.Tensor,
     for e in range(experts):
         for r0, r1 in row_chunks(rows, k):
             values = _values(blocks[e, r0:r1], scales[e, r0:r1], dev)
-            out[e, :, r0:r1].copy_(values.to(out_dtype).T)
+            out[e, :, r0:r1].copy_(round_exact(values, out_dtype).T)
     return out
 
 
 def _values(blocks: torch.Tensor, scales: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    """float32 ``[rows, G * 32]`` of ``blocks`` ``[rows, G, 16]`` and ``scales`` ``[rows, G]``."""
+    """The exact float64 values ``[rows, G * 32]`` of ``blocks`` ``[rows, G, 16]`` and ``scales`` ``[rows, G]``."""
     rows, groups = scales.shape
     if dev.type == "cpu":
         pairs = torch.from_numpy(np.take(_PAIRS, blocks.contiguous().numpy(), axis=0))

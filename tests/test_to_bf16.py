@@ -284,3 +284,35 @@ def test_to_bf16_names_a_weight_no_format_fits(tmp_path):
     assert "model.layers.0.mlp.experts.down_proj_blocks" in result.output
     assert "E8M0 block scale" in result.output and "expected" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_mxfp4_kernel_exact_for_every_byte_and_scale(dtype):
+    """Every byte (two e2m1 codes) under every finite E8M0 scale, against the float64 reference:
+    255 x 512 values per dtype, subnormal, overflowing (inf) and signed-zero results included.
+    Scale byte 255 is NaN (OCP MX v1.0)."""
+    from patcher.quant.mxfp4 import dequantize_mxfp4_gpt_oss
+
+    blocks = torch.arange(256, dtype=torch.uint8).reshape(1, 1, 16, 16).repeat(1, 255, 1, 1)
+    scales = torch.arange(255, dtype=torch.uint8).reshape(1, 255, 1).repeat(1, 1, 16)
+    got = dequantize_mxfp4_gpt_oss(blocks, scales, dtype)
+    assert got.shape == (1, 512, 255)
+    assert_bits_equal(got, ref.round_half_even(ref.mxfp4_gpt_oss(blocks, scales), dtype))
+    assert bool(torch.isinf(got).any()) and bool((got == 0).any())
+    nan = dequantize_mxfp4_gpt_oss(blocks[:, :1], torch.full((1, 1, 16), 255, dtype=torch.uint8))
+    assert bool(torch.isnan(nan).all())
+
+
+def test_mxfp4_blocks_count_as_quantized_for_the_consistency_warning(tmp_path):
+    """Removing gpt-oss' quantization_config while its experts stay MXFP4 is warned about."""
+    base = _gpt_oss_mxfp4(tmp_path / "gpt-oss")
+    recipe = write_recipe(tmp_path / "drop.yaml", """
+        - select: {glob: "*.router.bias"}
+          cast: fp32
+        """, extra="""
+        config:
+          config.json:
+            - drop: /quantization_config
+        """)
+    (warning,) = api.plan(recipe, base).warnings
+    assert "4 tensors are quantized" in warning and "_blocks" in warning

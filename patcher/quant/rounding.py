@@ -76,9 +76,11 @@ def round_to_odd_f32(values: torch.Tensor) -> torch.Tensor:
     near = values.to(torch.float32)
     back = near.to(torch.float64)
     bits = near.view(torch.int32)
-    # Inexact (NaN compares unequal to itself: excluded) and even last bit.
-    fix = (back != values) & (values == values) & ((bits & 1) == 0)
-    # One step of the bit pattern away from zero, or towards it; sign-magnitude bits.
-    away = values.abs() > back.abs()
-    step = torch.where(away, 1, -1).to(torch.int32)
-    return (bits + step * fix).view(torch.float32)
+    # Inexact with an even last bit. A NaN compares unequal and may move by one step: it stays
+    # a NaN (torch's conversions give quiet NaNs, whose significand is not 0 or 1).
+    fix = (back != values).logical_and_((bits & 1) == 0)
+    # One step away from zero where the input lies farther out than ``near``, else towards it
+    # (sign-magnitude bits: the step direction flips with the sign bit).
+    away = (values > back).logical_xor_(bits < 0)
+    step = away.to(torch.int32).mul_(2).sub_(1).mul_(fix)
+    return bits.add_(step).view(torch.float32)

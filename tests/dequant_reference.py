@@ -1,6 +1,6 @@
 """An independent dequantization reference for the to-bf16 tests: the exact product in float64
 (every product of these formats is exact there), then one round-half-to-even to the target
-format done with integers and powers of two, not with torch's dtype conversions.
+format done on integers (tests/exact_reference.py), not with torch's dtype conversions.
 
 Written from the formats' definitions (the producers' code cited in recipes/to-bf16.yaml), not
 from modelpatch's kernels.
@@ -8,32 +8,24 @@ from modelpatch's kernels.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
+from exact_reference import round_exact_product, round_exact_quotient
+
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-# (significant bits, smallest exponent of the quantum, largest finite value)
-_FORMATS = {torch.bfloat16: (8, -133, (2 - 2 ** -7) * 2.0 ** 127),
-            torch.float16: (11, -24, 65504.0),
-            torch.float32: (24, -149, (2 - 2 ** -23) * 2.0 ** 127)}
+_FORMAT = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
 
-def round_half_even(x: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
-    """float64 ``x`` rounded once, half to even, to ``dtype`` (inf past the largest finite value
-    plus half an ulp; NaN stays NaN)."""
-    bits, min_exp, largest = _FORMATS[dtype]
-    x = np.asarray(x, dtype=np.float64)
-    _, e = np.frexp(x)                                   # x = m * 2**e, 0.5 <= |m| < 1
-    quantum = np.ldexp(1.0, np.maximum(e - bits, min_exp))
-    y = np.rint(x / quantum) * quantum                   # x / quantum is exact; rint: half even
-    ulp_top = 2.0 ** (math.frexp(largest)[1] - bits)
-    y = np.where(np.abs(x) >= largest + ulp_top / 2, np.copysign(np.inf, x), y)
-    y = np.where(np.isnan(x), np.nan, y)
-    y = np.where(x == 0, x, y)                            # keeps the sign of zero
-    out = torch.from_numpy(y).to(dtype)                   # exactly representable: no rounding
-    assert torch.equal(out.double().isnan(), torch.from_numpy(np.isnan(y)))
+def rounded(values: np.ndarray, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """Exact float64 ``values`` rounded once, half to even, to ``dtype`` (integer rounding of
+    tests/exact_reference.py)."""
+    return _as(round_exact_product(np.asarray(values, dtype=np.float64), _FORMAT[dtype]), dtype)
+
+
+def _as(values: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.from_numpy(np.ascontiguousarray(values)).to(dtype)   # representable: exact
+    assert torch.equal(out.double().nan_to_num(), torch.from_numpy(values).nan_to_num())
     return out
 
 
@@ -66,11 +58,12 @@ def nvfp4_modelopt(packed, scale, scale_2) -> np.ndarray:
     return v * np.repeat(scale.double().numpy(), 16, axis=-1) * float(scale_2.double())
 
 
-def nvfp4_compressed_tensors(packed, scale, global_scale) -> np.ndarray:
-    """W = e2m1 * weight_scale / weight_global_scale: the float64 quotient (see
-    patcher/quant/rounding.py for why rounding it once more is still correct)."""
-    v = e2m1_values(packed, negative_zero=True)
-    return v * np.repeat(scale.double().numpy(), 16, axis=-1) / float(global_scale.double())
+def nvfp4_compressed_tensors(packed, scale, global_scale,
+                             dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """W = e2m1 * weight_scale / weight_global_scale, the exact quotient rounded once."""
+    num = e2m1_values(packed, negative_zero=True) * np.repeat(scale.double().numpy(), 16, -1)
+    den = np.full(num.shape, float(global_scale.double()))
+    return _as(round_exact_quotient(num, den, _FORMAT[dtype]), dtype)
 
 
 def mxfp4_gpt_oss(blocks, scales) -> np.ndarray:

@@ -55,7 +55,7 @@ def _reference(base: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         else:
             out[name] = t
             continue
-        out[name] = ref.round_half_even(values, torch.bfloat16)
+        out[name] = ref.rounded(values)
     return out
 
 

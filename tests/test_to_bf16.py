@@ -72,6 +72,11 @@ def _compressed_tensors_llama(preset: str, out: Path) -> Path:
             lo, hi = w.amin(), w.amax()
         elif args.strategy == "channel":
             lo, hi = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+        elif args.strategy == "block":
+            bh, bw = args.block_structure
+            padded = torch.nn.functional.pad(w, (0, -w.shape[1] % bw, 0, -w.shape[0] % bh))
+            blocks = padded.reshape(padded.shape[0] // bh, bh, padded.shape[1] // bw, bw)
+            lo, hi = blocks.amin((1, 3)), blocks.amax((1, 3))
         else:                                   # tensor_group (NVFP4): per 16, and global
             gs = generate_gparam(w.amin(), w.amax())
             groups = w.unflatten(-1, (-1, args.group_size))
@@ -125,20 +130,25 @@ def _check_exact(got: dict, expected: dict[str, np.ndarray | torch.Tensor]) -> N
         assert_bits_equal(got[name], want, name)
 
 
-@pytest.mark.parametrize("preset,scale_shape", [("FP8", [1]), ("FP8_DYNAMIC", None)])
-def test_compressed_tensors_fp8_to_bf16(preset, scale_shape, tmp_path):
+@pytest.mark.parametrize("preset", ["FP8", "FP8_DYNAMIC", "FP8_BLOCK"])
+def test_compressed_tensors_fp8_to_bf16(preset, tmp_path):
+    """FP8: per-tensor scale [1] and a static input_scale; FP8_DYNAMIC: per-channel [out, 1];
+    FP8_BLOCK: one scale per 128x128 block (one partial block in this tiny model)."""
     base = _compressed_tensors_llama(preset, tmp_path / "ct")
     stored = read_tensors(base)
     weights = [n for n, t in stored.items() if t.dtype == torch.float8_e4m3fn]
     assert len(weights) == 14
+    scale_shape = {"FP8": lambda rows: [1], "FP8_DYNAMIC": lambda rows: [rows, 1],
+                   "FP8_BLOCK": lambda rows: [1, 1]}[preset]
     for name in weights:
-        rows = stored[name].shape[0]
-        assert list(stored[name[:-6] + "weight_scale"].shape) == (scale_shape or [rows, 1])
+        assert list(stored[name[:-6] + "weight_scale"].shape) == scale_shape(stored[name].shape[0])
     assert any(n.endswith(".input_scale") for n in stored) == (preset == "FP8")
 
     out = _to_bf16(base, tmp_path)
     got = read_tensors(out)
-    _check_exact(got, {n: ref.fp8(stored[n], stored[n[:-6] + "weight_scale"]) for n in weights})
+    reference = ref.fp8_block if preset == "FP8_BLOCK" else ref.fp8
+    _check_exact(got, {n: reference(stored[n], stored[n[:-6] + "weight_scale"])
+                       for n in weights})
     assert not [n for n in got if "scale" in n]
     ours = _logits(_load_clean(out))
     theirs_model, _ = _load(base, quantization_config=_decompressing())

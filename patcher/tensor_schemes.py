@@ -138,11 +138,14 @@ class Fp8Block(QuantScheme):
             also = f" (or compressed-tensors' {ct_scale!r})" if ct_scale else ""
             raise CompanionError(f"missing block scale {scale!r}{also}")
         try:
-            _need(view, scale, ("F32", "BF16", "F16"), (expected,), "block scale")
+            _need(view, scale, ("F32", "BF16", "F16"), _block_scale_shapes(expected),
+                  "block scale")
         except CompanionError as exc:
-            if tuple(view[scale].shape) == expected:
+            if tuple(view[scale].shape) in _block_scale_shapes(expected):
                 raise
             bm, bn = self.block
+            if len(view[scale].shape) == 1 and min(expected) > 1:
+                exc = f"{exc} (a 1-D scale fits only one row or one column of blocks)"
             raise CompanionError(f"{exc} for {bm}x{bn} blocks ({self.origin}); if the weights "
                                  f"use another block size, set it in the recipe: "
                                  f"dequantize: {{scheme: fp8-block, block: [BM, BN]}}") from None
@@ -155,6 +158,15 @@ class Fp8Block(QuantScheme):
         scale = (f"{_stem(name, 'weight')}.weight_scale" if layout == "compressed-tensors"
                  else f"{name}_scale_inv")
         return [(name, "F8_E4M3", tuple(shape), "weight"), (scale, "F32", scale_shape, "scale")]
+
+
+def _block_scale_shapes(grid: tuple[int, int]) -> tuple[tuple[int, ...], ...]:
+    """The grid of block scales, and the grid with its size-1 dimensions squeezed out, which is
+    how transformers 5.x saves MoE expert scales (``[2]`` for a ``[256, 128]`` weight). Only a
+    grid with at most one dimension above 1 has a squeezed form: for any other, a 1-D scale
+    could not say the order of its values (``patcher.quant.fp8.shapes`` is the same rule)."""
+    squeezed = tuple(d for d in grid if d != 1)
+    return (grid,) if squeezed == grid else (grid, squeezed)
 
 
 class _Nvfp4(QuantScheme):

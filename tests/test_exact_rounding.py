@@ -7,8 +7,8 @@ Exhaustive where the space allows:
 * NVFP4 (ModelOpt and compressed-tensors): all 16 e2m1 codes x all 254 finite e4m3 group-scale
   bytes x a sweep of per-tensor scales: ModelOpt's ``amax / (6 * 448)`` (the "amax/2688"
   family that exposed the double rounding) and compressed-tensors' ``6 * 448 / amax`` for amax
-  over every bfloat16 significand at three exponents, plus powers of two, subnormal and huge
-  scales (overflow to inf);
+  over every bfloat16 significand in [1, 2), plus powers of two, subnormal and huge scales
+  (overflow to inf);
 * FP8 per tensor / per channel / per block: all 254 finite e4m3 bytes and all 248 finite e5m2
   bytes x float32 scales: ``amax / 448`` over every bfloat16 significand (a family that cannot
   hit a bfloat16 tie), 128 random ones and 128 built to hit a bfloat16 tie after a float32
@@ -16,7 +16,7 @@ Exhaustive where the space allows:
 
 plus random tensors with several row chunks and partial edge blocks. Every test runs on the CPU
 and, where there is one, on CUDA. A wider sweep (every bfloat16 amax significand at every
-exponent from 2^-20 to 2^20, ~2 minutes) runs only on request:
+exponent from 2^-30 to 2^30, a few minutes) runs only on request:
 ``MODELPATCH_WIDE_SWEEP=1 pytest -q tests/test_exact_rounding.py -k wide -s``.
 """
 
@@ -82,7 +82,7 @@ def ct_global_scale(amax: np.ndarray) -> np.ndarray:
     return np.float32(448 * 6) / _f32(amax)
 
 
-def per_tensor_sweep(exponents=(-9, 0, 7)) -> dict[str, np.ndarray]:
+def per_tensor_sweep(exponents=(0,)) -> dict[str, np.ndarray]:
     """Per-tensor scales for NVFP4 (float32), ModelOpt and compressed-tensors kinds."""
     extra = _f32([1.0, 2.0 ** -20, 2.0 ** 20, 1e-40, 3e-39, 1e30, 0.1, 1 / 3])
     amax = bf16_amaxes(exponents)
@@ -218,7 +218,7 @@ def test_nvfp4_sweep_holds_the_double_rounding_traps():
 @pytest.mark.parametrize("fmt", list(OUT))
 @pytest.mark.parametrize("kind", ["modelopt", "ct"])
 def test_nvfp4_exhaustive_wide_amax_sweep(kind, fmt):
-    scales = per_tensor_sweep(range(-20, 21))[kind]
+    scales = per_tensor_sweep(range(-30, 31))[kind]
     checked = _nvfp4_sweep(kind, fmt, "cpu", scales)
     print(f"\nEXACT slow nvfp4-{kind} {fmt}: {len(scales)} tensors, {checked} elements")
 
@@ -251,7 +251,7 @@ def _fp8_scale_sweeps() -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("layout", ["tensor", "channel", "block"])
 def test_fp8_exhaustive_bytes_and_scales(layout, fp8, fmt, device):
     """Rows = scales, columns = every finite byte: per channel in one call, per block with
-    one-row blocks, per tensor one call per scale."""
+    one-row blocks, per tensor one call per scale (every 8th scale)."""
     raw, decode, dtype = {"e4m3": (E4M3_BYTES, _decode_e4m3, torch.float8_e4m3fn),
                           "e5m2": (E5M2_BYTES, _decode_e5m2, torch.float8_e5m2)}[fp8]
     checked = tensors = 0
@@ -266,7 +266,9 @@ def test_fp8_exhaustive_bytes_and_scales(layout, fp8, fmt, device):
         elif layout == "block":
             ours = dequantize_fp8_block(weight, scales.reshape(-1, 1), OUT[fmt],
                                         block=(1, len(raw)), device=device)
-        else:
+        else:       # the per-channel code with one scale: every 8th scale is enough
+            weight, scales, ref = weight[::8], scales[::8], ref[::8]
+            n = len(scales)
             ours = torch.stack([dequantize_fp8_per_tensor(weight[i], scales[i], OUT[fmt],
                                                           device=device) for i in range(n)])
         checked += assert_matches(ours, ref, what)
@@ -289,11 +291,11 @@ def test_random_tensors_all_formats(fmt, device, small_chunks):
     gen = torch.Generator().manual_seed(11)
     checked = 0
     for amax in rng.uniform(0.01, 40, 2):
-        # NVFP4 [300, 512] with random codes and group scales
-        packed = torch.randint(0, 256, (300, 256), dtype=torch.uint8, generator=gen)
-        scale_b = rng.choice(E4M3_BYTES, (300, 32))
+        # NVFP4 [130, 256] with random codes and group scales
+        packed = torch.randint(0, 256, (130, 128), dtype=torch.uint8, generator=gen)
+        scale_b = rng.choice(E4M3_BYTES, (130, 16))
         scale = torch.from_numpy(scale_b).view(torch.float8_e4m3fn)
-        codes = np.stack([packed.numpy() & 15, packed.numpy() >> 4], -1).reshape(300, 512)
+        codes = np.stack([packed.numpy() & 15, packed.numpy() >> 4], -1).reshape(130, 256)
         pair = E2M1[codes] * np.repeat(_decode_e4m3(scale_b), 16, axis=1)
         s2 = modelopt_scale_2(np.array([amax]))[0]
         gs = ct_global_scale(np.array([amax]))[0]
@@ -305,12 +307,12 @@ def test_random_tensors_all_formats(fmt, device, small_chunks):
                                                 device=device),
             round_exact_quotient(pair, np.full(pair.shape, np.float64(gs)), fmt),
             "NVFP4 compressed-tensors random")
-        # block FP8 [300, 200] with partial edge blocks and float32 block scales
-        w_b = rng.choice(E4M3_BYTES, (300, 200))
-        s_inv = _f32(rng.uniform(0.5, 2, (3, 2)) * amax / 448)
-        full = np.repeat(np.repeat(s_inv.astype(np.float64), 128, 0), 128, 1)[:300, :200]
+        # block FP8 [200, 150] with partial edge blocks and float32 block scales
+        w_b = rng.choice(E4M3_BYTES, (200, 150))
+        s_inv = _f32(rng.uniform(0.5, 2, (2, 2)) * amax / 448)
+        full = np.repeat(np.repeat(s_inv.astype(np.float64), 128, 0), 128, 1)[:200, :150]
         checked += assert_matches(
             dequantize_fp8_block(torch.from_numpy(w_b).view(torch.float8_e4m3fn),
                                  torch.from_numpy(s_inv), OUT[fmt], device=device),
             round_exact_product(_decode_e4m3(w_b) * full, fmt), "FP8 block random")
-    assert checked == 2 * (2 * 300 * 512 + 300 * 200)
+    assert checked == 2 * (2 * 130 * 256 + 200 * 150)

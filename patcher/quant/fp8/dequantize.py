@@ -12,7 +12,8 @@ from ..chunks import row_chunks
 from ..kernel_args import check_out_dtype, scale_f64, torch_device
 from ..rounding import round_exact
 from .e4m3 import fp8_to_f64
-from .shapes import check_block, check_fp8_block_shapes, check_fp8_scale_shape
+from .shapes import (check_block, check_fp8_block_shapes, check_fp8_scale_shape,
+                     fp8_block_scale_shape)
 
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
@@ -76,7 +77,8 @@ def dequantize_fp8_block(weight_fp8: torch.Tensor, scale_inv: torch.Tensor,
     Args:
         weight_fp8: float8_e4m3fn weight ``[M, N]``.
         scale_inv: ``[ceil(M/bm), ceil(N/bn)]`` scales (float32 for DeepSeek-V3, the model
-            dtype for compressed-tensors ``FP8_BLOCK``).
+            dtype for compressed-tensors ``FP8_BLOCK``), or that grid with its size-1
+            dimensions squeezed out, as transformers 5.x saves MoE expert scales.
         out_dtype: bfloat16, float16 or float32.
         block: ``(bm, bn)``, from ``quantization_config.weight_block_size``.
         device: where the arithmetic runs. The result is on the CPU.
@@ -86,13 +88,14 @@ def dequantize_fp8_block(weight_fp8: torch.Tensor, scale_inv: torch.Tensor,
 
     Raises:
         ValueError: wrong weight dtype, a weight that is not 2-D, a scale that is not
-            ``(ceil(M/bm), ceil(N/bn))``, or a bad output dtype.
+            ``(ceil(M/bm), ceil(N/bn))`` or its squeezed form, or a bad output dtype.
     """
     check_out_dtype(out_dtype)
     _check_fp8_weight(weight_fp8)
     bm, bn = check_block(block)
     check_fp8_block_shapes(weight_fp8.shape, scale_inv.shape, (bm, bn))
     dev = torch_device(device)
+    scale_inv = scale_inv.reshape(fp8_block_scale_shape(weight_fp8.shape, (bm, bn)))
 
     m, n = weight_fp8.shape
     out = torch.empty((m, n), dtype=out_dtype)

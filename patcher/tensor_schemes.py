@@ -213,13 +213,13 @@ class Mxfp4GptOss(QuantScheme):
         if not name.endswith("_blocks") or name == "_blocks":
             raise NotThisScheme("expected a tensor name ending in '_blocks'")
         blocks = view[name]
-        if blocks.dtype != "U8" or len(blocks.shape) != 4:
-            raise NotThisScheme(f"is {blocks.dtype} {list(blocks.shape)}, expected U8 "
-                                f"[experts, rows, blocks, {MXFP4_BLOCK_BYTES}]")
-        experts, rows, groups, width = blocks.shape
-        if width != MXFP4_BLOCK_BYTES:
-            raise CompanionError(f"has shape {list(blocks.shape)}: an MXFP4 block is "
-                                 f"{MXFP4_BLOCK_BYTES} bytes (32 e2m1 codes), not {width}")
+        if blocks.dtype != "U8":
+            raise NotThisScheme(f"is {blocks.dtype}, expected U8 for this scheme")
+        if len(blocks.shape) != 4 or blocks.shape[-1] != MXFP4_BLOCK_BYTES:
+            raise CompanionError(f"has shape {list(blocks.shape)}, expected [experts, rows, "
+                                 f"blocks, {MXFP4_BLOCK_BYTES}] (gpt-oss MXFP4: 32 e2m1 codes "
+                                 f"per {MXFP4_BLOCK_BYTES}-byte block)")
+        experts, rows, groups, _ = blocks.shape
         stem = name[: -len("_blocks")]
         scales = f"{stem}_scales"
         _need(view, scales, ("U8", "F8_E8M0"), ((experts, rows, groups),), "E8M0 block scale")

@@ -327,3 +327,20 @@ def test_mxfp4_blocks_count_as_quantized_for_the_consistency_warning(tmp_path):
         """)
     (warning,) = api.plan(recipe, base).warnings
     assert "4 tensors are quantized" in warning and "_blocks" in warning
+
+
+def test_mxfp4_blocks_of_another_layout_are_named_with_the_expected_shape():
+    from patcher.tensor_schemes import CompanionError, find_scheme
+
+    class T:
+        def __init__(self, dtype, shape):
+            self.dtype, self.shape = dtype, shape
+
+    view = {"m.experts.down_proj_blocks": T("U8", (4, 64, 32)),
+            "m.experts.down_proj_scales": T("U8", (4, 64))}
+    with pytest.raises(CompanionError, match=r"mxfp4-gpt-oss: has shape \[4, 64, 32\], "
+                                             r"expected \[experts, rows, blocks, 16\]"):
+        find_scheme("m.experts.down_proj_blocks", view)
+    view["m.experts.down_proj_blocks"] = T("U8", (4, 64, 2, 16))
+    with pytest.raises(CompanionError, match=r"missing E8M0 block scale|has shape \[4, 64\]"):
+        find_scheme("m.experts.down_proj_blocks", view)

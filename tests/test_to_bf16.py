@@ -344,3 +344,17 @@ def test_mxfp4_blocks_of_another_layout_are_named_with_the_expected_shape():
     view["m.experts.down_proj_blocks"] = T("U8", (4, 64, 2, 16))
     with pytest.raises(CompanionError, match=r"missing E8M0 block scale|has shape \[4, 64\]"):
         find_scheme("m.experts.down_proj_blocks", view)
+
+
+def test_to_bf16_equals_nvfp4_to_bf16_on_the_multimodal_kimi_layout(kimi_dir, tmp_path):
+    """The Kimi-K2.5-NVFP4 look-alike (4 shards, text_config, vision tower, MoE, FP8 KV):
+    to-bf16 gives the same tensors as the dedicated recipe, and declares nothing anywhere."""
+    out = _to_bf16(kimi_dir, tmp_path)
+    ours = read_tensors(out)
+    theirs = read_tensors(api.apply("nvfp4-to-bf16", kimi_dir, out=tmp_path / "n").output)
+    assert sorted(ours) == sorted(theirs)
+    for name, t in ours.items():
+        assert_bits_equal(t, theirs[name], name)
+    config = json.loads((out / "config.json").read_text())
+    assert "quantization_config" not in config["text_config"]
+    assert not [n for n in ours if n.endswith(("_scale", "_scale_2", "k_bias", "v_bias"))]

@@ -99,7 +99,8 @@ def dequantize_mxfp4_gpt_oss(blocks: torch.Tensor, scales: torch.Tensor,
 
 
 def _values(blocks: torch.Tensor, scales: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    """The exact float64 values ``[rows, G * 32]`` of ``blocks`` ``[rows, G, 16]`` and ``scales`` ``[rows, G]``."""
+    """The exact float64 values ``[rows, G * 32]`` of ``blocks`` ``[rows, G, 16]`` and
+    ``scales`` ``[rows, G]``."""
     rows, groups = scales.shape
     if dev.type == "cpu":
         pairs = torch.from_numpy(np.take(_PAIRS, blocks.contiguous().numpy(), axis=0))

@@ -297,8 +297,10 @@ def test_to_bf16_names_a_weight_no_format_fits(tmp_path):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_mxfp4_kernel_exact_for_every_byte_and_scale(dtype):
+def test_mxfp4_kernel_exact_for_every_byte_and_scale(dtype, device):
     """Every byte (two e2m1 codes) under every finite E8M0 scale, against the float64 reference:
     255 x 512 values per dtype, subnormal, overflowing (inf) and signed-zero results included.
     Scale byte 255 is NaN (OCP MX v1.0)."""
@@ -306,11 +308,12 @@ def test_mxfp4_kernel_exact_for_every_byte_and_scale(dtype):
 
     blocks = torch.arange(256, dtype=torch.uint8).reshape(1, 1, 16, 16).repeat(1, 255, 1, 1)
     scales = torch.arange(255, dtype=torch.uint8).reshape(1, 255, 1).repeat(1, 1, 16)
-    got = dequantize_mxfp4_gpt_oss(blocks, scales, dtype)
+    got = dequantize_mxfp4_gpt_oss(blocks, scales, dtype, device=device)
     assert got.shape == (1, 512, 255)
     assert_bits_equal(got, ref.rounded(ref.mxfp4_gpt_oss(blocks, scales), dtype))
     assert bool(torch.isinf(got).any()) and bool((got == 0).any())
-    nan = dequantize_mxfp4_gpt_oss(blocks[:, :1], torch.full((1, 1, 16), 255, dtype=torch.uint8))
+    nan = dequantize_mxfp4_gpt_oss(blocks[:, :1], torch.full((1, 1, 16), 255, dtype=torch.uint8),
+                                   device=device)
     assert bool(torch.isnan(nan).all())
 
 

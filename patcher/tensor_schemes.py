@@ -138,8 +138,9 @@ class Fp8Block(QuantScheme):
             also = f" (or compressed-tensors' {ct_scale!r})" if ct_scale else ""
             raise CompanionError(f"missing block scale {scale!r}{also}")
         try:
-            _need(view, scale, ("F32", "BF16", "F16"), _block_scale_shapes(expected),
-                  "block scale")
+            accepted = _block_scale_shapes(expected)
+            shapes = accepted if tuple(view[scale].shape) in accepted else (expected,)
+            _need(view, scale, ("F32", "BF16", "F16"), shapes, "block scale")
         except CompanionError as exc:
             if tuple(view[scale].shape) in _block_scale_shapes(expected):
                 raise

@@ -1,7 +1,9 @@
-"""One correctly rounded conversion from float64 to the dequantizers' output dtypes.
+"""One correctly rounded conversion to the dequantizers' output dtypes.
 
-Every dequantizer computes its values exactly in float64 and rounds them once, here. Exact,
-because every stored operand is a short binary number and float64 holds 53 bits:
+Every dequantizer returns the exact value of its formula rounded once, half to even. The exact
+value is computed in float64 (``round_exact`` rounds it), or in float32 where that is provably
+enough (``round_via_f32``, below). Exact in float64, because every stored operand is a short
+binary number and float64 holds 53 bits:
 
 * FP8 e4m3 (4 significant bits) or e5m2 (3) times a float32 scale (24 bits): at most 28 bits;
   times a bfloat16 or float16 scale: at most 15 bits;
@@ -28,10 +30,20 @@ bfloat16 (8) and float16 (11) at every magnitude either can represent, subnormal
 Overflow follows round half to even too: a value at or above the largest finite value plus half
 an ulp becomes inf (the caller refuses that); a float64 inf or NaN stays inf or NaN.
 
+Speed: ``round_via_f32`` lets a kernel compute in float32 as before and pay for float64 only
+on the rare rows that need it. A float32 value that is the correctly rounded float32 of the exact
+value (one rounding) rounds correctly to bfloat16/float16 unless it lies exactly on a rounding
+boundary of the target (halfway between two of its values): the float32 rounding cannot move a
+value across a boundary, only onto it. Only rows holding such a value (for float16, also a value
+in its subnormal range, whose boundaries sit elsewhere) are recomputed in float64 and rounded by
+``round_exact``.
+
 Memory: a few temporaries the size of the input (callers pass row chunks).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -84,3 +96,40 @@ def round_to_odd_f32(values: torch.Tensor) -> torch.Tensor:
     away = (values > back).logical_xor_(bits < 0)
     step = away.to(torch.int32).mul_(2).sub_(1).mul_(fix)
     return bits.add_(step).view(torch.float32)
+
+
+def round_via_f32(nearest: torch.Tensor, dtype: torch.dtype,
+                  exact_rows: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Round ``[rows, n]`` float32 values once to ``dtype``, as ``round_exact`` would round the
+    exact values they approximate.
+
+    Args:
+        nearest: float32, each element the exact value rounded ONCE, half to even, to float32
+            (a product or quotient of operands that are exact in float32, computed in one
+            float32 operation).
+        dtype: bfloat16, float16 or float32.
+        exact_rows: given row indices (int64, on the device of ``nearest``), the float64 exact
+            values of those rows, ``[len(rows), n]``; called only for rows holding a float32
+            value on a rounding boundary of ``dtype`` (see the module docstring).
+
+    Returns:
+        ``[rows, n]`` in ``dtype``, on the device of ``nearest``.
+    """
+    if dtype == torch.float32:
+        return nearest
+    out = nearest.to(dtype)
+    rows = _on_boundary(nearest, dtype).any(dim=1).nonzero().flatten()
+    if rows.numel():
+        out[rows] = round_exact(exact_rows(rows), dtype)
+    return out
+
+
+def _on_boundary(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Where float32 ``x`` lies halfway between two ``dtype`` values (bfloat16 keeps the top 16
+    bits of a float32; float16 normals keep 10 of its 23 significand bits), or, for float16,
+    in its subnormal range (nonzero, below 2^-14), where the boundaries sit elsewhere."""
+    bits = x.view(torch.int32)
+    if dtype == torch.bfloat16:
+        return (bits & 0xFFFF) == 0x8000
+    magnitude = bits & 0x7FFFFFFF
+    return ((bits & 0x1FFF) == 0x1000) | ((magnitude < 0x38800000) & (magnitude != 0))

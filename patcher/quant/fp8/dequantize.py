@@ -1,8 +1,9 @@
 """FP8 dequantization: one scale per tensor or per output channel, or one per block.
 
-Each product ``fp8 * scale`` is computed exactly in float64 and rounded once, half to even, to
-the output dtype (``patcher.quant.rounding``), whatever the scale's dtype (float32 from ModelOpt
-and DeepSeek, bfloat16/float16 from compressed-tensors)."""
+Each product ``fp8 * scale`` is rounded once, half to even, to the output dtype, whatever the
+scale's dtype (float32 from ModelOpt and DeepSeek, bfloat16/float16 from compressed-tensors):
+computed in float32 (one rounding), and exactly in float64 for the rows where that float32 value
+could round wrongly again (``patcher.quant.rounding.round_via_f32``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 
 from ..chunks import row_chunks
 from ..kernel_args import check_out_dtype, scale_f64, torch_device
-from ..rounding import round_exact
-from .e4m3 import fp8_to_f64
+from ..rounding import round_via_f32
+from .e4m3 import fp8_decode
 from .shapes import (check_block, check_fp8_block_shapes, check_fp8_scale_shape,
                      fp8_block_scale_shape)
 
@@ -53,12 +54,18 @@ def dequantize_fp8_per_tensor(weight_fp8: torch.Tensor, scale: torch.Tensor,
     w2 = weight_fp8.reshape(-1, cols)
     out = torch.empty(shape, dtype=out_dtype)
     out2 = out.view(-1, cols)
-    s_all = scale_f64(scale.reshape(-1, 1), "FP8 scale", dev)
+    s64 = scale_f64(scale.reshape(-1, 1), "FP8 scale", dev)
+    s32 = s64.to(torch.float32)                         # exact: the scale was float32 or less
     for r0, r1 in row_chunks(w2.shape[0], cols):
-        s = s_all if kind == "tensor" else s_all[r0:r1]
-        y = fp8_to_f64(w2[r0:r1], dev)
-        y.mul_(s)
-        out2[r0:r1].copy_(round_exact(y, out_dtype))
+        w = w2[r0:r1]
+        s, s_exact = (s32, s64) if kind == "tensor" else (s32[r0:r1], s64[r0:r1])
+
+        def exact_rows(rows, w=w, s_exact=s_exact):
+            return fp8_decode(w[rows.to(w.device)], dev, torch.float64).mul_(
+                s_exact if kind == "tensor" else s_exact[rows])
+
+        y = fp8_decode(w, dev, torch.float32).mul_(s)
+        out2[r0:r1].copy_(round_via_f32(y, out_dtype, exact_rows))
     return out
 
 
@@ -99,11 +106,18 @@ def dequantize_fp8_block(weight_fp8: torch.Tensor, scale_inv: torch.Tensor,
 
     m, n = weight_fp8.shape
     out = torch.empty((m, n), dtype=out_dtype)
-    scale = scale_f64(scale_inv, "block scale", dev)
+    s64 = scale_f64(scale_inv, "block scale", dev)
+    s32 = s64.to(torch.float32)                         # exact: the scale was float32 or less
     for r0, r1 in row_chunks(m, n, align=bm):
-        y = fp8_to_f64(weight_fp8[r0:r1], dev)
-        _mul_by_block_scales_(y, scale[r0 // bm: (r1 + bm - 1) // bm], (bm, bn))
-        out[r0:r1].copy_(round_exact(y, out_dtype))
+        w = weight_fp8[r0:r1]
+
+        def exact_rows(rows, w=w, r0=r0):
+            s_rows = s64[(rows + r0) // bm].repeat_interleave(bn, dim=1)[:, :n]
+            return fp8_decode(w[rows.to(w.device)], dev, torch.float64).mul_(s_rows)
+
+        y = fp8_decode(w, dev, torch.float32)
+        _mul_by_block_scales_(y, s32[r0 // bm: (r1 + bm - 1) // bm], (bm, bn))
+        out[r0:r1].copy_(round_via_f32(y, out_dtype, exact_rows))
     return out
 
 

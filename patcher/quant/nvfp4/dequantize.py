@@ -1,19 +1,24 @@
 """NVFP4 dequantization, as ModelOpt and compressed-tensors each define it.
 
-Both compute in float64 and round once, half to even, to the output dtype
-(``patcher.quant.rounding``): ModelOpt's product is exact in float64, compressed-tensors'
-quotient is rounded to float64 first, which provably changes nothing (see that module)."""
+Both round the exact value once, half to even, to the output dtype: computed in float32 (the
+code times the group scale is exact there, the global scale adds one rounding), and in float64
+for the rows where that float32 value could round wrongly again
+(``patcher.quant.rounding.round_via_f32``). ModelOpt's product is exact in float64;
+compressed-tensors' quotient is rounded to float64 first, which provably changes nothing (see
+that module)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
 from ..chunks import row_chunks
 from ..kernel_args import check_out_dtype, scalar_f64, scale_f64, torch_device
-from ..rounding import round_exact
-from .e2m1 import E2M1_VALUES_CT_F64, E2M1_VALUES_F64, decode_packed
+from ..rounding import round_via_f32
+from .e2m1 import (E2M1_VALUES, E2M1_VALUES_CT, E2M1_VALUES_CT_F64, E2M1_VALUES_F64,
+                   decode_packed)
 from .shapes import NVFP4_GROUP_SIZE, check_nvfp4_shapes
 
 
@@ -69,20 +74,12 @@ def dequantize_nvfp4_modelopt(weight_u8: torch.Tensor, weight_scale_e4m3: torch.
     Raises:
         ValueError: wrong dtypes or shapes (the message gives expected and actual shapes).
     """
-    full, dev, k, groups, packed, scale = _operands(
+    full, dev, _, _, packed, scale = _operands(
         weight_u8, weight_scale_e4m3, weight_scale_2,
         ("weight", "weight_scale", "weight_scale_2"), out_dtype, device)
     s2 = scalar_f64(weight_scale_2, "weight_scale_2", dev)
-    lut = E2M1_VALUES_F64.to(dev)
-    out = torch.empty(full, dtype=out_dtype)
-    out2 = out.view(-1, k)
-    for r0, r1 in row_chunks(packed.shape[0], k):
-        v = decode_packed(packed[r0:r1].to(dev), lut)
-        s = scale_f64(scale[r0:r1], "weight_scale", dev)
-        v.view(r1 - r0, groups, NVFP4_GROUP_SIZE).mul_(s.unsqueeze(-1))
-        v.mul_(s2)
-        out2[r0:r1].copy_(round_exact(v, out_dtype))
-    return out
+    return _dequantize(packed, scale, full, dev, out_dtype, (E2M1_VALUES, E2M1_VALUES_F64),
+                       lambda v, s2=s2: v.mul_(s2.to(v.dtype)))
 
 
 def dequantize_nvfp4_compressed_tensors(weight_packed: torch.Tensor, weight_scale: torch.Tensor,
@@ -110,17 +107,38 @@ def dequantize_nvfp4_compressed_tensors(weight_packed: torch.Tensor, weight_scal
     Raises:
         ValueError: wrong dtypes or shapes (the message gives expected and actual shapes).
     """
-    full, dev, k, groups, packed, scale = _operands(
+    full, dev, _, _, packed, scale = _operands(
         weight_packed, weight_scale, weight_global_scale,
         ("weight_packed", "weight_scale", "weight_global_scale"), out_dtype, device)
     gs = scalar_f64(weight_global_scale, "weight_global_scale", dev)
-    lut = E2M1_VALUES_CT_F64.to(dev)
+    return _dequantize(packed, scale, full, dev, out_dtype, (E2M1_VALUES_CT, E2M1_VALUES_CT_F64),
+                       lambda v, gs=gs: v.div_(gs.to(v.dtype)))
+
+
+def _dequantize(packed: torch.Tensor, scale: torch.Tensor, full: tuple[int, ...],
+                dev: torch.device, out_dtype: torch.dtype,
+                luts: tuple[torch.Tensor, torch.Tensor],
+                apply_global: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``apply_global(LUT[code] * group scale)`` row chunk by row chunk: in float32 (the
+    product with the group scale exact, ``apply_global`` one rounding), and in float64 for the
+    rows ``round_via_f32`` asks for. ``luts``: the code table in float32 and float64."""
+    k = full[-1]
+    groups = k // NVFP4_GROUP_SIZE
     out = torch.empty(full, dtype=out_dtype)
     out2 = out.view(-1, k)
+
+    def values(p: torch.Tensor, s: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+        v = decode_packed(p.to(dev), lut.to(dev))
+        v.view(p.shape[0], groups, NVFP4_GROUP_SIZE).mul_(
+            scale_f64(s, "weight_scale", dev).to(lut.dtype).unsqueeze(-1))   # exact
+        return apply_global(v)
+
     for r0, r1 in row_chunks(packed.shape[0], k):
-        v = decode_packed(packed[r0:r1].to(dev), lut)
-        s = scale_f64(scale[r0:r1], "weight_scale", dev)
-        v.view(r1 - r0, groups, NVFP4_GROUP_SIZE).mul_(s.unsqueeze(-1))   # exact
-        v.div_(gs)                                                       # one float64 rounding
-        out2[r0:r1].copy_(round_exact(v, out_dtype))
+        p, s = packed[r0:r1], scale[r0:r1]
+
+        def exact_rows(rows, p=p, s=s):
+            rows = rows.to(p.device)
+            return values(p[rows], s[rows], luts[1])
+
+        out2[r0:r1].copy_(round_via_f32(values(p, s, luts[0]), out_dtype, exact_rows))
     return out

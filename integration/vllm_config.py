@@ -61,7 +61,7 @@ def _reason(exc: Exception) -> str:
     text = str(exc)
     if "Value error, " in text:
         text = text.split("Value error, ", 1)[1]
-    return f"{type(exc).__name__}: {text.splitlines()[0][:150]}"
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200]}"
 
 
 def apply_recipe(recipe: str, model: Path, out: Path) -> tuple[str, Path | None]:
@@ -83,7 +83,7 @@ def _show(view: dict | None) -> str:
     if view is None:
         return "-"
     if "error" in view:
-        return view["error"]
+        return view["error"].split(" [type=")[0]    # pydantic's trailer repeats the input
     kv = json.dumps(view["quant_kv"]) if isinstance(view["quant_kv"], dict) else view["quant_kv"]
     return f"{view['cache_dtype']} ({view['quantization'] or 'no quant'}, kv={kv})"
 

@@ -148,9 +148,10 @@ def test_manifest_is_in_toto_with_change_log_and_chained_provenance(kimi, tmp_pa
     manifest = read_manifest(v1)
     assert manifest.recipe["name"] == "sm120-fp16-kv"
     assert manifest.recipe["text"] == (RECIPE_DIR / "sm120-fp16-kv.yaml").read_text()
-    removed = {(c["file"], c["path"]) for c in manifest.changes if c["kind"] == "removed"}
-    assert removed == {("config.json", "/quantization_config/kv_cache_scheme"),
-                       ("hf_quant_config.json", "/quantization/kv_cache_quant_algo")}
+    nulled = {(c["file"], c["path"]) for c in manifest.changes
+              if c["kind"] == "set" and c["after"] is None}
+    assert nulled == {("config.json", "/quantization_config/kv_cache_scheme"),
+                      ("hf_quant_config.json", "/quantization/kv_cache_quant_algo")}
 
     v2 = tmp_path / "v2"
     api.apply("drop-kv-scales", v1, out=v2)

@@ -64,14 +64,15 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
 def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
           out: str | os.PathLike | None = None, force: bool = False, force_copy: bool = False,
           jobs: int | None = None, device: str = "cpu", max_shard_size: int | None = None,
-          progress: Progress | None = None) -> ApplyResult:
+          progress: Progress | None = None, allow_noop: bool = False) -> ApplyResult:
     """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``).
 
     ``max_shard_size`` (bytes) reshards the variant, overriding the recipe's
-    ``output.max_shard_size``."""
+    ``output.max_shard_size``. A plan that changes nothing raises ``NothingToChange`` (nothing is
+    written) unless ``allow_noop``."""
     from .engine import apply_plan, default_output
     from .locking import lock_directory
-    from .plan import plan as make_plan
+    from .plan import plan as make_plan, require_change
 
     loaded = load(recipe)
     _recovered(model)
@@ -82,6 +83,7 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
         options = {"force_copy": force_copy, "jobs": jobs, "device": device, "in_place": False,
                    "max_shard_size": max_shard_size}
         the_plan = make_plan(loaded, base, options=options)
+        require_change(the_plan, allow_noop)
         _log_warnings(the_plan)
         target = Path(out) if out is not None else default_output(base.root, loaded.name)
         return apply_plan(the_plan, base, target, force=force, force_copy=force_copy,
@@ -119,16 +121,18 @@ def recover(directory: str | os.PathLike) -> str | None:
 def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
                    jobs: int | None = None, device: str = "cpu",
                    max_shard_size: int | None = None,
-                   progress: Progress | None = None) -> ApplyResult:
-    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``)."""
+                   progress: Progress | None = None, allow_noop: bool = False) -> ApplyResult:
+    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``). A plan that changes nothing
+    raises ``NothingToChange`` unless ``allow_noop``."""
     from .inplace import apply_in_place as run
-    from .plan import plan as make_plan
+    from .plan import plan as make_plan, require_change
 
     loaded = load(recipe)
     base = _open(model)
     options = {"force_copy": False, "jobs": jobs, "device": device, "in_place": True,
                "max_shard_size": max_shard_size}
     the_plan = make_plan(loaded, base, options=options)
+    require_change(the_plan, allow_noop)
     _log_warnings(the_plan)
     return run(the_plan, base, jobs=jobs, progress=progress)
 

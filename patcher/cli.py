@@ -150,20 +150,34 @@ max_shard_size_option = click.option(
          "save_pretrained does; overrides the recipe's output.max_shard_size.")
 
 
+allow_noop_option = click.option(
+    "--allow-noop", is_flag=True,
+    help="Accept a plan that changes nothing (by default it fails with exit code 1).")
+
+
+def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
+    from .plan import require_change
+    from .render import render_plan
+
+    data = the_plan.to_json()
+    click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
+    require_change(the_plan, allow_noop)
+
+
 @main.command()
 @click.argument("recipe")
 @click.argument("model", type=click.Path(file_okay=False, path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable plan.")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
 @max_shard_size_option
-def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: int | None) -> None:
+@allow_noop_option
+def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: int | None,
+         allow_noop: bool) -> None:
     """Show what applying RECIPE to MODEL would do (same as apply --dry-run)."""
     from . import api
-    from .render import render_plan
 
     options = _plan_options(False, False, None, device, max_shard_size)
-    data = api.plan(recipe, model, options=options).to_json()
-    click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
+    _show_plan(api.plan(recipe, model, options=options), as_json, allow_noop)
 
 
 @main.command()
@@ -182,13 +196,13 @@ def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: in
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
 @max_shard_size_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@allow_noop_option
 @quiet_option
 @click.pass_context
 def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, device,
-          max_shard_size, as_json):
+          max_shard_size, as_json, allow_noop):
     """Apply RECIPE (a path or a built-in name) to MODEL and write a verified variant."""
     from . import api
-    from .render import render_plan
 
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")
@@ -200,18 +214,18 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, d
         model = str(resolved)
     if dry_run:
         options = _plan_options(in_place, force_copy, jobs, device, max_shard_size)
-        data = api.plan(recipe, model, options=options).to_json()
-        click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
+        _show_plan(api.plan(recipe, model, options=options), as_json, allow_noop)
         return
     progress, bars = _progress(ctx)
     try:
         if in_place:
             result = api.apply_in_place(recipe, model, jobs=jobs, device=device,
-                                        max_shard_size=max_shard_size, progress=progress)
+                                        max_shard_size=max_shard_size, progress=progress,
+                                        allow_noop=allow_noop)
         else:
             result = api.apply(recipe, model, out=out, force=force, force_copy=force_copy,
                                jobs=jobs, device=device, max_shard_size=max_shard_size,
-                               progress=progress)
+                               progress=progress, allow_noop=allow_noop)
     finally:
         for bar in bars:
             bar.close()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .config_ops import apply_config_ops
-from .errors import PlanError
+from .errors import NothingToChange, PlanError
 from .jsonfile import dump_json_document, load_json_document, unified_diff
 from .model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir
 from .recipe import Recipe, check_guards
@@ -121,6 +121,15 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None) -> Pla
                 warnings=tuple(warnings), options=options)
 
 
+def require_change(the_plan: Plan, allow_noop: bool) -> None:
+    """Refuse a plan that changes nothing (every file linked as it is), unless ``allow_noop``."""
+    if allow_noop or the_plan.changed:
+        return
+    raise NothingToChange(f"recipe {the_plan.recipe.name!r} changes nothing in "
+                          f"{the_plan.base}: the variant would equal the base",
+                          hint="allow_noop=True, or --allow-noop, accepts that")
+
+
 def _link(model: ModelDir, rel: str) -> FilePlan:
     size = model.files[rel].size
     return FilePlan(rel, Action.LINK, source=rel, size_before=size, size_after=size)
@@ -208,4 +217,4 @@ def _quantization_warnings(model: ModelDir, replaced: dict[str, FilePlan],
                                  changes)
 
 
-__all__ = ["Action", "FilePlan", "Plan", "plan", "INDEX_NAME"]
+__all__ = ["Action", "FilePlan", "Plan", "plan", "require_change", "INDEX_NAME"]

@@ -96,7 +96,7 @@ Condition = Union[Check, AnyOf, AllOf, Not]
 
 @dataclass(frozen=True)
 class DropOp:
-    """Remove ``path``. A missing path is skipped unless ``missing_ok`` is False."""
+    """Remove ``path``. A path missing from every scope is a PlanError unless ``missing_ok``."""
 
     path: str
     scopes: tuple[str, ...]
@@ -121,8 +121,8 @@ class SetOp:
 @dataclass(frozen=True)
 class RenameOp:
     """Move the value at ``path`` to ``to`` (a key renamed in the same object keeps its place).
-    The target must not exist and its parent must. A missing source is a PlanError unless
-    ``missing_ok``."""
+    The target must not exist and its parent must. A source missing from every scope is a PlanError
+    unless ``missing_ok``."""
 
     path: str
     to: str
@@ -135,7 +135,9 @@ class RenameOp:
 @dataclass(frozen=True)
 class PatchOp:
     """One RFC 6902 operation, applied through the ``jsonpatch`` library. ``value`` is meaningful
-    for add/replace/test, ``from_path`` for move/copy."""
+    for add/replace/test, ``from_path`` for move/copy. ``missing_ok`` (remove, replace, move,
+    copy): skip the scopes where the path the op reads (``from`` for move/copy) is missing, instead
+    of failing as RFC 6902 does."""
 
     op: str
     path: str
@@ -143,7 +145,13 @@ class PatchOp:
     from_path: str | None
     scopes: tuple[str, ...]
     loc: str
+    missing_ok: bool = False
     kind = "patch"
+    MISSING_OK_OPS = ("remove", "replace", "move", "copy")
+
+    def read_path(self) -> str:
+        """The pointer this op needs to exist (``from`` for move/copy)."""
+        return self.from_path if self.op in ("move", "copy") and self.from_path else self.path
 
     def as_json_patch(self, scope: str = "") -> dict[str, Any]:
         """The RFC 6902 operation object, pointers read inside ``scope``."""

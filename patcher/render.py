@@ -43,9 +43,13 @@ def render_inspect(report: dict) -> str:
     if sizes:
         lines.append(f"shards     {s['count']}  total {human_bytes(s['total_file_bytes'])}  "
                      f"min {human_bytes(min(sizes))}  max {human_bytes(max(sizes))}")
-    kv = report["kv_scales"]
+    kv = report["kv_cache_tensors"]
     dtypes = sorted({k["dtype"] for k in kv})
-    lines.append(f"kv scales  {len(kv)}" + (f" ({', '.join(dtypes)}), e.g. {kv[0]['name']}" if kv else ""))
+    kinds = ", ".join(f"{sum(k['kind'] == kind for k in kv)} {plural}"
+                      for kind, plural in (("scale", "scales"), ("bias", "biases"))
+                      if any(k["kind"] == kind for k in kv))
+    lines.append(f"kv cache   {len(kv)}" + (f" ({kinds}; {', '.join(dtypes)}), e.g. {kv[0]['name']}"
+                                           if kv else ""))
     idx = report["index"]
     health = "ok" if idx["healthy"] else "DEFECTS"
     lines.append(f"index      {'present' if idx['present'] else 'none'}, {idx['tensors']} tensors, "

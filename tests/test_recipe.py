@@ -72,7 +72,7 @@ config:
     - model_type: deepseek_v3
     - {op: test, path: /model_type, value: kimi_k25}
     - {op: move, from: /a, path: /b}
-    - {op: remove, path: /c}
+    - {op: remove, path: /c, missing_ok: true}
   sub/dir/hf_quant_config.json:
     - drop: /kv_cache_quant_algo
       missing_ok: false
@@ -118,7 +118,7 @@ def test_full_recipe_types_and_locations():
     assert isinstance(all_of, AllOf)
 
     ops = r.config["config.json"]
-    assert ops[0] == DropOp("/quantization_config/kv_cache_scheme", ("", "/text_config"), True,
+    assert ops[0] == DropOp("/quantization_config/kv_cache_scheme", ("", "/text_config"), False,
                             "recipe.yaml:16:7")
     assert ops[1] == SetOp("/foo/bar", 3, ("",), "recipe.yaml:18:7")
     assert ops[2] == RenameOp("/old_key", "/new_key", ("",), True, "recipe.yaml:20:7")
@@ -127,7 +127,8 @@ def test_full_recipe_types_and_locations():
     assert ops[4].path == "/model_type" and ops[4].label == "model_type"
     assert ops[5] == PatchOp("test", "/model_type", "kimi_k25", None, ("",), "recipe.yaml:25:7")
     assert ops[6].as_json_patch("/t") == {"op": "move", "from": "/t/a", "path": "/t/b"}
-    assert ops[7].as_json_patch() == {"op": "remove", "path": "/c"}
+    assert ops[7].as_json_patch() == {"op": "remove", "path": "/c"} and ops[7].missing_ok
+    assert not ops[6].missing_ok
     assert r.config["sub/dir/hf_quant_config.json"][0].missing_ok is False
     assert list(r.config) == ["config.json", "sub/dir/hf_quant_config.json"]
 
@@ -254,6 +255,9 @@ ERROR_CASES = [
     (HEAD + "config:\n  config.json:\n    - §set: /x\n", "'set' operation needs 'value'"),
     (HEAD + "config:\n  config.json:\n    - {drop: /x, missing_ok: §'no'}\n",
      "'missing_ok' must be true or false; got a string"),
+    (HEAD + "config:\n  config.json:\n    - {op: add, path: /x, value: 1, §missing_ok: true}\n",
+     "'add' takes no 'missing_ok' (only remove, replace, move, copy read a path that may be "
+     "missing)"),
     (HEAD + "config:\n  config.json:\n    - {model_type: §3}\n",
      "'model_type' must be a string; got an integer"),
     (HEAD + "config:\n  config.json:\n    - {architectures: §[]}\n",
@@ -681,6 +685,11 @@ KV = {"dynamic": False, "num_bits": 8, "type": "float"}
     {"config.json": {"text_config": {"quantization_config": {"kv_cache_scheme": KV}}}},
     {"hf_quant_config.json": {"quantization": {"kv_cache_quant_algo": "FP8"}}},
     {"hf_quant_config.json": {"kv_cache_quant_algo": "FP8"}},
+    {"hf_quant_config.json": {"quantization": {"kv_cache_scheme": KV}}},
+    {"config.json": {"quantization_config": {"kv_cache_quant_algo": "fp8"}}},
+    {"config.json": {"quantization_config": {"quantization": {"kv_cache_quant_algo": "FP8"}}}},
+    {"config.json": {"quantization_config": {"quantization": {"kv_cache_scheme": KV}}}},
+    {"config.json": {"text_config": {"quantization_config": {"kv_cache_quant_algo": "FP8"}}}},
 ])
 def test_sm120_guard_accepts_each_fp8_kv_declaration(files):
     recipe = load_recipe(resolve_recipe(SM120))
@@ -697,22 +706,25 @@ def test_sm120_guard_accepts_each_fp8_kv_declaration(files):
 def test_sm120_guard_refuses_models_without_an_fp8_kv_cache(files):
     recipe = load_recipe(resolve_recipe(SM120))
     [failure] = evaluate_guards(recipe, reader(files))
-    assert failure.endswith("the model declares no FP8 KV cache (no quantization_config."
-                            "kv_cache_scheme of 8-bit floats in config.json or its text_config, "
-                            "no kv_cache_quant_algo FP8 in hf_quant_config.json), so this recipe "
-                            "has nothing to do")
+    assert failure.endswith("the model declares no FP8 KV cache (no kv_cache_scheme of 8-bit "
+                            "floats or kv_cache_quant_algo FP8 in config.json's "
+                            "quantization_config, its text_config or hf_quant_config.json), so "
+                            "this recipe has nothing to do")
     assert failure.startswith(f"{resolve_recipe(SM120)}:")
 
 
-def test_sm120_recipe_is_config_only():
+def test_sm120_recipe_is_config_only_and_nulls_every_spelling():
     recipe = load_recipe(resolve_recipe(SM120))
     assert recipe.tensors == () and recipe.files == ()
     assert set(recipe.config) == {"config.json", "hf_quant_config.json"}
     assert [(op.path, op.scopes) for op in recipe.config["config.json"]] == [
-        ("/quantization_config/kv_cache_scheme", ("", "/text_config"))]
-    assert [op.path for op in recipe.config["hf_quant_config.json"]] == [
-        "/quantization/kv_cache_quant_algo", "/kv_cache_quant_algo"]
-    assert all(isinstance(op, DropOp) and op.missing_ok
+        (f"/quantization_config{inner}/{key}", ("", "/text_config"))
+        for inner in ("", "/quantization") for key in ("kv_cache_scheme", "kv_cache_quant_algo")]
+    assert [(op.path, op.scopes) for op in recipe.config["hf_quant_config.json"]] == [
+        ("/kv_cache_scheme", ("", "/quantization")),
+        ("/kv_cache_quant_algo", ("", "/quantization"))]
+    assert all(isinstance(op, PatchOp)
+               and (op.op, op.value, op.missing_ok) == ("replace", None, True)
                for ops in recipe.config.values() for op in ops)
 
 

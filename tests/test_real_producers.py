@@ -29,9 +29,6 @@ EXPORTS = ("llama-fp8", "llama-nvfp4", "llama-nvfp4-affine-kv", "deepseek-v3-nvf
 NVFP4_EXPORTS = EXPORTS[1:]
 QUANT_ONLY = ("weight_scale", "weight_scale_2", "input_scale", "k_scale", "v_scale", "k_bias",
               "v_bias")
-AFFINE_KV_OPEN = pytest.mark.xfail(
-    strict=True, reason="issue 12 part 4: the recipe leaves ModelOpt's affine-KV biases "
-                        "k_proj.k_bias / v_proj.v_bias (being fixed on another branch)")
 
 
 @pytest.fixture(autouse=True)
@@ -103,8 +100,7 @@ def test_to_bf16_on_modelopt_export_is_exact_and_loads_cleanly(export, tmp_path)
     assert torch.equal(_logits(model), _logits(_load(ref_dir)))
 
 
-@pytest.mark.parametrize("export", [
-    *NVFP4_EXPORTS[:1], pytest.param(NVFP4_EXPORTS[1], marks=AFFINE_KV_OPEN), NVFP4_EXPORTS[2]])
+@pytest.mark.parametrize("export", NVFP4_EXPORTS)
 def test_nvfp4_to_bf16_on_modelopt_export_equals_to_bf16(export, tmp_path):
     ours = read_tensors(api.apply("to-bf16", FIXTURES / export, out=tmp_path / "a").output)
     out = api.apply("nvfp4-to-bf16", FIXTURES / export, out=tmp_path / "b").output
@@ -133,8 +129,7 @@ def _declares_fp8_kv(directory: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("export", [
-    *EXPORTS[:2], pytest.param(EXPORTS[2], marks=AFFINE_KV_OPEN), EXPORTS[3]])
+@pytest.mark.parametrize("export", EXPORTS)
 def test_sm120_fp16_kv_then_drop_kv_scales_on_modelopt_export(export, tmp_path):
     base_dir = FIXTURES / export
     assert _declares_fp8_kv(base_dir)

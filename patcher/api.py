@@ -54,22 +54,35 @@ def inspect(model: str | os.PathLike) -> dict:
 
 
 def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
-         *, options: dict | None = None) -> Plan:
-    """The plan for applying ``recipe`` to ``model``; nothing is written."""
+         *, options: dict | None = None, out: str | os.PathLike | None = None) -> Plan:
+    """The plan for applying ``recipe`` to ``model``; nothing is written. Unless
+    ``options["in_place"]``, it predicts how the base's files will be carried into ``out``
+    (default: where ``apply`` would write) in ``options["link"]`` mode (default ``auto``)."""
+    from .engine import default_output
+    from .linking import predict_for_plan
     from .plan import plan as make_plan
 
-    return make_plan(load(recipe), _open(model), options=options)
+    loaded, base = load(recipe), _open(model)
+    the_plan = make_plan(loaded, base, options=options)
+    if the_plan.options.get("in_place"):
+        return the_plan
+    target = Path(out) if out is not None else default_output(base.root, loaded.name)
+    return predict_for_plan(the_plan, target, the_plan.options.get("link") or "auto")
 
 
 def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
-          out: str | os.PathLike | None = None, force: bool = False, force_copy: bool = False,
-          jobs: int | None = None, device: str = "cpu", max_shard_size: int | None = None,
+          out: str | os.PathLike | None = None, force: bool = False, link: str = "auto",
+          force_copy: bool = False, jobs: int | None = None, device: str = "cpu",
+          max_shard_size: int | None = None,
           progress: Progress | None = None) -> ApplyResult:
     """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``).
 
-    ``max_shard_size`` (bytes) reshards the variant, overriding the recipe's
-    ``output.max_shard_size``."""
+    ``link`` (``auto``, ``reflink``, ``hardlink``, ``copy``; ``force_copy=True`` is ``copy``)
+    says how the base's unchanged files are carried (``patcher.linking``); ``auto`` warns on
+    the log before copying more than ``linking.copy_warn_bytes()``. ``max_shard_size`` (bytes)
+    reshards the variant, overriding the recipe's ``output.max_shard_size``."""
     from .engine import apply_plan, default_output
+    from .linking import check_mode, predict_for_plan, warn_before_copying
     from .locking import lock_directory
     from .plan import plan as make_plan
 
@@ -79,13 +92,16 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
     # between planning and linking.
     with lock_directory(Path(model), exclusive=False):
         base = ModelDir.open(model)
-        options = {"force_copy": force_copy, "jobs": jobs, "device": device, "in_place": False,
+        link = check_mode("copy" if force_copy else link)
+        options = {"link": link, "jobs": jobs, "device": device, "in_place": False,
                    "max_shard_size": max_shard_size}
         the_plan = make_plan(loaded, base, options=options)
         _log_warnings(the_plan)
         target = Path(out) if out is not None else default_output(base.root, loaded.name)
-        return apply_plan(the_plan, base, target, force=force, force_copy=force_copy,
-                          jobs=jobs, progress=progress)
+        the_plan = predict_for_plan(the_plan, target, link)
+        warn_before_copying(the_plan.link)
+        return apply_plan(the_plan, base, target, force=force, link=link, jobs=jobs,
+                          progress=progress)
 
 
 def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool = False,
@@ -126,7 +142,7 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
 
     loaded = load(recipe)
     base = _open(model)
-    options = {"force_copy": False, "jobs": jobs, "device": device, "in_place": True,
+    options = {"jobs": jobs, "device": device, "in_place": True,
                "max_shard_size": max_shard_size}
     the_plan = make_plan(loaded, base, options=options)
     _log_warnings(the_plan)

@@ -122,10 +122,17 @@ def _progress(ctx: click.Context):
     return Progress(hashing=bar.update, writing=write_bar.update, hash_total=set_total), [bar, write_bar]
 
 
-def _plan_options(in_place: bool, force_copy: bool, jobs: int | None, device: str,
+def _plan_options(in_place: bool, link: str, jobs: int | None, device: str,
                   max_shard_size: int | None) -> dict:
-    return {"in_place": in_place, "force_copy": force_copy, "jobs": jobs, "device": device,
+    return {"in_place": in_place, "link": link, "jobs": jobs, "device": device,
             "max_shard_size": max_shard_size}
+
+
+link_option = click.option(
+    "--link", "link", type=click.Choice(["auto", "reflink", "hardlink", "copy"]), default=None,
+    help="How to carry the base's unchanged files: reflink, else hardlink (the variant's file "
+         "IS the base's), else copy (auto, the default); reflink or hardlink fail rather than "
+         "fall back; copy gives independent files.")
 
 
 class ShardSize(click.ParamType):
@@ -156,13 +163,17 @@ max_shard_size_option = click.option(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable plan.")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
 @max_shard_size_option
-def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: int | None) -> None:
+@click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
+              help="Where apply would write the variant (predicts linking vs copying there).")
+@link_option
+def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: int | None,
+         out: str | None, link: str | None) -> None:
     """Show what applying RECIPE to MODEL would do (same as apply --dry-run)."""
     from . import api
     from .render import render_plan
 
-    options = _plan_options(False, False, None, device, max_shard_size)
-    data = api.plan(recipe, model, options=options).to_json()
+    options = _plan_options(False, link or "auto", None, device, max_shard_size)
+    data = api.plan(recipe, model, options=options, out=out).to_json()
     click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
 
 
@@ -176,7 +187,8 @@ def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: in
 @click.option("--dry-run", is_flag=True, help="Print the plan and write nothing.")
 @click.option("--force", is_flag=True,
               help="Replace an existing output that is an earlier modelpatch variant.")
-@click.option("--copy", "force_copy", is_flag=True, help="Copy unchanged files instead of linking.")
+@click.option("--copy", "force_copy", is_flag=True, help="Same as --link copy.")
+@link_option
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Parallel hashing/rewrite workers (default: all cores).")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
@@ -184,7 +196,7 @@ def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: in
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 @quiet_option
 @click.pass_context
-def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, device,
+def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, jobs, device,
           max_shard_size, as_json):
     """Apply RECIPE (a path or a built-in name) to MODEL and write a verified variant."""
     from . import api
@@ -192,6 +204,9 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, d
 
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")
+    if force_copy and link not in (None, "copy"):
+        raise click.UsageError(f"--copy is --link copy; it excludes --link {link}")
+    link = "copy" if force_copy else link or "auto"
     if model.startswith(api.HF_SCHEME):
         resolved = api.resolve_model(model, progress=not ctx.obj.get("quiet"))
         if out is None and not in_place:       # never write beside a cache snapshot
@@ -199,8 +214,8 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, d
                   f"{api.load(recipe).name}"
         model = str(resolved)
     if dry_run:
-        options = _plan_options(in_place, force_copy, jobs, device, max_shard_size)
-        data = api.plan(recipe, model, options=options).to_json()
+        options = _plan_options(in_place, link, jobs, device, max_shard_size)
+        data = api.plan(recipe, model, options=options, out=out).to_json()
         click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
         return
     progress, bars = _progress(ctx)
@@ -209,7 +224,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, d
             result = api.apply_in_place(recipe, model, jobs=jobs, device=device,
                                         max_shard_size=max_shard_size, progress=progress)
         else:
-            result = api.apply(recipe, model, out=out, force=force, force_copy=force_copy,
+            result = api.apply(recipe, model, out=out, force=force, link=link,
                                jobs=jobs, device=device, max_shard_size=max_shard_size,
                                progress=progress)
     finally:
@@ -218,6 +233,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, d
     if as_json:
         _emit_json({"output": str(result.output), "manifest_sha256": result.manifest_sha256,
                     "files": result.files, "bytes_linked": result.bytes_linked,
+                    "bytes_copied": result.bytes_copied,
                     "bytes_written": result.bytes_written, "bytes_hashed": result.bytes_hashed,
                     "link_method": result.link_method})
     else:

@@ -42,9 +42,15 @@ class ApplyResult:
     manifest_sha256: str
     files: int
     bytes_linked: int
+    """Bytes of base files (unchanged, and originals kept for revert) that share storage with
+    the base: reflinked or hardlinked."""
     bytes_written: int
     bytes_hashed: int
     link_method: str | None
+    """How base files were carried: ``reflink``, ``hardlink``, ``copy`` or several joined by
+    ``/``; None when there was nothing to carry (or in place)."""
+    bytes_copied: int = 0
+    """Bytes of base files copied (``--link copy``, or another filesystem)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +74,7 @@ def default_output(model_root: Path, recipe_name: str) -> Path:
 
 
 def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
-               force_copy: bool = False, jobs: int | None = None,
+               link: str = "auto", jobs: int | None = None,
                progress: Progress | None = None) -> ApplyResult:
     """Write the variant described by ``plan`` to ``out``.
 
@@ -100,7 +106,7 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
             staging = make_staging_dir(out)
             try:
                 with _signals_raise_interrupt():
-                    result = _build(plan, model, staging, force_copy, jobs,
+                    result = _build(plan, model, staging, link, jobs,
                                     progress or Progress())
                     commit(staging, out)
             finally:
@@ -259,15 +265,15 @@ class PatchBuilder:
         return write_manifest(dest, statement)[0]
 
 
-def _build(plan: Plan, model: ModelDir, staging: Path, force_copy: bool, jobs: int | None,
+def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | None,
            progress: Progress) -> dict:
     """Lay out the whole variant in ``staging``."""
     builder = PatchBuilder(plan, model, jobs=jobs, progress=progress)
-    methods: set[str] = set()
+    carried = _Carrier(link)
     for fp in plan.by_action(Action.LINK):
         faults.point(f"file:{fp.path}")
-        methods.add(link_or_copy(model.files[fp.path].path, _prepare(staging, fp.path),
-                                 force_copy=force_copy, copy=builder.copier(fp.source)))
+        carried(model.files[fp.path].path, _prepare(staging, fp.path),
+                copy=builder.copier(fp.source))
     digests = builder.write_new_files(staging)
     base_digests = builder.base_digests()
     for fp in plan.by_action(Action.LINK):
@@ -276,12 +282,26 @@ def _build(plan: Plan, model: ModelDir, staging: Path, force_copy: bool, jobs: i
     subjects = {p: (d, (staging / p).stat().st_size) for p, d in digests.items()}
     manifest_sha = builder.write_manifest(staging, subjects, base_digests)
     record.manifest_sha256 = manifest_sha
-    _write_revert_data(record, model, staging, force_copy)
+    _write_revert_data(record, model, staging, carried)
     fsync_tree(staging)
+    copied = carried.bytes.get("copy", 0)
     return {"manifest_sha256": manifest_sha, "files": len(subjects),
-            "bytes_linked": plan.bytes_linked, "bytes_written": plan.bytes_written,
-            "bytes_hashed": builder.bytes_hashed,
-            "link_method": "/".join(sorted(methods)) or None}
+            "bytes_linked": sum(carried.bytes.values()) - copied, "bytes_copied": copied,
+            "bytes_written": plan.bytes_written, "bytes_hashed": builder.bytes_hashed,
+            "link_method": "/".join(sorted(carried.bytes)) or None}
+
+
+class _Carrier:
+    """``link_or_copy`` in one ``--link`` mode, counting the bytes carried by each method."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.bytes: dict[str, int] = {}
+
+    def __call__(self, src: Path, dst: Path, copy: Callable[[Path, Path], None] | None = None):
+        method = link_or_copy(src, dst, mode=self.mode, copy=copy)
+        size = os.stat(dst).st_size
+        self.bytes[method] = self.bytes.get(method, 0) + size
 
 
 def _prepare(staging: Path, rel: str) -> Path:
@@ -314,22 +334,21 @@ def _base_statement(model: ModelDir) -> dict | None:
 
 
 def _write_revert_data(record: PatchRecord, model: ModelDir, staging: Path,
-                       force_copy: bool) -> None:
+                       carry: _Carrier) -> None:
     """Carry the base's patch stack over; add this patch's record and links to the originals."""
     for old in patch_dirs(model.root):
-        _link_tree(old, staging / PATCHES_DIR / old.name, force_copy)
+        _link_tree(old, staging / PATCHES_DIR / old.name, carry)
     patch_dir = staging / PATCHES_DIR / record.dirname
     originals = patch_dir / "originals"
     for rel in record.replaced + ([MANIFEST_NAME] if record.base_manifest else []):
-        link_or_copy(model.files[rel].path, _prepare(originals, rel), force_copy=force_copy)
+        carry(model.files[rel].path, _prepare(originals, rel))
     write_file(_prepare(patch_dir, RECORD_NAME), encode_record(record))
 
 
-def _link_tree(src: Path, dst: Path, force_copy: bool) -> None:
+def _link_tree(src: Path, dst: Path, carry: _Carrier) -> None:
     for path in sorted(src.rglob("*")):
         if path.is_file():           # a symlinked original (in-place HF patch) links its blob
-            link_or_copy(path, _prepare(dst, path.relative_to(src).as_posix()),
-                         force_copy=force_copy)
+            carry(path, _prepare(dst, path.relative_to(src).as_posix()))
 
 
 def _now() -> str:

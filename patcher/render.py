@@ -96,12 +96,35 @@ def render_plan(plan_json: dict) -> str:
     counts: dict[str, int] = {}
     for f in plan_json["files"]:
         counts[f["action"]] = counts.get(f["action"], 0) + 1
-    b = plan_json["bytes"]
     lines.append("")
     lines.append("Plan: " + ", ".join(f"{n} {a}" for a, n in sorted(counts.items()))
-                 + f"; {human_bytes(b['linked'])} linked, {human_bytes(b['written'])} written.")
+                 + f"; {_carried_text(plan_json)}.")
+    lines += _link_lines(plan_json.get("link"))
     lines += [f"warning: {w}" for w in plan_json["warnings"]]
     return "\n".join(lines)
+
+
+_CARRIED = {"reflink": "reflinked", "hardlink": "hardlinked to the base", "copy": "copied"}
+
+
+def _carried_text(plan_json: dict) -> str:
+    """``2.00 KiB written, 1.10 GiB copied``: how much is written, and how the rest travels."""
+    b, link = plan_json["bytes"], plan_json.get("link")
+    written = f"{human_bytes(b['written'])} written"
+    if link is None:                                   # in place: the rest stays where it is
+        return f"{written}, {human_bytes(b['unchanged'])} unchanged"
+    carried = b["linked"] + b["copied"]
+    return f"{written}, {human_bytes(carried)} {_CARRIED[link['method']]}"
+
+
+def _link_lines(link: dict | None) -> list[str]:
+    if link is None:
+        return []
+    lines = [f"link: {link['method']} into {link['output']} ({link['reason']})"]
+    if link["method"] == "hardlink":
+        lines.append("note: a hardlinked file is the base's file: editing one edits both "
+                     "(--link copy, or a reflink filesystem, gives independent files)")
+    return lines
 
 
 TENSOR_KINDS = {"tensor_converted": ("~", "converted"), "tensor_renamed": (">", "renamed"),

@@ -105,7 +105,7 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
 
 
 def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool = False,
-           on_progress=None):
+           on_progress=None, on_total=None):
     """Rehash ``directory`` against its provenance manifest; returns a ``VerifyReport``."""
     from .locking import lock_directory
     from .verify import verify_dir
@@ -114,7 +114,8 @@ def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool 
     # Shared: verifies and out-of-place applies read together; an in-place apply or a revert
     # (exclusive) cannot change the files while they are hashed.
     with lock_directory(Path(directory), exclusive=False):
-        return verify_dir(Path(directory), jobs=jobs, fast=fast, on_progress=on_progress)
+        return verify_dir(Path(directory), jobs=jobs, fast=fast, on_progress=on_progress,
+                          on_total=on_total)
 
 
 def recover(directory: str | os.PathLike) -> str | None:

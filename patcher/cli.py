@@ -97,31 +97,6 @@ def inspect(model: str, as_json: bool) -> None:
         click.echo(render_inspect(report))
 
 
-def _bar(ctx: click.Context, desc: str):
-    """A tqdm byte counter on stderr (None when quiet). Returns (bar, update, set_total)."""
-    if ctx.obj.get("quiet"):
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=0, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                file=sys.stderr, leave=False, disable=None)
-
-
-def _progress(ctx: click.Context):
-    from .engine import Progress
-
-    bar = _bar(ctx, "hashing")
-    write_bar = _bar(ctx, "writing")
-    if bar is None:
-        return Progress(), []
-
-    def set_total(n: int) -> None:
-        bar.total = n
-        bar.refresh()
-
-    return Progress(hashing=bar.update, writing=write_bar.update, hash_total=set_total), [bar, write_bar]
-
-
 def _plan_options(in_place: bool, link: str, jobs: int | None, device: str,
                   max_shard_size: int | None) -> dict:
     return {"in_place": in_place, "link": link, "jobs": jobs, "device": device,
@@ -218,8 +193,10 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
         data = api.plan(recipe, model, options=options, out=out).to_json()
         click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
         return
-    progress, bars = _progress(ctx)
-    try:
+    from .progress import Meters
+
+    with Meters(bool(ctx.obj.get("quiet"))) as meters:
+        progress = meters.engine_progress()
         if in_place:
             result = api.apply_in_place(recipe, model, jobs=jobs, device=device,
                                         max_shard_size=max_shard_size, progress=progress)
@@ -227,9 +204,6 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
             result = api.apply(recipe, model, out=out, force=force, link=link,
                                jobs=jobs, device=device, max_shard_size=max_shard_size,
                                progress=progress)
-    finally:
-        for bar in bars:
-            bar.close()
     if as_json:
         _emit_json({"output": str(result.output), "manifest_sha256": result.manifest_sha256,
                     "files": result.files, "bytes_linked": result.bytes_linked,
@@ -255,13 +229,12 @@ def verify(ctx, directory, jobs, fast, as_json):
     from . import api
     from .render import render_verify
 
-    bar = _bar(ctx, "verifying")
-    try:
-        report = api.verify(directory, jobs=jobs, fast=fast,
-                            on_progress=bar.update if bar is not None else None)
-    finally:
-        if bar is not None:
-            bar.close()
+    from .progress import Meters
+
+    with Meters(bool(ctx.obj.get("quiet"))) as meters:
+        meter = meters.meter("verifying")
+        report = api.verify(directory, jobs=jobs, fast=fast, on_progress=meter.update,
+                            on_total=meter.set_total)
     data = report.as_dict()
     click.echo(json.dumps(data, indent=2) if as_json else render_verify(data))
     if not report.ok:

@@ -55,11 +55,15 @@ class ApplyResult:
 
 @dataclass(frozen=True)
 class Progress:
-    """Callbacks the CLI hooks progress bars to; all optional."""
+    """Callbacks the CLI hooks progress meters to (``patcher.progress``); all optional. Each
+    step reports bytes done, and its total before it starts."""
 
     hashing: Callable[[int], None] | None = None
     writing: Callable[[int], None] | None = None
     hash_total: Callable[[int], None] | None = None
+    copying: Callable[[int], None] | None = None
+    write_total: Callable[[int], None] | None = None
+    copy_total: Callable[[int], None] | None = None
 
 
 def default_output(model_root: Path, recipe_name: str) -> Path:
@@ -165,6 +169,8 @@ class PatchBuilder:
                 write_file(_prepare(dest, fp.path), fp.content)
                 digests[fp.path] = hashlib.sha256(fp.content).hexdigest()
         shards = [fp for fp in self.plan.files if fp.action is Action.REWRITE_SHARD]
+        if shards and self.progress.write_total:
+            self.progress.write_total(sum(fp.size_after or 0 for fp in shards))
         if shards:
             digests.update(self._rewrite_shards(shards, dest))
         for rel, digest in digests.items():
@@ -269,7 +275,9 @@ def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | No
            progress: Progress) -> dict:
     """Lay out the whole variant in ``staging``."""
     builder = PatchBuilder(plan, model, jobs=jobs, progress=progress)
-    carried = _Carrier(link)
+    carried = _Carrier(link, progress.copying)
+    if plan.link is not None and plan.link.method == "copy" and progress.copy_total:
+        progress.copy_total(plan.link.carried_bytes)
     for fp in plan.by_action(Action.LINK):
         faults.point(f"file:{fp.path}")
         carried(model.files[fp.path].path, _prepare(staging, fp.path),
@@ -294,14 +302,16 @@ def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | No
 class _Carrier:
     """``link_or_copy`` in one ``--link`` mode, counting the bytes carried by each method."""
 
-    def __init__(self, mode: str):
-        self.mode = mode
+    def __init__(self, mode: str, on_copy: Callable[[int], None] | None = None):
+        self.mode, self.on_copy = mode, on_copy
         self.bytes: dict[str, int] = {}
 
     def __call__(self, src: Path, dst: Path, copy: Callable[[Path, Path], None] | None = None):
         method = link_or_copy(src, dst, mode=self.mode, copy=copy)
         size = os.stat(dst).st_size
         self.bytes[method] = self.bytes.get(method, 0) + size
+        if method == "copy" and self.on_copy is not None:
+            self.on_copy(size)
 
 
 def _prepare(staging: Path, rel: str) -> Path:

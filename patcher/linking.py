@@ -120,8 +120,18 @@ def predict_for_plan(plan, output: Path, mode: str):
     base_file = Path(plan.base) / sample.source if sample is not None else None
     prediction = predict(base_file, output, mode)
     prediction = replace(prediction, unchanged_bytes=plan.bytes_unchanged,
-                         originals_bytes=sum(f.size_before or 0 for f in originals))
+                         originals_bytes=sum(f.size_before or 0 for f in originals)
+                         + _revert_data_bytes(Path(plan.base)))
     return replace(plan, link=prediction)
+
+
+def _revert_data_bytes(base: Path) -> int:
+    """The base's own manifest and patch stack, which a variant carries for revert."""
+    from .model_dir import MANIFEST_NAME
+    from .patch_record import patch_dirs
+
+    files = [base / MANIFEST_NAME] + [p for d in patch_dirs(base) for p in d.rglob("*")]
+    return sum(p.stat().st_size for p in files if p.is_file())
 
 
 def copy_warn_bytes() -> int:

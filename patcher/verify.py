@@ -199,7 +199,8 @@ def list_files(directory: str | os.PathLike) -> dict[str, os.stat_result | None]
 
 def verify_dir(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool = False,
                on_progress: Callable[[int], None] | None = None,
-               cache: DigestCache | None = None) -> VerifyReport:
+               cache: DigestCache | None = None,
+               on_total: Callable[[int], None] | None = None) -> VerifyReport:
     """Verify ``directory`` against its ``modelpatch.provenance.json``.
 
     Every present file whose size matches is rehashed in parallel (``jobs`` threads). With
@@ -213,6 +214,7 @@ def verify_dir(directory: str | os.PathLike, *, jobs: int | None = None, fast: b
         jobs: hashing threads (default: the CPUs available).
         fast: trust verified digest-cache rows.
         on_progress: called with byte counts as files are hashed (from worker threads).
+        on_total: called once, before hashing, with the bytes to hash.
         cache: the digest cache (default: the user's).
 
     Returns:
@@ -235,6 +237,8 @@ def verify_dir(directory: str | os.PathLike, *, jobs: int | None = None, fast: b
     cached = len(digests)
 
     faults.point("verify:hashing")
+    if on_total is not None:
+        on_total(sum(listing[p].st_size for p in to_hash))
     observed = time.time_ns()
     results = hash_files_stat([root / p for p in to_hash], jobs=jobs, on_progress=on_progress)
     for path in to_hash:

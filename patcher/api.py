@@ -73,9 +73,13 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
 def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
           out: str | os.PathLike | None = None, force: bool = False, link: str = "auto",
           force_copy: bool = False, jobs: int | None = None, device: str = "cpu",
-          max_shard_size: int | None = None,
-          progress: Progress | None = None) -> ApplyResult:
+          max_shard_size: int | None = None, progress: Progress | None = None,
+          base_model: str | None = None) -> ApplyResult:
     """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``).
+
+    ``base_model`` (``ORG/NAME``) is recorded in the manifest as the hub repository the base
+    is, for the model card; left out, it is read from the base where it says
+    (``patcher.base_identity``).
 
     ``link`` (``auto``, ``reflink``, ``hardlink``, ``copy``; ``force_copy=True`` is ``copy``)
     says how the base's unchanged files are carried (``patcher.linking``); ``auto`` warns on
@@ -87,6 +91,7 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
     from .plan import plan as make_plan
 
     loaded = load(recipe)
+    base_model = _checked_base_model(base_model)
     _recovered(model)
     # Plan under the base's shared lock, so an in-place patch or revert cannot change the base
     # between planning and linking.
@@ -101,7 +106,7 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
         the_plan = predict_for_plan(the_plan, target, link)
         warn_before_copying(the_plan.link)
         return apply_plan(the_plan, base, target, force=force, link=link, jobs=jobs,
-                          progress=progress)
+                          progress=progress, base_model=base_model)
 
 
 def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool = False,
@@ -136,18 +141,27 @@ def recover(directory: str | os.PathLike) -> str | None:
 def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
                    jobs: int | None = None, device: str = "cpu",
                    max_shard_size: int | None = None,
-                   progress: Progress | None = None) -> ApplyResult:
-    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``)."""
+                   progress: Progress | None = None,
+                   base_model: str | None = None) -> ApplyResult:
+    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model`` as for
+    ``apply``."""
     from .inplace import apply_in_place as run
     from .plan import plan as make_plan
 
     loaded = load(recipe)
+    base_model = _checked_base_model(base_model)
     base = _open(model)
     options = {"jobs": jobs, "device": device, "in_place": True,
                "max_shard_size": max_shard_size}
     the_plan = make_plan(loaded, base, options=options)
     _log_warnings(the_plan)
-    return run(the_plan, base, jobs=jobs, progress=progress)
+    return run(the_plan, base, jobs=jobs, progress=progress, base_model=base_model)
+
+
+def _checked_base_model(value: str | None) -> str | None:
+    from .base_identity import check_repo_id
+
+    return None if value is None else check_repo_id(value)
 
 
 def _log_warnings(plan: Plan) -> None:

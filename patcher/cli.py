@@ -103,6 +103,11 @@ def _plan_options(in_place: bool, link: str, jobs: int | None, device: str,
             "max_shard_size": max_shard_size}
 
 
+base_model_option = click.option(
+    "--base-model", default=None, metavar="ORG/NAME",
+    help="The hub repository the base model is, for the model card's base_model (read from a "
+         "Hugging Face cache path or the base's manifest when not given; never guessed).")
+
 link_option = click.option(
     "--link", "link", type=click.Choice(["auto", "reflink", "hardlink", "copy"]), default=None,
     help="How to carry the base's unchanged files: reflink, else hardlink (the variant's file "
@@ -169,10 +174,11 @@ def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: in
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
 @max_shard_size_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@base_model_option
 @quiet_option
 @click.pass_context
 def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, jobs, device,
-          max_shard_size, as_json):
+          max_shard_size, as_json, base_model):
     """Apply RECIPE (a path or a built-in name) to MODEL and write a verified variant."""
     from . import api
     from .render import render_plan
@@ -199,11 +205,12 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
         progress = meters.engine_progress()
         if in_place:
             result = api.apply_in_place(recipe, model, jobs=jobs, device=device,
-                                        max_shard_size=max_shard_size, progress=progress)
+                                        max_shard_size=max_shard_size, progress=progress,
+                                        base_model=base_model)
         else:
             result = api.apply(recipe, model, out=out, force=force, link=link,
                                jobs=jobs, device=device, max_shard_size=max_shard_size,
-                               progress=progress)
+                               progress=progress, base_model=base_model)
     if as_json:
         _emit_json({"output": str(result.output), "manifest_sha256": result.manifest_sha256,
                     "files": result.files, "bytes_linked": result.bytes_linked,
@@ -269,14 +276,15 @@ def revert(directory, out, all_patches, force, jobs, as_json):
 @click.option("--revision", default=None, help="Branch to commit to (created if needed).")
 @click.option("-m", "--message", default=None, help="Commit message.")
 @click.option("--json", "as_json", is_flag=True)
+@base_model_option
 @quiet_option
 @click.pass_context
-def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_json):
+def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_json, base_model):
     """Verify the variant DIRECTORY and upload it to REPO_ID in one commit."""
     from . import api
 
     r = api.publish(directory, repo_id, endpoint=endpoint, private=private, revision=revision,
-                    message=message, progress=not ctx.obj.get("quiet"))
+                    message=message, progress=not ctx.obj.get("quiet"), base_model=base_model)
     if as_json:
         _emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
                     "files": r.files})

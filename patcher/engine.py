@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 from . import faults
 from .digest_cache import KnownDigests
 from .errors import InputError, OperationFailed
+from .base_identity import identify
 from .fsops import link_or_copy, remove_tree, write_file
 from .locking import lock_directory, lock_new_path
 from .manifest import build_statement, read_manifest, write_manifest
@@ -79,7 +80,7 @@ def default_output(model_root: Path, recipe_name: str) -> Path:
 
 def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
                link: str = "auto", jobs: int | None = None,
-               progress: Progress | None = None) -> ApplyResult:
+               progress: Progress | None = None, base_model: str | None = None) -> ApplyResult:
     """Write the variant described by ``plan`` to ``out``.
 
     Raises:
@@ -111,7 +112,7 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
             try:
                 with _signals_raise_interrupt():
                     result = _build(plan, model, staging, link, jobs,
-                                    progress or Progress())
+                                    progress or Progress(), base_model)
                     commit(staging, out)
             finally:
                 remove_tree(staging)        # gone already after a successful commit
@@ -146,8 +147,10 @@ def _signals_raise_interrupt() -> Iterator[None]:
 class PatchBuilder:
     """The work both apply modes share: new files, digests, the patch record, the manifest."""
 
-    def __init__(self, plan: Plan, model: ModelDir, *, jobs: int | None, progress: Progress):
+    def __init__(self, plan: Plan, model: ModelDir, *, jobs: int | None, progress: Progress,
+                 base_model: str | None = None):
         self.plan, self.model, self.jobs, self.progress = plan, model, jobs, progress
+        self.base_model = base_model     # ORG/NAME given by the user, else identified
         self.known = KnownDigests()
         self.trusted = _base_manifest_digests(model)
         # base relpath -> sha256 of the bytes a rewrite read or a copy copied
@@ -261,20 +264,22 @@ class PatchBuilder:
                        base_digests: dict[str, str]) -> str:
         faults.point("manifest")
         model, plan = self.model, self.plan
+        base_statement = _base_statement(model)
+        base_model = self.base_model or identify(model.root, base_statement).repo_id
         statement = build_statement(
             subjects=subjects,
             base_files={p: (base_digests[p], model.files[p].size) for p in base_digests},
             recipe={"name": plan.recipe.name, "sha256": plan.recipe.sha256,
                     "text": plan.recipe.text},
             options=plan.options, changes=list(plan.changes), started=self.started,
-            finished=_now(), base_statement=_base_statement(model))
+            finished=_now(), base_statement=base_statement, base_model=base_model)
         return write_manifest(dest, statement)[0]
 
 
 def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | None,
-           progress: Progress) -> dict:
+           progress: Progress, base_model: str | None) -> dict:
     """Lay out the whole variant in ``staging``."""
-    builder = PatchBuilder(plan, model, jobs=jobs, progress=progress)
+    builder = PatchBuilder(plan, model, jobs=jobs, progress=progress, base_model=base_model)
     carried = _Carrier(link, progress.copying)
     if plan.link is not None and plan.link.method == "copy" and progress.copy_total:
         progress.copy_total(plan.link.carried_bytes)

@@ -24,6 +24,7 @@ from . import faults
 from .digest_cache import KnownDigests
 from .errors import InputError, OperationFailed
 from .base_identity import identify
+from .shared_inodes import remember_variant
 from .fsops import link_or_copy, remove_tree, write_file
 from .locking import lock_directory, lock_new_path
 from .manifest import build_statement, read_manifest, write_manifest
@@ -124,6 +125,8 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
         if exc.where is None:
             exc.where, exc.hint = str(out), exc.hint or untouched
         raise
+    if "hardlink" in (result["link_method"] or ""):
+        remember_variant(model.root, out)      # so that a verify of the base can name it
     return ApplyResult(output=out, **{k: v for k, v in result.items()})
 
 

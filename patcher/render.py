@@ -174,13 +174,22 @@ def _tensor_line(c: dict) -> str:
     return f"{name}  {before} -> {after}  ({c['how']})"
 
 
+def _shared_text(shared: list[str] | None) -> str:
+    """The hardlinks a modified file has: they are the same file and changed with it."""
+    if not shared:
+        return ""
+    return f"; shares its inode (hardlink) with {', '.join(shared)}: changed there too"
+
+
 def render_verify(report: dict) -> str:
     if report["ok"]:
         cached = f" ({report['cached_files']} from the digest cache)" if report["cached_files"] else ""
-        return f"OK  {report['checked']} files match the manifest{cached}"
+        against = report.get("against", "the manifest")
+        return f"OK  {report['checked']} files match {against}{cached}"
     lines = [f"MISMATCH  {len(report['modified'])} modified, {len(report['missing'])} missing, "
              f"{len(report['extra'])} extra"]
-    lines += [f"  modified  {m['path']}: {m['reason']}" for m in report["modified"]]
+    lines += [f"  modified  {m['path']}: {m['reason']}" + _shared_text(m.get("shared_with"))
+              for m in report["modified"]]
     lines += [f"  missing   {p}" for p in report["missing"]]
     lines += [f"  extra     {p}" for p in report["extra"]]
     lines += [f"  manifest  modelpatch.provenance.json: {p}"

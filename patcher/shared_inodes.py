@@ -4,8 +4,9 @@ file, so an edit of one is an edit of the other, and ``verify`` says where the t
 A variant knows its base (the path its patch records keep). A base does not know its variants,
 so modelpatch remembers them: every apply that hardlinked a file appends one line, ``{"base",
 "variant"}``, to ``variants.log`` beside the digest cache (``$MODELPATCH_CACHE_DIR``, else
-``~/.cache/modelpatch``). Directories beside the base named ``<base>-*`` (the default output)
-are looked at too, so variants written before that log existed are found when they sit there.
+``~/.cache/modelpatch``; up to 4 MiB, some 25,000 applies, then no more). Directories beside
+the base named ``<base>-*`` (the default output) are looked at too, so variants written before
+that log existed are found when they sit there.
 A path is reported only if it shares the inode now; a file whose other hardlinks lie elsewhere
 is reported with their count only.
 """
@@ -37,10 +38,8 @@ def remember_variant(base: Path, variant: Path) -> None:
         if path.exists() and path.stat().st_size > MAX_REGISTRY_BYTES:
             return
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, (line + "\n").encode("utf-8"))    # one append: whole lines
-        finally:
-            os.close(fd)
+        with open(fd, "ab", buffering=0) as f:        # one appending write: whole lines
+            f.write((line + "\n").encode("utf-8"))
     except (OSError, RuntimeError, KeyError):
         pass
 

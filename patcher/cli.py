@@ -97,35 +97,22 @@ def inspect(model: str, as_json: bool) -> None:
         click.echo(render_inspect(report))
 
 
-def _bar(ctx: click.Context, desc: str):
-    """A tqdm byte counter on stderr (None when quiet). Returns (bar, update, set_total)."""
-    if ctx.obj.get("quiet"):
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=0, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                file=sys.stderr, leave=False, disable=None)
-
-
-def _progress(ctx: click.Context):
-    from .engine import Progress
-
-    bar = _bar(ctx, "hashing")
-    write_bar = _bar(ctx, "writing")
-    if bar is None:
-        return Progress(), []
-
-    def set_total(n: int) -> None:
-        bar.total = n
-        bar.refresh()
-
-    return Progress(hashing=bar.update, writing=write_bar.update, hash_total=set_total), [bar, write_bar]
-
-
-def _plan_options(in_place: bool, force_copy: bool, jobs: int | None, device: str,
+def _plan_options(in_place: bool, link: str, jobs: int | None, device: str,
                   max_shard_size: int | None) -> dict:
-    return {"in_place": in_place, "force_copy": force_copy, "jobs": jobs, "device": device,
+    return {"in_place": in_place, "link": link, "jobs": jobs, "device": device,
             "max_shard_size": max_shard_size}
+
+
+base_model_option = click.option(
+    "--base-model", default=None, metavar="ORG/NAME",
+    help="The hub repository the base model is, for the model card's base_model (read from a "
+         "Hugging Face cache path or the base's manifest when not given; never guessed).")
+
+link_option = click.option(
+    "--link", "link", type=click.Choice(["auto", "reflink", "hardlink", "copy"]), default=None,
+    help="How to carry the base's unchanged files: reflink, else hardlink (the variant's file "
+         "IS the base's), else copy (auto, the default); reflink or hardlink fail rather than "
+         "fall back; copy gives independent files.")
 
 
 class ShardSize(click.ParamType):
@@ -171,13 +158,16 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
 @max_shard_size_option
 @allow_noop_option
+@click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
+              help="Where apply would write the variant (predicts linking vs copying there).")
+@link_option
 def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: int | None,
-         allow_noop: bool) -> None:
+         allow_noop: bool, out: str | None, link: str | None) -> None:
     """Show what applying RECIPE to MODEL would do (same as apply --dry-run)."""
     from . import api
 
-    options = _plan_options(False, False, None, device, max_shard_size)
-    _show_plan(api.plan(recipe, model, options=options), as_json, allow_noop)
+    options = _plan_options(False, link or "auto", None, device, max_shard_size)
+    _show_plan(api.plan(recipe, model, options=options, out=out), as_json, allow_noop)
 
 
 @main.command()
@@ -190,22 +180,27 @@ def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: in
 @click.option("--dry-run", is_flag=True, help="Print the plan and write nothing.")
 @click.option("--force", is_flag=True,
               help="Replace an existing output that is an earlier modelpatch variant.")
-@click.option("--copy", "force_copy", is_flag=True, help="Copy unchanged files instead of linking.")
+@click.option("--copy", "force_copy", is_flag=True, help="Same as --link copy.")
+@link_option
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Parallel hashing/rewrite workers (default: all cores).")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
 @max_shard_size_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 @allow_noop_option
+@base_model_option
 @quiet_option
 @click.pass_context
-def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, device,
-          max_shard_size, as_json, allow_noop):
+def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, jobs, device,
+          max_shard_size, as_json, allow_noop, base_model):
     """Apply RECIPE (a path or a built-in name) to MODEL and write a verified variant."""
     from . import api
 
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")
+    if force_copy and link not in (None, "copy"):
+        raise click.UsageError(f"--copy is --link copy; it excludes --link {link}")
+    link = "copy" if force_copy else link or "auto"
     if model.startswith(api.HF_SCHEME):
         resolved = api.resolve_model(model, progress=not ctx.obj.get("quiet"))
         if out is None and not in_place:       # never write beside a cache snapshot
@@ -213,25 +208,26 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, d
                   f"{api.load(recipe).name}"
         model = str(resolved)
     if dry_run:
-        options = _plan_options(in_place, force_copy, jobs, device, max_shard_size)
-        _show_plan(api.plan(recipe, model, options=options), as_json, allow_noop)
+        options = _plan_options(in_place, link, jobs, device, max_shard_size)
+        _show_plan(api.plan(recipe, model, options=options, out=out), as_json, allow_noop)
         return
-    progress, bars = _progress(ctx)
-    try:
+    from .progress import Meters
+
+    with Meters(bool(ctx.obj.get("quiet"))) as meters:
+        progress = meters.engine_progress()
         if in_place:
             result = api.apply_in_place(recipe, model, jobs=jobs, device=device,
                                         max_shard_size=max_shard_size, progress=progress,
-                                        allow_noop=allow_noop)
+                                        base_model=base_model, allow_noop=allow_noop)
         else:
-            result = api.apply(recipe, model, out=out, force=force, force_copy=force_copy,
+            result = api.apply(recipe, model, out=out, force=force, link=link,
                                jobs=jobs, device=device, max_shard_size=max_shard_size,
-                               progress=progress, allow_noop=allow_noop)
-    finally:
-        for bar in bars:
-            bar.close()
+                               progress=progress, base_model=base_model,
+                               allow_noop=allow_noop)
     if as_json:
         _emit_json({"output": str(result.output), "manifest_sha256": result.manifest_sha256,
                     "files": result.files, "bytes_linked": result.bytes_linked,
+                    "bytes_copied": result.bytes_copied,
                     "bytes_written": result.bytes_written, "bytes_hashed": result.bytes_hashed,
                     "link_method": result.link_method})
     else:
@@ -253,13 +249,12 @@ def verify(ctx, directory, jobs, fast, as_json):
     from . import api
     from .render import render_verify
 
-    bar = _bar(ctx, "verifying")
-    try:
-        report = api.verify(directory, jobs=jobs, fast=fast,
-                            on_progress=bar.update if bar is not None else None)
-    finally:
-        if bar is not None:
-            bar.close()
+    from .progress import Meters
+
+    with Meters(bool(ctx.obj.get("quiet"))) as meters:
+        meter = meters.meter("verifying")
+        report = api.verify(directory, jobs=jobs, fast=fast, on_progress=meter.update,
+                            on_total=meter.set_total)
     data = report.as_dict()
     click.echo(json.dumps(data, indent=2) if as_json else render_verify(data))
     if not report.ok:
@@ -294,14 +289,15 @@ def revert(directory, out, all_patches, force, jobs, as_json):
 @click.option("--revision", default=None, help="Branch to commit to (created if needed).")
 @click.option("-m", "--message", default=None, help="Commit message.")
 @click.option("--json", "as_json", is_flag=True)
+@base_model_option
 @quiet_option
 @click.pass_context
-def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_json):
+def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_json, base_model):
     """Verify the variant DIRECTORY and upload it to REPO_ID in one commit."""
     from . import api
 
     r = api.publish(directory, repo_id, endpoint=endpoint, private=private, revision=revision,
-                    message=message, progress=not ctx.obj.get("quiet"))
+                    message=message, progress=not ctx.obj.get("quiet"), base_model=base_model)
     if as_json:
         _emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
                     "files": r.files})

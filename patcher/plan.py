@@ -51,12 +51,15 @@ class Plan:
     changes: tuple[dict, ...]
     warnings: tuple[str, ...] = ()
     options: dict = field(default_factory=dict)
+    link: Any = None
+    """A ``linking.LinkPrediction`` for an out-of-place apply (``linking.predict_for_plan``)."""
 
     def by_action(self, action: Action) -> list[FilePlan]:
         return [f for f in self.files if f.action is action]
 
     @property
-    def bytes_linked(self) -> int:
+    def bytes_unchanged(self) -> int:
+        """Bytes of the base files the variant keeps unchanged (linked or copied)."""
         return sum(f.size_after or 0 for f in self.by_action(Action.LINK))
 
     @property
@@ -75,8 +78,19 @@ class Plan:
             "files": [_file_json(f) for f in self.files],
             "changes": list(self.changes),
             "warnings": list(self.warnings),
-            "bytes": {"linked": self.bytes_linked, "written": self.bytes_written},
+            "bytes": self._bytes_json(),
+            **({"link": self.link.to_json()} if self.link is not None else {}),
         }
+
+    def _bytes_json(self) -> dict:
+        """``unchanged``: the base files kept as they are; of those and of the originals kept
+        for revert, ``linked`` share storage with the base (reflink or hardlink) and ``copied``
+        are copied, as predicted for the output (an in-place patch neither links nor copies)."""
+        link = self.link
+        carried = link.carried_bytes if link is not None else 0
+        copied = carried if link is not None and link.method == "copy" else 0
+        return {"unchanged": self.bytes_unchanged, "linked": carried - copied, "copied": copied,
+                "written": self.bytes_written}
 
 
 def _file_json(f: FilePlan) -> dict:

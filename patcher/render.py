@@ -100,12 +100,35 @@ def render_plan(plan_json: dict) -> str:
     counts: dict[str, int] = {}
     for f in plan_json["files"]:
         counts[f["action"]] = counts.get(f["action"], 0) + 1
-    b = plan_json["bytes"]
     lines.append("")
     lines.append("Plan: " + ", ".join(f"{n} {a}" for a, n in sorted(counts.items()))
-                 + f"; {human_bytes(b['linked'])} linked, {human_bytes(b['written'])} written.")
+                 + f"; {_carried_text(plan_json)}.")
+    lines += _link_lines(plan_json.get("link"))
     lines += [f"warning: {w}" for w in plan_json["warnings"]]
     return "\n".join(lines)
+
+
+_CARRIED = {"reflink": "reflinked", "hardlink": "hardlinked to the base", "copy": "copied"}
+
+
+def _carried_text(plan_json: dict) -> str:
+    """``2.00 KiB written, 1.10 GiB copied``: how much is written, and how the rest travels."""
+    b, link = plan_json["bytes"], plan_json.get("link")
+    written = f"{human_bytes(b['written'])} written"
+    if link is None:                                   # in place: the rest stays where it is
+        return f"{written}, {human_bytes(b['unchanged'])} unchanged"
+    carried = b["linked"] + b["copied"]
+    return f"{written}, {human_bytes(carried)} {_CARRIED[link['method']]}"
+
+
+def _link_lines(link: dict | None) -> list[str]:
+    if link is None:
+        return []
+    lines = [f"link: {link['method']} into {link['output']} ({link['reason']})"]
+    if link["method"] == "hardlink":
+        lines.append("note: a hardlinked file is the base's file: editing one edits both "
+                     "(--link copy, or a reflink filesystem, gives independent files)")
+    return lines
 
 
 TENSOR_KINDS = {"tensor_converted": ("~", "converted"), "tensor_renamed": (">", "renamed"),
@@ -155,13 +178,22 @@ def _tensor_line(c: dict) -> str:
     return f"{name}  {before} -> {after}  ({c['how']})"
 
 
+def _shared_text(shared: list[str] | None) -> str:
+    """The hardlinks a modified file has: they are the same file and changed with it."""
+    if not shared:
+        return ""
+    return f"; shares its inode (hardlink) with {', '.join(shared)}: changed there too"
+
+
 def render_verify(report: dict) -> str:
     if report["ok"]:
         cached = f" ({report['cached_files']} from the digest cache)" if report["cached_files"] else ""
-        return f"OK  {report['checked']} files match the manifest{cached}"
+        against = report.get("against", "the manifest")
+        return f"OK  {report['checked']} files match {against}{cached}"
     lines = [f"MISMATCH  {len(report['modified'])} modified, {len(report['missing'])} missing, "
              f"{len(report['extra'])} extra"]
-    lines += [f"  modified  {m['path']}: {m['reason']}" for m in report["modified"]]
+    lines += [f"  modified  {m['path']}: {m['reason']}" + _shared_text(m.get("shared_with"))
+              for m in report["modified"]]
     lines += [f"  missing   {p}" for p in report["missing"]]
     lines += [f"  extra     {p}" for p in report["extra"]]
     lines += [f"  manifest  modelpatch.provenance.json: {p}"

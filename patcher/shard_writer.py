@@ -166,6 +166,8 @@ def write_shard(task: ShardTask, target: Path,
     with os.fdopen(fd, "wb", buffering=0) as raw:
         writer = HashingWriter(raw)
         writer.write(header)
+        if on_progress:
+            on_progress(len(header))
         writeback = _Writeback(fd)
         sources: dict[str, int] = {}
         cache: dict = {}

@@ -30,7 +30,7 @@ from ..fsops import remove_tree
 from ..manifest import read_manifest
 from ..model_dir import MANIFEST_NAME
 from ..patch_record import patch_dirs, read_record
-from .model_card import CARD_NAME, base_model_id, render_card
+from .model_card import CARD_NAME, render_card
 
 HF_HOSTS = ("huggingface.co", "hf.co")
 # The hub's README.md is the model card publish writes, not the variant's file. The variant's own
@@ -152,13 +152,19 @@ class PublishResult:
 
 def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None = None,
             private: bool = True, revision: str | None = None,
-            message: str | None = None, progress: bool = True) -> PublishResult:
+            message: str | None = None, progress: bool = True,
+            base_model: str | None = None) -> PublishResult:
     """Upload the variant at ``directory`` to ``repo_id`` in one commit (``progress=False``:
-    no progress bars)."""
+    no progress bars). The card's ``base_model`` is ``base_model`` if given, else what the
+    variant records or its base's path says (``patcher.base_identity``), else left out."""
+    from ..base_identity import check_repo_id
+
     from ..locking import lock_directory
     from ..verify import verify_dir
 
     check_endpoint(endpoint)                      # bad usage, before hashing the variant
+    if base_model is not None:
+        check_repo_id(base_model)
     root = Path(directory)
     with lock_directory(root, exclusive=False):   # no in-place patch between verify and upload
         report = verify_dir(root)
@@ -166,15 +172,16 @@ def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None 
             raise VerifyMismatch(f"refusing to publish a variant that does not verify: "
                                  f"{report.summary()}", where=root)
         with _progress_bars(progress):
-            return _upload(root, repo_id, endpoint, private, revision, message)
+            return _upload(root, repo_id, endpoint, private, revision, message, base_model)
 
 
 def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
-            revision: str | None, message: str | None) -> PublishResult:
+            revision: str | None, message: str | None, base_model: str | None) -> PublishResult:
     from huggingface_hub import CommitOperationAdd
 
     manifest = read_manifest(root)
     base = _base_name(root)
+    base_model = base_model or _identified_base_model(base, manifest)
     api = _client(endpoint)
     _hub_call("create_repo", repo_id, api.create_repo, repo_id, private=private, exist_ok=True)
     branch = revision or "main"
@@ -182,7 +189,7 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
         _hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
                   exist_ok=True)
     existing = _existing_card(root, api, repo_id, branch)
-    card = render_card(existing, manifest, base).encode("utf-8")
+    card = render_card(existing, manifest, base_model, base).encode("utf-8")
     ops = [CommitOperationAdd(path_in_repo=ORIGINAL_README if rel == CARD_NAME else rel,
                               path_or_fileobj=str(root / rel))
            for rel in sorted(manifest.subjects)]
@@ -193,13 +200,30 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
     info = _hub_call("create_commit", repo_id, api.create_commit, repo_id, operations=ops,
                      revision=branch,
                      commit_message=message or f"modelpatch: {recipe} applied to "
-                                               f"{base_model_id(base)}")
+                                               f"{base_model or _label(base)}")
     return PublishResult(repo_id=repo_id, revision=branch, commit=info.oid, files=len(ops))
 
 
+def _identified_base_model(base: str, manifest) -> str | None:
+    """The hub repository the variant's original base is, from its manifest or its path; None,
+    with a warning saying how to set it, when neither tells."""
+    import logging
+
+    from ..base_identity import identify
+
+    identity = identify(base, manifest.statement)
+    if identity.repo_id is None:
+        logging.getLogger("modelpatch").warning("warning: %s", identity.hint(_label(base)))
+    return identity.repo_id
+
+
+def _label(base: str) -> str:
+    """The base directory's name, to name it in messages (never as a hub repository)."""
+    return base.rstrip("/").rsplit("/", 1)[-1]
+
+
 def _base_name(root: Path) -> str:
-    """Where the original base (the first patch's) was; ``base_model_id`` turns it into a hub
-    repo id for a Hugging Face cache snapshot, else into its directory name."""
+    """Where the original base (the first patch's) was."""
     dirs = patch_dirs(root)
     if dirs:
         base_path = read_record(dirs[0]).base_path

@@ -1,7 +1,8 @@
 """The model card (README.md) of a published variant.
 
-An existing card's text and metadata are kept. The metadata gains ``base_model``, the
-``modelpatch`` tag and the recipe name; the body gains (or has replaced) one section between
+An existing card's text and metadata are kept. The metadata gains ``base_model`` (when the
+base's hub repository is known: ``patcher.base_identity``; otherwise any ``base_model`` there is
+removed, as it would name another model), the ``modelpatch`` tag and the recipe name; the body gains (or has replaced) one section between
 markers that lists what the patch changed. Parsing and rendering go through huggingface_hub's
 ``ModelCard``, so the front matter stays what the Hub expects.
 """
@@ -15,15 +16,6 @@ from ..manifest import CHANGES_BYPRODUCT, Manifest
 CARD_NAME = "README.md"
 BEGIN, END = "<!-- modelpatch:begin -->", "<!-- modelpatch:end -->"
 _SECTION = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
-_CACHE_REPO = re.compile(r"(?:^|/)(?:models|datasets|spaces)--([^/]+?)--([^/]+)/snapshots/")
-
-
-def base_model_id(base: str) -> str:
-    """``org/name`` for a base inside a Hugging Face cache, else the directory's name."""
-    match = _CACHE_REPO.search(base)
-    return f"{match.group(1)}/{match.group(2)}" if match else base.rstrip("/").rsplit("/", 1)[-1]
-
-
 def recipe_chain(manifest: Manifest) -> list[tuple[dict, list[dict]]]:
     """(recipe, changes) of every patch behind ``manifest``, oldest first: stacked patches and
     variants of variants embed their base's statement, down to the original model."""
@@ -61,13 +53,16 @@ def change_lines(changes: list[dict], limit: int = 40) -> list[str]:
     return lines
 
 
-def render_card(existing: str | None, manifest: Manifest, base: str) -> str:
+def render_card(existing: str | None, manifest: Manifest, base_model: str | None,
+                base: str) -> str:
+    """The card for a variant of ``base`` (its path: named in the text when ``base_model``, the
+    hub repository ``ORG/NAME``, is None)."""
     from huggingface_hub import ModelCard
 
-    card = ModelCard(existing or f"---\nbase_model: {base_model_id(base)}\n---\n")
+    card = ModelCard(existing or "---\ntags:\n- modelpatch\n---\n")
     chain = recipe_chain(manifest)
     data = card.data
-    data.base_model = base_model_id(base)
+    data.base_model = base_model
     tags = list(data.tags or [])
     for tag in ["modelpatch", *(f"modelpatch-recipe:{r['name']}" for r, _ in chain)]:
         if tag not in tags:
@@ -80,7 +75,7 @@ def render_card(existing: str | None, manifest: Manifest, base: str) -> str:
         BEGIN,
         "## Patched with modelpatch",
         "",
-        f"This is `{data.base_model}` with the modelpatch "
+        f"This is {_base_text(base_model, base)} with the modelpatch "
         f"{'recipe' if len(chain) == 1 else 'recipes'} "
         + ", then ".join(f"`{r['name']}` (sha256 `{r['sha256'][:16]}...`)" for r, _ in chain)
         + " applied. Every file is listed with its sha256 in `modelpatch.provenance.json`; "
@@ -95,6 +90,12 @@ def render_card(existing: str | None, manifest: Manifest, base: str) -> str:
         "\n\n" if body.strip() else "") + section
     card.text = body
     return str(card)
+
+
+def _base_text(base_model: str | None, base: str) -> str:
+    if base_model:
+        return f"`{base_model}`"
+    return f"the model from `{base.rstrip('/').rsplit('/', 1)[-1]}` (hub repository not recorded)"
 
 
 def _changes_section(chain: list[tuple[dict, list[dict]]]) -> list[str]:

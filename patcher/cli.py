@@ -188,21 +188,24 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, d
           max_shard_size, as_json):
     """Apply RECIPE (a path or a built-in name) to MODEL and write a verified variant."""
     from . import api
-    from .render import render_plan
+    from .render import recipe_source, render_plan
 
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")
+    recipe = api.load(recipe)
     if model.startswith(api.HF_SCHEME):
         resolved = api.resolve_model(model, progress=not ctx.obj.get("quiet"))
         if out is None and not in_place:       # never write beside a cache snapshot
             out = f"{model[len(api.HF_SCHEME):].split('@')[0].split('/')[-1]}-" \
-                  f"{api.load(recipe).name}"
+                  f"{recipe.name}"
         model = str(resolved)
     if dry_run:
         options = _plan_options(in_place, force_copy, jobs, device, max_shard_size)
         data = api.plan(recipe, model, options=options).to_json()
         click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
         return
+    if not ctx.obj.get("quiet") and sys.stderr.isatty():   # like the progress bars
+        click.echo(recipe_source(recipe.identity()), err=True)
     progress, bars = _progress(ctx)
     try:
         if in_place:
@@ -216,7 +219,8 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, d
         for bar in bars:
             bar.close()
     if as_json:
-        _emit_json({"output": str(result.output), "manifest_sha256": result.manifest_sha256,
+        _emit_json({"output": str(result.output), "recipe": recipe.identity(),
+                    "manifest_sha256": result.manifest_sha256,
                     "files": result.files, "bytes_linked": result.bytes_linked,
                     "bytes_written": result.bytes_written, "bytes_hashed": result.bytes_hashed,
                     "link_method": result.link_method})
@@ -230,7 +234,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, d
               help="Parallel hashing workers (default: all cores).")
 @click.option("--fast", is_flag=True,
               help="Trust digests modelpatch cached after a full verification of the same "
-                   "unchanged files (device, inode, size, mtime).")
+                   "unchanged files (device, inode, size, mtime, ctime).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 @quiet_option
 @click.pass_context

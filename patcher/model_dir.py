@@ -37,7 +37,8 @@ _SHARD_NAME = re.compile(r"(?P<stem>.+)-(?P<number>\d{5,})-of-(?P<count>\d{5,})\
 
 def is_model_path(relpath: str) -> bool:
     """Whether ``relpath`` (POSIX, relative to the model root) can belong to the model: not the
-    manifest, nothing under ``SKIPPED_DIRS``. Listing, verify, revert and publish all use it."""
+    manifest, nothing under ``SKIPPED_DIRS``. Verify, manifests, revert and publish use it; the
+    model listing skips the same directories (and keeps the manifest, as provenance)."""
     return relpath != MANIFEST_NAME and relpath.split("/", 1)[0] not in SKIPPED_DIRS
 
 

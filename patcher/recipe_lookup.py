@@ -31,14 +31,15 @@ def is_builtin_name(text: str) -> bool:
 
 
 def resolve_recipe(name_or_path: str | os.PathLike) -> Path:
-    """The recipe file for a built-in recipe name or a path (see ``is_builtin_name``).
+    """The recipe file for a built-in recipe name or a path (see ``is_builtin_name``; a
+    ``pathlib.Path`` is always a path).
 
     Raises:
         InputError: no such built-in recipe, or no such file; the message lists the built-ins.
     """
     text = os.fspath(name_or_path)
     names = builtin_recipe_names()
-    if is_builtin_name(text):
+    if is_builtin_name(text) and not isinstance(name_or_path, os.PathLike):
         if text in names:
             return next(builtin_recipe_dir() / (text + suffix) for suffix in (".yaml", ".yml")
                         if (builtin_recipe_dir() / (text + suffix)).is_file())

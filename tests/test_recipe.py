@@ -676,6 +676,7 @@ def test_a_file_in_the_current_directory_never_shadows_a_built_in(tmp_path, monk
     assert resolve_recipe("./sm120-fp16-kv") == Path("sm120-fp16-kv")
     with pytest.raises(InputError, match="write ./my-fix"):
         resolve_recipe("my-fix")
+    assert resolve_recipe(Path("my-fix")) == Path("my-fix")     # a Path is always a path
 
 
 def test_plan_and_apply_name_the_recipe_file_and_its_digest(tmp_path):

@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from fault_helpers import tree_state
+from hub_fixtures import hub  # noqa: F401
 from fs_snapshot import cli
 from test_hostile_inputs import Untouched, invoke, make_model, write_recipe
 from test_model_dir import entry, st_bytes
@@ -112,6 +113,19 @@ def test_git_clone_and_hf_local_dir_patch_verify_and_revert_in_place(tmp_path):
     _ok(CliRunner().invoke(main, ["verify", str(model)]))
     _ok(CliRunner().invoke(main, ["revert", str(model)]))
     assert tree_state(model) == before
+
+
+def test_git_clone_patched_in_place_publishes_without_its_git_dir(hub, tmp_path,  # noqa: F811
+                                                                 monkeypatch):
+    model = _git_clone_like(tmp_path / "m")
+    _ok(CliRunner().invoke(main, ["apply", "sm120-fp16-kv", str(model), "--in-place"]))
+    monkeypatch.setenv("HF_TOKEN", "write-alice")
+    _ok(CliRunner().invoke(main, ["publish", str(model), "alice/m", "--endpoint", hub.endpoint]))
+    pulled = tmp_path / "pulled"
+    _ok(CliRunner().invoke(main, ["pull", "alice/m", "-o", str(pulled), "--endpoint",
+                                  hub.endpoint]))
+    assert not (pulled / ".git").exists() and not (pulled / ".cache").exists()
+    assert (pulled / ".gitattributes").exists()
 
 
 def test_git_file_of_a_worktree_is_not_a_model_file(tmp_path):

@@ -48,7 +48,6 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -142,7 +141,7 @@ class Journal:
 
 
 def _write_owner(root: Path) -> dict:
-    token = secrets.token_hex(16)
+    token = os.urandom(16).hex()
     path = root / OWNER_NAME
     remove_tree(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)

@@ -44,7 +44,7 @@ def load(recipe: str | os.PathLike | Recipe) -> Recipe:
     """A recipe from a path, a built-in name, or an already loaded ``Recipe``."""
     from .recipe import Recipe, load_recipe, resolve_recipe
 
-    return recipe if isinstance(recipe, Recipe) else load_recipe(resolve_recipe(str(recipe)))
+    return recipe if isinstance(recipe, Recipe) else load_recipe(resolve_recipe(recipe))
 
 
 def inspect(model: str | os.PathLike) -> dict:

@@ -195,22 +195,26 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
           max_shard_size, as_json, allow_noop, base_model):
     """Apply RECIPE (a path or a built-in name) to MODEL and write a verified variant."""
     from . import api
+    from .render import recipe_source
 
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")
     if force_copy and link not in (None, "copy"):
         raise click.UsageError(f"--copy is --link copy; it excludes --link {link}")
     link = "copy" if force_copy else link or "auto"
+    recipe = api.load(recipe)
     if model.startswith(api.HF_SCHEME):
         resolved = api.resolve_model(model, progress=not ctx.obj.get("quiet"))
         if out is None and not in_place:       # never write beside a cache snapshot
             out = f"{model[len(api.HF_SCHEME):].split('@')[0].split('/')[-1]}-" \
-                  f"{api.load(recipe).name}"
+                  f"{recipe.name}"
         model = str(resolved)
     if dry_run:
         options = _plan_options(in_place, link, jobs, device, max_shard_size)
         _show_plan(api.plan(recipe, model, options=options, out=out), as_json, allow_noop)
         return
+    if not ctx.obj.get("quiet") and sys.stderr.isatty():   # like the progress bars
+        click.echo(recipe_source(recipe.identity()), err=True)
     from .progress import Meters
 
     with Meters(bool(ctx.obj.get("quiet"))) as meters:
@@ -225,7 +229,8 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                                progress=progress, base_model=base_model,
                                allow_noop=allow_noop)
     if as_json:
-        _emit_json({"output": str(result.output), "manifest_sha256": result.manifest_sha256,
+        _emit_json({"output": str(result.output), "recipe": recipe.identity(),
+                    "manifest_sha256": result.manifest_sha256,
                     "files": result.files, "bytes_linked": result.bytes_linked,
                     "bytes_copied": result.bytes_copied,
                     "bytes_written": result.bytes_written, "bytes_hashed": result.bytes_hashed,
@@ -240,7 +245,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
               help="Parallel hashing workers (default: all cores).")
 @click.option("--fast", is_flag=True,
               help="Trust digests modelpatch cached after a full verification of the same "
-                   "unchanged files (device, inode, size, mtime).")
+                   "unchanged files (device, inode, size, mtime, ctime).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 @quiet_option
 @click.pass_context

@@ -156,6 +156,12 @@ class PatchBuilder:
         self.base_model = base_model     # ORG/NAME given by the user, else identified
         self.known = KnownDigests()
         self.trusted = _base_manifest_digests(model)
+        # Known digests of the files this patch reads, looked up before anything is linked: a
+        # link changes a file's ctime, and with it the digest cache's key.
+        self.source_stats = {fp.source: os.stat(model.files[fp.source].path)
+                             for fp in plan.files if fp.source is not None}
+        self.known_before = {rel: known for rel, st in self.source_stats.items()
+                             if (known := self.known.lookup(model.files[rel].path, st=st))}
         # base relpath -> sha256 of the bytes a rewrite read or a copy copied
         self.hashed_while_writing: dict[str, str] = {}
         self.sequence = next_sequence(model.root)
@@ -163,8 +169,23 @@ class PatchBuilder:
         self.bytes_hashed = 0
 
     def _known_base_digest(self, rel: str) -> str | None:
-        return (self.known.sha256(self.model.files[rel].path) or self.trusted.get(rel)
+        known = self.known_before.get(rel)
+        return ((known.sha256 if known else None) or self.trusted.get(rel)
                 or self.hashed_while_writing.get(rel))
+
+    def rerecord_linked(self, base_digests: dict[str, str]) -> None:
+        """Record again, under their new ctime, the digests of base files this patch linked
+        (same inode, size and mtime as when looked up or hashed): the next apply finds them."""
+        rows = []
+        for rel, digest in base_digests.items():
+            before, st = self.source_stats[rel], os.stat(self.model.files[rel].path)
+            if (st.st_ino, st.st_size, st.st_mtime_ns) != (before.st_ino, before.st_size,
+                                                           before.st_mtime_ns):
+                continue
+            known = self.known_before.get(rel)
+            trusted = rel in self.trusted and known is None
+            rows.append((st, digest, not trusted and (known is None or known.verified)))
+        self.known.cache.put_many(rows)
 
     def write_new_files(self, dest: Path) -> dict[str, str]:
         """Write every file the plan creates (JSON, added files, shards) under ``dest``."""
@@ -299,6 +320,7 @@ def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | No
     manifest_sha = builder.write_manifest(staging, subjects, base_digests)
     record.manifest_sha256 = manifest_sha
     _write_revert_data(record, model, staging, carried)
+    builder.rerecord_linked(base_digests)
     fsync_tree(staging)
     copied = carried.bytes.get("copy", 0)
     return {"manifest_sha256": manifest_sha, "files": len(subjects),
@@ -333,8 +355,9 @@ def _mode(path: Path) -> int:
 
 
 def _base_manifest_digests(model: ModelDir) -> dict[str, str]:
-    """Digests from the base's own manifest, trusted for files unchanged since it was written
-    (same size, not modified after the manifest)."""
+    """Digests from the base's own manifest, trusted for files unchanged since it was written:
+    same size, and neither modified nor changed in any way (ctime, which nobody can set back)
+    after the manifest was written. A file linked since (its ctime moves) is left to the cache."""
     if not model.has(MANIFEST_NAME):
         return {}
     manifest = read_manifest(model.root)
@@ -342,7 +365,10 @@ def _base_manifest_digests(model: ModelDir) -> dict[str, str]:
     trusted = {}
     for rel, (digest, size) in manifest.subjects.items():  # DigestEntry(sha256, size)
         f = model.files.get(rel)
-        if f is not None and f.size == size and f.path.stat().st_mtime_ns <= written:
+        if f is None or f.size != size:
+            continue
+        st = f.path.stat()
+        if st.st_mtime_ns <= written and st.st_ctime_ns <= written:
             trusted[rel] = digest
     return trusted
 

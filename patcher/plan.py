@@ -8,6 +8,7 @@ executor (``engine.py``) carries out exactly this, and ``modelpatch plan`` print
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,7 @@ class Plan:
 
     def to_json(self) -> dict:
         return {
-            "recipe": {"name": self.recipe.name, "sha256": self.recipe.sha256},
+            "recipe": self.recipe.identity(),
             "base": str(self.base),
             "files": [_file_json(f) for f in self.files],
             "changes": list(self.changes),
@@ -189,6 +190,7 @@ def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list[dict]) -> dict
             raise PlanError(f"the recipe adds {name}, which the model already has",
                             where=op.loc, hint="set overwrite: true to replace it")
         content = op.content.encode("utf-8")
+        _check_add_target(model, name, op.loc)
         _check_added_file(name, content, op.loc)
         source = name if model.has(name) else None
         out[name] = FilePlan(name, Action.ADD, source=source,
@@ -199,6 +201,24 @@ def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list[dict]) -> dict
         changes.append({"kind": "file_added", "file": name, "size": len(content),
                         "replaced": source is not None})
     return out
+
+
+def _check_add_target(model: ModelDir, name: str, loc: str) -> None:
+    """``files: add`` creates a regular file: not onto a directory, not under a file, and never
+    through a symlinked directory (it could lead anywhere)."""
+    parts = name.split("/")
+    for depth in range(1, len(parts)):
+        parent = "/".join(parts[:depth])
+        path = model.root / parent
+        if model.has(parent) or (os.path.lexists(path) and not path.is_dir()):
+            raise PlanError(f"files: add {name}: {parent} is a file, not a directory", where=loc)
+        if path.is_symlink():
+            raise PlanError(f"files: add {name}: {parent} is a symlinked directory; recipes "
+                            f"write only inside the model's own directories", where=loc)
+    target = model.root / name
+    if not model.has(name) and os.path.lexists(target):
+        kind = "directory" if target.is_dir() else "not a regular file"
+        raise PlanError(f"files: add {name}: the model has a {kind} there", where=loc)
 
 
 def _check_added_file(name: str, content: bytes, loc: str) -> None:
@@ -212,7 +232,7 @@ def _check_added_file(name: str, content: bytes, loc: str) -> None:
         from .jsonfile import parse_json
 
         try:
-            parse_json(content, name)
+            parse_json(content, name, constants=False)
         except InputError as exc:
             raise PlanError(f"the content added as {name} is not valid JSON: {exc.message}",
                             where=loc) from None

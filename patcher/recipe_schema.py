@@ -303,6 +303,11 @@ class Recipe:
     path: Path | None = None
     output: OutputLayout | None = None
 
+    def identity(self) -> dict:
+        """Which recipe this is, for output: name, the absolute file it came from, sha256."""
+        return {"name": self.name, "path": str(self.path.resolve()) if self.path else None,
+                "sha256": self.sha256}
+
     @property
     def touches_tensors(self) -> bool:
         return bool(self.tensors) or self.max_shard_size is not None

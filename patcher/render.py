@@ -83,9 +83,16 @@ def _render_quant(q: dict) -> list[str]:
     return lines
 
 
+def recipe_source(recipe: dict) -> str:
+    """Which recipe file was run: a file in the current directory must never pass for a
+    built-in recipe unnoticed."""
+    return f"recipe file {recipe.get('path') or '(text)'} sha256 {recipe['sha256']}"
+
+
 def render_plan(plan_json: dict) -> str:
     """A plan as ``terraform plan`` would show it: diffs, then a table of files."""
-    lines = [f"recipe {plan_json['recipe']['name']} on {plan_json['base']}", ""]
+    lines = [f"recipe {plan_json['recipe']['name']} on {plan_json['base']}",
+             recipe_source(plan_json["recipe"]), ""]
     for f in plan_json["files"]:
         if f.get("diff"):
             lines.append(f["diff"].rstrip("\n"))

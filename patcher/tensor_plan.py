@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from .errors import InputError, PlanError
 from .model_dir import INDEX_NAME, ModelDir
 from .plan import Action, FilePlan
+from .regex_bound import per_name
 from .safetensors_io import OutputTensor, tensor_nbytes
 from .tensor_schemes import (
     CompanionError,
@@ -66,7 +67,12 @@ def initial_view(model: ModelDir) -> dict[str, VirtualTensor]:
 
 
 def select(view: dict[str, VirtualTensor], op) -> list[str]:
-    names = [n for n, t in view.items() if op.select.matches(n, t.dtype)]
+    names = []
+    with per_name(f"the selection {_describe_select(op.select)}", op.loc) as clock:
+        for n, t in view.items():
+            clock.start(n)
+            if op.select.matches(n, t.dtype):
+                names.append(n)
     if not names and not op.allow_empty:
         raise PlanError(f"the selection {_describe_select(op.select)} matches no tensor",
                         where=op.loc, hint="fix the pattern, or set allow_empty: true")
@@ -95,6 +101,9 @@ def check_device(device: str | None) -> str:
                          hint="use cpu, cuda or cuda:N") from None
     if dev.type == "cpu":
         return device
+    if dev.type == "meta":
+        raise InputError(f"--device {device}: a meta tensor holds no data, so nothing can be "
+                         f"computed on it", hint="use cpu, cuda or cuda:N")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             why = ("this torch build has no CUDA support" if torch.version.cuda is None
@@ -175,7 +184,11 @@ def _drop(view, names, op, changes) -> None:
 
 def _rename(view, names, op, changes) -> None:
     pattern = re.compile(op.action.pattern)
-    moves = {n: pattern.sub(op.action.to, n) for n in names}
+    moves = {}
+    with per_name(f"the rename pattern {op.action.pattern!r}", op.loc) as clock:
+        for n in names:
+            clock.start(n)
+            moves[n] = pattern.sub(op.action.to, n)
     moves = {a: b for a, b in moves.items() if a != b}
     targets: dict[str, str] = {}
     for old, new in moves.items():

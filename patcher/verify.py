@@ -18,7 +18,7 @@ from . import faults
 from .digest_cache import DigestCache, KnownDigests
 from .errors import InputError, OperationFailed, VerifyMismatch
 from .hashing import hash_files_stat
-from .manifest import MANIFEST_NAME, STATE_DIR, read_manifest
+from .manifest import MANIFEST_NAME, read_manifest
 
 __all__ = ["Mismatch", "VerifyReport", "compare_maps", "list_files", "verify_dir"]
 
@@ -165,10 +165,10 @@ def list_files(directory: str | os.PathLike) -> dict[str, os.stat_result | None]
     inside the directory (or, for a Hugging Face cache snapshot, inside its repository's folder,
     where its ``blobs/`` are); symlinked directories are not descended into. Entries that are not,
     or do not lead to, a regular file there (dangling symlinks, links out of the directory, FIFOs,
-    symlinked directories) map to None. The manifest and everything under ``.modelpatch/`` at the
-    root are left out.
+    symlinked directories) map to None. What ``is_model_path`` leaves out (the manifest,
+    ``.modelpatch/``, ``.git``, ``.cache/``) is not listed.
     """
-    from .model_dir import _hf_cache_repo
+    from .model_dir import _hf_cache_repo, is_model_path
 
     root = os.fspath(directory)
     out: dict[str, os.stat_result | None] = {}
@@ -184,7 +184,7 @@ def list_files(directory: str | os.PathLike) -> dict[str, os.stat_result | None]
             entries = sorted(it, key=lambda e: e.name)
         for entry in entries:
             rel = prefix + entry.name
-            if prefix == "" and entry.name in (MANIFEST_NAME, STATE_DIR):
+            if prefix == "" and not is_model_path(entry.name):
                 continue
             if entry.is_dir(follow_symlinks=False):
                 walk(entry.path, rel + "/")
@@ -214,7 +214,7 @@ def verify_dir(directory: str | os.PathLike, *, jobs: int | None = None, fast: b
     that other paths hardlink names them (``patcher.shared_inodes``).
 
     Every present file whose size matches is rehashed in parallel (``jobs`` threads). With
-    ``fast``, a file whose (device, inode, size, mtime_ns) matches a *verified* digest-cache row
+    ``fast``, a file whose (device, inode, size, mtime_ns, ctime_ns) matches a *verified* row
     is not rehashed; rows taken on trust and Hugging Face blob names are never used. Every digest
     computed here is recorded in the cache as verified (it was computed from the bytes), so a
     passing full verification makes the next ``--fast`` one nearly free.

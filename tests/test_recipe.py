@@ -670,10 +670,39 @@ def test_resolve_recipe():
         resolve_recipe("some/dir/absent.yaml")
 
 
-def test_resolve_recipe_prefers_an_existing_file(tmp_path, monkeypatch):
+def test_a_file_in_the_current_directory_never_shadows_a_built_in(tmp_path, monkeypatch):
+    """A cloned model repo ships a file named like a built-in recipe: the bare word still runs
+    the built-in; the file runs only when named as a path."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sm120-fp16-kv").write_text(HEAD)
-    assert resolve_recipe("sm120-fp16-kv") == Path("sm120-fp16-kv")
+    (tmp_path / "my-fix").write_text(HEAD)
+    assert resolve_recipe("sm120-fp16-kv") == builtin_recipe_dir() / "sm120-fp16-kv.yaml"
+    assert resolve_recipe("./sm120-fp16-kv") == Path("sm120-fp16-kv")
+    with pytest.raises(InputError, match="write ./my-fix"):
+        resolve_recipe("my-fix")
+    assert resolve_recipe(Path("my-fix")) == Path("my-fix")     # a Path is always a path
+
+
+def test_plan_and_apply_name_the_recipe_file_and_its_digest(tmp_path):
+    from click.testing import CliRunner
+    from test_hostile_inputs import make_model
+
+    from patcher.cli import main
+
+    recipe = builtin_recipe_dir() / "sm120-fp16-kv.yaml"
+    digest = hashlib.sha256(recipe.read_bytes()).hexdigest()
+    model = make_model(tmp_path / "m")
+    plan = CliRunner().invoke(main, ["plan", "sm120-fp16-kv", str(model)])
+    assert plan.exit_code == 0, plan.output
+    assert f"recipe file {recipe.resolve()} sha256 {digest}" in plan.stdout
+    as_json = json.loads(CliRunner().invoke(main, ["plan", "sm120-fp16-kv", str(model),
+                                                   "--json"]).stdout)
+    assert as_json["recipe"]["path"] == str(recipe.resolve())
+    assert as_json["recipe"]["sha256"] == digest
+    applied = CliRunner().invoke(main, ["apply", "sm120-fp16-kv", str(model), "--json",
+                                        "-o", str(tmp_path / "out")])
+    assert applied.exit_code == 0, applied.output
+    assert json.loads(applied.stdout)["recipe"] == as_json["recipe"]
 
 
 SM120 = "sm120-fp16-kv"

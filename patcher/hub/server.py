@@ -222,6 +222,11 @@ def build_server(root: Path, host: str = "127.0.0.1", port: int = 8080, *,
 
     app = create_app(root)
     try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:   # not an address, nor a name that resolves
+        raise InputError(f"cannot listen on {host!r}: {getattr(exc, 'strerror', None) or exc}",
+                         hint="--host takes an IP address or a resolvable host name") from None
+    try:
         sock = socket.create_server((host, port))
     except OSError as exc:
         reason = os.strerror(exc.errno) if exc.errno else str(exc)

@@ -196,12 +196,15 @@ def test_request_bodies_are_capped_per_endpoint(server, method, path, limit):
     ("POST", f"/{PUBLIC}.git/info/lfs/objects/batch",
      json.dumps({"operation": "upload", "transfers": 5, "objects": []})),
     ("GET", f"/api/models/{PUBLIC}/tree/main?cursor=-5", b""),
+    ("GET", "/no/such/endpoint%20", b""),             # an error header value may not end in a space
+    ("PATCH", "/api/whoami-v2", b""),
 ])
 def test_malformed_requests_get_4xx(server, method, path, body):
     headers = {"Content-Type": "application/json"} if "paths-info" in path else None
     status, response_headers, _ = call(server, method, path, body, token="write-alice",
                                        headers=headers)
     assert 400 <= status < 500, (status, response_headers)
+    assert response_headers["content-type"] == "application/json"
     assert call(server, "GET", "/api/whoami-v2", token="write-alice")[0] == 200
 
 

@@ -137,6 +137,15 @@ async def _dispatch(request: Request) -> Response:
     return error_response(HubRequestError(f"no such endpoint: {request.url.path}", status=404))
 
 
+class _EveryMethod:
+    """``_dispatch`` as an ASGI endpoint for every HTTP method (a plain function route would
+    answer unknown methods itself, in plain text); ``_dispatch`` answers its own JSON 405s."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        response = await _dispatch(Request(scope, receive))
+        await response(scope, receive, send)
+
+
 class _AccessLog:
     """One log line per request: method, path (never the query: it carries upload signatures;
     never headers: they carry tokens), status, duration. Control characters a request put in
@@ -206,8 +215,7 @@ def create_app(root: Path) -> Starlette:
         log.warning("no tokens in %s: public repos are readable, nothing is writable",
                     root / "tokens.json")
     app = Starlette(
-        routes=[Route("/{path:path}", _dispatch,
-                      methods=["GET", "HEAD", "POST", "PUT", "DELETE"])],
+        routes=[Route("/{path:path}", _EveryMethod())],
         middleware=[Middleware(_AccessLog)],
     )
     app.state.hub = Hub(store=store, tokens=tokens, signer=UrlSigner(key))

@@ -127,7 +127,7 @@ def escape_controls(text: str) -> str:
 
 
 def error_response(err: HubRequestError) -> JSONResponse:
-    message = escape_controls(err.message)
+    message = escape_controls(err.message).strip()      # a header value: no edge spaces
     headers = {"X-Error-Message": message.encode("latin-1", "replace").decode("latin-1")}
     if err.code:
         headers["X-Error-Code"] = err.code

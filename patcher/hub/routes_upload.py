@@ -46,6 +46,11 @@ async def preupload(hub: Hub, request: Request, p: dict[str, str]) -> Response:
     payload = await read_json_object(request, LIST_BODY_LIMIT)
     head = await in_thread(hub.store.resolve, meta, p["rev"])
     files = json_list(payload, "files")
+    out = await in_thread(_upload_modes, files, head.tree)   # up to MAX_LIST_ITEMS of them
+    return JSONResponse({"files": out, "commitOid": head.id})
+
+
+def _upload_modes(files: list[Any], tree: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for f in files:
         if not isinstance(f, dict) or not isinstance(f.get("path"), str):
@@ -58,12 +63,12 @@ async def preupload(hub: Hub, request: Request, p: dict[str, str]) -> Response:
         except (ValueError, TypeError):
             raise BadRequest(f"{path}: 'sample' is not base64") from None
         mode = upload_mode(path, size, sample)
-        existing = head.tree.get(path)
+        existing = tree.get(path)
         oid = None  # what the client compares with its local oid to skip unchanged files
         if existing is not None and existing["lfs"] == (mode == "lfs"):
             oid = existing["sha256"] if existing["lfs"] else existing["git_oid"]
         out.append({"path": path, "uploadMode": mode, "shouldIgnore": False, "oid": oid})
-    return JSONResponse({"files": out, "commitOid": head.id})
+    return out
 
 
 def _lfs_error(oid: Any, size: Any, code: int, message: str) -> dict[str, Any]:
@@ -84,6 +89,13 @@ async def lfs_batch(hub: Hub, request: Request, p: dict[str, str]) -> Response:
         raise BadRequest("only sha256 object ids are supported")
     objects = json_list(payload, "objects")
     base = repo_url(request, kind, repo_id) + ".git/info/lfs/objects"
+    out = await in_thread(_lfs_actions, hub, meta, kind, repo_id, objects, base)  # stats
+    return JSONResponse({"transfer": "basic", "objects": out, "hash_algo": "sha256"},
+                        media_type=LFS_JSON)
+
+
+def _lfs_actions(hub: Hub, meta: Any, kind: str, repo_id: str, objects: list[Any],
+                 base: str) -> list[dict[str, Any]]:
     out = []
     for obj in objects:
         oid, size = (obj.get("oid"), obj.get("size")) if isinstance(obj, dict) else (None, None)
@@ -99,8 +111,7 @@ async def lfs_batch(hub: Hub, request: Request, p: dict[str, str]) -> Response:
                 "upload": {"href": f"{base}/upload/{oid}/{size}?{query}"},
                 "verify": {"href": f"{base}/verify"},
             }})
-    return JSONResponse({"transfer": "basic", "objects": out, "hash_algo": "sha256"},
-                        media_type=LFS_JSON)
+    return out
 
 
 async def lfs_upload(hub: Hub, request: Request, p: dict[str, str]) -> Response:

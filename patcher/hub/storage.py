@@ -28,7 +28,8 @@ A crash leaves at most a stray file in ``tmp/`` (cleaned at the next start), nev
 commit or ref. Each Store writes under its own ``tmp/session-*`` directory, which it holds an
 exclusive ``flock`` on while it lives: ``clean_tmp`` at start-up removes everything in ``tmp/``
 that no live Store holds, however recent (a crashed upload's staging included), and never the
-files of another server process sharing the root. Blobs are never garbage-collected (deleting a repo keeps them).
+files of another server process sharing the root. Blobs are never garbage-collected (deleting a
+repo keeps them).
 
 This module holds ``Store``: repos, their lock, refs, commits and LFS markers. The blob store is
 ``blob_store.py``, the records ``records.py``, commit operations ``commit_ops.py``, atomic JSON
@@ -67,9 +68,7 @@ class Store(BlobStore):
         self.root = Path(root)
         self.tmp_root = self.root / "tmp"
         self.tmp_root.mkdir(parents=True, exist_ok=True)
-        session = Path(tempfile.mkdtemp(dir=self.tmp_root, prefix="session-"))
-        self._session_fd = os.open(session, os.O_RDONLY | os.O_DIRECTORY)
-        fcntl.flock(self._session_fd, fcntl.LOCK_EX)   # released when the process ends
+        session, self._session_fd = _locked_session_dir(self.tmp_root)
         super().__init__(blobs=self.root / "blobs" / "sha256", tmp=session)
         self.repos = self.root / "repos"
         self.repos.mkdir(parents=True, exist_ok=True)
@@ -81,14 +80,14 @@ class Store(BlobStore):
         number of entries removed."""
         removed = 0
         for entry in self.tmp_root.iterdir():
-            if entry == self.tmp or _held_by_a_live_store(entry):
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink()
-                removed += 1
+            if entry != self.tmp:
+                with _unless_held(entry) as free, contextlib.suppress(FileNotFoundError):
+                    if free:
+                        if entry.is_dir() and not entry.is_symlink():
+                            shutil.rmtree(entry, ignore_errors=True)
+                        else:
+                            entry.unlink()
+                        removed += 1
         return removed
 
     # -- small JSON files ------------------------------------------------------------------
@@ -311,18 +310,45 @@ class Store(BlobStore):
         return (meta.dir / "lfs" / sha256).exists() and self.blob_path(sha256).exists()
 
 
-def _held_by_a_live_store(entry: Path) -> bool:
-    """True for a ``session-*`` directory whose Store still holds its lock."""
+def _locked_session_dir(tmp_root: Path) -> tuple[Path, int]:
+    """A new ``session-*`` directory under ``tmp_root`` and an open descriptor holding its
+    ``flock`` (released when the process ends). Another process starting at the same instant
+    may remove the directory before the lock is taken: then make another."""
+    for _ in range(5):
+        session = Path(tempfile.mkdtemp(dir=tmp_root, prefix="session-"))
+        try:
+            fd = os.open(session, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            continue
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(session)):
+                return session, fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    raise OSError(f"cannot keep a session directory in {tmp_root}")
+
+
+@contextlib.contextmanager
+def _unless_held(entry: Path) -> Iterator[bool]:
+    """For the block: False if ``entry`` is the session directory of a live Store; otherwise
+    True, holding the entry's lock (if it is a session directory) so that no Store starting now
+    can take it while it is removed."""
     if not entry.name.startswith("session-") or entry.is_symlink() or not entry.is_dir():
-        return False
+        yield True
+        return
     try:
         fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
-        return False
+        yield True
+        return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
     finally:
         os.close(fd)
-    return False

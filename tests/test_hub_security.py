@@ -132,10 +132,12 @@ def whoami_latencies(server, n: int = 6) -> list[float]:
 def test_a_hostile_paths_info_request_cannot_delay_whoami(server):
     """An oversized paths-info form (refused: 413) and the largest accepted one (1000 paths,
     answered off the event loop) are in flight while whoami is asked; whoami stays within a
-    multiple of its own unloaded latency, measured here. Before the fix the form was parsed and
-    matched on the event loop, which froze every request for seconds."""
+    multiple of its own latency without them, measured here just before and just after (the
+    larger of the two, so that a machine busy with other work does not fail the test). Before
+    the fix the form was parsed and matched on the event loop: whoami waited for it, some
+    thousand times its usual latency."""
     whoami_latencies(server)                                       # warm up
-    baseline = statistics.median(whoami_latencies(server) + whoami_latencies(server))
+    before = statistics.median(whoami_latencies(server) + whoami_latencies(server))
     oversized = "&".join(f"paths=dir{i % 7}%2Fnot-there-{i}" for i in range(150_000))
     at_cap = "&".join(f"paths=dir{i % 7}" if i % 2 else f"paths=dir0/file{i}.txt"
                       for i in range(1000))
@@ -149,12 +151,14 @@ def test_a_hostile_paths_info_request_cannot_delay_whoami(server):
     attackers = [threading.Thread(target=hostile, args=(form,)) for form in forms]
     for t in attackers:
         t.start()
-    time.sleep(0.05)                           # the bodies are on their way
-    during = statistics.median(whoami_latencies(server))
+    during = []                                # whoami bursts for as long as the attack lasts
+    while not during or any(t.is_alive() for t in attackers):
+        during.append(statistics.median(whoami_latencies(server)))
     for t in attackers:
         t.join()
+    after = statistics.median(whoami_latencies(server) + whoami_latencies(server))
+    assert max(during) < 50 * max(before, after), (during, before, after)
     assert sorted(answers) == [200, 413]
-    assert during < 25 * baseline, (during, baseline)
 
 
 def test_paths_info_answers_within_its_caps(server):
@@ -209,10 +213,15 @@ def test_malformed_requests_get_4xx(server, method, path, body):
 
 
 def test_log_lines_escape_control_characters(server, caplog):
+    forged = "x\\x0a2026-01-01 hub INFO GET /forged\\x0d"
     with caplog.at_level(logging.INFO, logger="modelpatch.hub"):
         call(server, "GET", "/api/models/alice/x%0a2026-01-01%20hub%20INFO%20GET%20/forged%0d")
-    lines = [r.getMessage() for r in caplog.records if r.name == "modelpatch.hub"]
-    assert any("x\\x0a2026-01-01 hub INFO GET /forged\\x0d" in line for line in lines), lines
+        for _ in range(500):            # the access line is logged once the answer is sent
+            lines = [r.getMessage() for r in caplog.records if r.name == "modelpatch.hub"]
+            if any(forged in line for line in lines):
+                break
+            time.sleep(0.01)
+    assert any(forged in line for line in lines), lines
     assert not any("\n" in line or "\r" in line for line in lines)
 
 

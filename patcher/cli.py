@@ -290,10 +290,12 @@ def revert(directory, out, all_patches, force, jobs, as_json):
 @click.argument("repo_id")
 @click.option("--endpoint", default=None, envvar="HF_ENDPOINT",
               help="Hub URL (default: huggingface.co, or $HF_ENDPOINT).")
-@click.option("--private/--public", default=True, show_default=True)
+@click.option("--private/--public", default=True, show_default=True,
+              help="Visibility of the repository if publish creates it.")
 @click.option("--revision", default=None, help="Branch to commit to (created if needed).")
 @click.option("-m", "--message", default=None, help="Commit message.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable result (repo_id, revision, commit, files).")
 @base_model_option
 @quiet_option
 @click.pass_context
@@ -314,7 +316,8 @@ def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_js
 @click.argument("repo_id")
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
               help="Directory to create (default: ./<name>).")
-@click.option("--endpoint", default=None, envvar="HF_ENDPOINT")
+@click.option("--endpoint", default=None, envvar="HF_ENDPOINT",
+              help="Hub URL (default: huggingface.co, or $HF_ENDPOINT).")
 @click.option("--revision", default=None, help="Branch, tag or commit.")
 @quiet_option
 @click.pass_context
@@ -335,8 +338,9 @@ def hub() -> None:
 @hub.command("serve")
 @click.option("--root", required=True, type=click.Path(file_okay=False, path_type=str),
               help="Storage directory (blobs, repositories, tokens.json).")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to listen on (0: any free port).")
 def hub_serve(root, host, port):
     """Serve repositories stored under ROOT until interrupted."""
     try:

@@ -17,8 +17,10 @@ The endpoint (``endpoint=``, else ``HF_ENDPOINT``) must be an http(s) URL: anyth
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
+import sys
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,10 +30,12 @@ from urllib.parse import urlparse
 from ..errors import HubError, InputError, PatchError, VerifyMismatch
 from ..fsops import remove_tree
 from ..manifest import read_manifest
-from ..model_dir import MANIFEST_NAME
+from ..model_dir import MANIFEST_NAME, SKIPPED_DIRS
 from ..patch_record import patch_dirs, read_record
+from ..render import human_bytes
 from .model_card import CARD_NAME, render_card
 
+log = logging.getLogger("modelpatch")
 HF_HOSTS = ("huggingface.co", "hf.co")
 # The hub's README.md is the model card publish writes, not the variant's file. The variant's own
 # README.md (when it has one) travels under this name; pull puts it back and keeps the card
@@ -62,6 +66,23 @@ def check_endpoint(endpoint: str | None) -> str | None:
     return value.rstrip("/")
 
 
+REPO_ID_HINT = ("expected NAMESPACE/NAME: letters, digits, '-', '_' and '.', at most 96, "
+                "no '--' or '..'")
+
+
+def check_repo_id(repo_id: str) -> str:
+    """``repo_id`` if huggingface_hub accepts it (``NAME`` or ``NAMESPACE/NAME``); otherwise an
+    ``InputError`` (exit code 2) naming it, before any request."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise InputError(f"invalid repo id {repo_id!r}", hint=REPO_ID_HINT) from None
+    return repo_id
+
+
 def _client(endpoint: str | None):
     """An ``HfApi`` for ``endpoint`` (default ``$HF_ENDPOINT``, then huggingface.co), with Xet
     disabled where the endpoint cannot speak it. A malformed endpoint is an ``InputError``."""
@@ -78,11 +99,15 @@ def _client(endpoint: str | None):
 
 
 def _hub_call(what: str, repo_id: str, fn, *args, **kwargs):
-    """Run a huggingface_hub call, turning its errors into one-line ``HubError``s."""
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+    """Run a huggingface_hub call, turning its errors into one-line ``HubError``s (an argument
+    its validators refuse: an ``InputError``)."""
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 
     try:
         return fn(*args, **kwargs)
+    except HFValidationError as exc:
+        raise InputError(f"{what}: {str(exc).splitlines()[0] if str(exc) else 'invalid argument'}",
+                         where=repo_id) from None
     except RepositoryNotFoundError:
         raise HubError(f"{what}: repository not found or not visible with this token",
                        where=repo_id, hint="check the name, the endpoint and HF_TOKEN") from None
@@ -107,32 +132,43 @@ _STATUS_HINTS = {
 
 @contextmanager
 def _progress_bars(enabled: bool):
-    """huggingface_hub's progress bars as they are (``enabled``), or off for the block."""
+    """huggingface_hub's output for the block. Its bars only with ``enabled`` and on a terminal
+    (``TQDM_POSITION=-1`` forces them, as in huggingface_hub): elsewhere they are cursor-moving
+    escape codes in a log. Its log lines once, not again through the root logger, and with
+    ``enabled=False`` (``-q``) only its errors."""
     from huggingface_hub.utils import (
         are_progress_bars_disabled,
         disable_progress_bars,
         enable_progress_bars,
     )
 
-    if enabled or are_progress_bars_disabled():
-        yield
-        return
+    from huggingface_hub.utils import logging as hf_logging   # configures its logger on import
+
+    hf_log = hf_logging.get_logger()
+    saved = hf_log.level, hf_log.propagate
+    hf_log.propagate = False
+    if not enabled:
+        hf_log.setLevel(logging.ERROR)
+    bars = enabled and (sys.stderr.isatty() or os.environ.get("TQDM_POSITION") == "-1")
+    turn_off = not bars and not are_progress_bars_disabled()
     with warnings.catch_warnings():       # HF_HUB_DISABLE_PROGRESS_BARS=0 wins: say nothing
         warnings.simplefilter("ignore")
-        disable_progress_bars()
+        if turn_off:
+            disable_progress_bars()
     try:
-        yield
+        yield bars
     finally:
+        hf_log.setLevel(saved[0])
+        hf_log.propagate = saved[1]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            enable_progress_bars()
+            if turn_off:
+                enable_progress_bars()
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
     """The network error classes of the HTTP library huggingface_hub uses (httpx2, httpx or
     requests, whichever it imported); they are not OSErrors."""
-    import sys
-
     found = []
     for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"),
                          ("requests", "RequestException")):
@@ -163,6 +199,7 @@ def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None 
     from ..verify import verify_dir
 
     check_endpoint(endpoint)                      # bad usage, before hashing the variant
+    check_repo_id(repo_id)
     if base_model is not None:
         check_repo_id(base_model)
     root = Path(directory)
@@ -171,12 +208,14 @@ def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None 
         if not report.ok:
             raise VerifyMismatch(f"refusing to publish a variant that does not verify: "
                                  f"{report.summary()}", where=root)
-        with _progress_bars(progress):
-            return _upload(root, repo_id, endpoint, private, revision, message, base_model)
+        with _progress_bars(progress) as bars:
+            return _upload(root, repo_id, endpoint, private, revision, message, base_model,
+                           announce=progress and not bars)
 
 
 def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
-            revision: str | None, message: str | None, base_model: str | None) -> PublishResult:
+            revision: str | None, message: str | None, base_model: str | None,
+            announce: bool) -> PublishResult:
     from huggingface_hub import CommitOperationAdd
 
     manifest = read_manifest(root)
@@ -197,6 +236,9 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
                                   path_or_fileobj=str(root / MANIFEST_NAME)))
     ops.append(CommitOperationAdd(path_in_repo=CARD_NAME, path_or_fileobj=card))
     recipe = manifest.recipe["name"]
+    if announce:                               # a plain line where no bars are shown
+        size = sum(size for _, size in manifest.subjects.values())
+        log.info("publish: committing %d files (%s) to %s", len(ops), human_bytes(size), repo_id)
     info = _hub_call("create_commit", repo_id, api.create_commit, repo_id, operations=ops,
                      revision=branch,
                      commit_message=message or f"modelpatch: {recipe} applied to "
@@ -268,6 +310,7 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
     from ..locking import lock_new_path
     from ..output_dir import make_staging_dir, remove_stale_staging
 
+    check_repo_id(repo_id)
     out = Path(os.path.abspath(out or repo_id.split("/")[-1]))
     api = _client(endpoint)
     with lock_new_path(out):
@@ -276,11 +319,18 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
         remove_stale_staging(out)      # left by a killed pull
         info = _hub_call("model_info", repo_id, api.model_info, repo_id, revision=revision,
                          files_metadata=True)
+        _refuse_state_files([s.rfilename for s in info.siblings or []], repo_id)
         staging = make_staging_dir(out)
         try:
-            with _progress_bars(progress):
+            with _progress_bars(progress) as bars:
+                if progress and not bars:
+                    log.info("pull: downloading %d files (%s) of %s@%s",
+                             len(info.siblings or []),
+                             human_bytes(sum(s.size or 0 for s in info.siblings or [])), repo_id,
+                             info.sha[:12])
                 _hub_call("download", repo_id, snapshot_download, repo_id, revision=info.sha,
                           local_dir=staging, endpoint=api.endpoint, token=api.token)
+            _refuse_state_files(os.listdir(staging), repo_id, ignore=(".cache",))
             remove_tree(staging / ".cache")          # huggingface_hub's local-dir bookkeeping
             try:
                 _check_hub_digests(staging, info, repo_id)
@@ -304,6 +354,22 @@ def _git_blob_sha1(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _refuse_state_files(paths: list[str], repo_id: str, ignore: tuple[str, ...] = ()) -> None:
+    """Refuse a repository holding files in modelpatch's, git's or huggingface_hub's own state
+    directories (``.modelpatch/``, ``.git/``, ``.cache/``): the next command would take them
+    for its own (replay a journal, run a git hook). Compared without case, as a
+    case-insensitive filesystem would. Pull writes its own ``.modelpatch/hub/`` afterwards."""
+    state = {name.lower() for name in SKIPPED_DIRS} - set(ignore)
+    bad = sorted(p for p in paths if p.split("/", 1)[0].lower() in state)
+    if bad:
+        shown = ", ".join(repr(p) for p in bad[:3]) + (f" and {len(bad) - 3} more"
+                                                       if len(bad) > 3 else "")
+        raise InputError(f"refusing to pull: the repository has files in state directories "
+                         f"that only modelpatch, git or huggingface_hub may write: {shown}",
+                         where=repo_id,
+                         hint="a published variant never holds .modelpatch/, .git/ or .cache/")
 
 
 def _name_the_repo(exc: PatchError, staging: Path, repo_id: str) -> None:

@@ -174,15 +174,19 @@ def test_card_front_matter_cannot_be_injected_by_a_directory_name(variant, name)
 
     from patcher.hub.model_card import render_card
 
-    card = render_card(None, read_manifest(variant), f"/models/{name}")
+    # A plain directory has no hub identity: its name appears only in the card's body, on one
+    # line, and never in the front matter.
+    card = render_card(None, read_manifest(variant), None, f"/models/{name}")
     data = ModelCard(card).data.to_dict()
-    assert data["base_model"] == name
-    assert sorted(data) == ["base_model", "modelpatch_recipe", "tags"]
+    assert sorted(data) == ["modelpatch_recipe", "tags"]
     assert data["tags"] == ["modelpatch", "modelpatch-recipe:sm120-fp16-kv"]
-    # The existing card's metadata and text survive a second rendering.
+    assert " ".join(name.split()).replace("`", "'") in card
+    # The existing card's metadata and text survive a second rendering, and a base_model that
+    # is known lands in the front matter as a value.
     again = ModelCard(render_card(card.replace("---\n", "---\nlicense: mit\n", 1),
-                                  read_manifest(variant), f"/models/{name}"))
-    assert again.data.to_dict()["license"] == "mit" and again.data.base_model == name
+                                  read_manifest(variant), "org/base", f"/models/{name}"))
+    assert again.data.to_dict()["license"] == "mit" and again.data.base_model == "org/base"
+    assert sorted(again.data.to_dict()) == ["base_model", "license", "modelpatch_recipe", "tags"]
     assert again.text.count("<!-- modelpatch:begin -->") == 1
 
 
@@ -200,7 +204,8 @@ def test_publish_of_a_base_whose_name_holds_a_newline(hub, kimi_dir, tmp_path, m
     card = ModelCard(Path(hf_hub_download("alice/nl", "README.md", endpoint=hub.endpoint,
                                           token="write-alice",
                                           cache_dir=tmp_path / "dl")).read_text())
-    assert card.data.base_model == "kimi\nlicense: evil" and "license" not in card.data.to_dict()
+    assert card.data.base_model is None and "license" not in card.data.to_dict()
+    assert "`kimi license: evil`" in card.text          # named once, on one line, in the body
 
 
 # -- issue 13 item 10: hub output fit for a log -------------------------------------------------

@@ -193,15 +193,14 @@ def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None 
     """Upload the variant at ``directory`` to ``repo_id`` in one commit (``progress=False``:
     no progress bars). The card's ``base_model`` is ``base_model`` if given, else what the
     variant records or its base's path says (``patcher.base_identity``), else left out."""
-    from ..base_identity import check_repo_id
-
+    from ..base_identity import check_repo_id as check_base_model
     from ..locking import lock_directory
     from ..verify import verify_dir
 
     check_endpoint(endpoint)                      # bad usage, before hashing the variant
     check_repo_id(repo_id)
     if base_model is not None:
-        check_repo_id(base_model)
+        check_base_model(base_model)
     root = Path(directory)
     with lock_directory(root, exclusive=False):   # no in-place patch between verify and upload
         report = verify_dir(root)

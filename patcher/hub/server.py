@@ -50,7 +50,7 @@ try:
     from starlette.routing import Route
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise HubError("the embedded hub needs Starlette and uvicorn",
-                   hint="pip install 'modelpatch[hub]'") from exc
+                   hint="pip install -e '.[hub]' in the modelpatch checkout") from exc
 
 from . import routes_files, routes_repo, routes_upload
 from .request_errors import HubRequestError

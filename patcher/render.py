@@ -123,8 +123,8 @@ TENSOR_KINDS = {"tensor_converted": ("~", "converted"), "tensor_renamed": (">", 
 def render_tensor_changes(changes: list[dict], per_shard: int = 20) -> list[str]:
     """Every tensor the plan touches, by base shard (shards and tensors in natural order), with
     dtype and shape before and after. A scale or other companion is indented under its weight
-    by its own short name (from whichever shard it comes). At most ``per_shard`` weights a
-    shard, then "... and N more" (the ``--json`` plan lists them all)."""
+    by its own short name (from whichever shard it comes). About ``per_shard`` lines a shard,
+    then "... and N more" tensors (the ``--json`` plan lists them all)."""
     touched = [c for c in changes if c.get("kind") in TENSOR_KINDS]
     if not touched:
         return []
@@ -143,16 +143,19 @@ def render_tensor_changes(changes: list[dict], per_shard: int = 20) -> list[str]
     lines = [f"tensors: {len(touched)} touched ("
              + ", ".join(f"{n} {w}" for w, n in counts.items()) + ")"]
     for shard in sorted(groups, key=lambda s: (s == "(no shard)", natural_key(s))):
-        entries = sorted(groups[shard], key=lambda c: natural_key(c["tensor"]))
         lines.append(f"  {shard}")
-        for c in entries[:per_shard]:
-            lines.append(f"    {TENSOR_KINDS[c['kind']][0]} {_tensor_line(c)}")
-            for comp in sorted(companions.get(c["tensor"], []),
-                               key=lambda x: natural_key(x["tensor"])):
-                lines.append(f"        {TENSOR_KINDS[comp['kind']][0]} "
-                             f"{_companion_line(comp, c['tensor'], shard)}")
-        if len(entries) > per_shard:
-            lines.append(f"    ... and {len(entries) - per_shard} more (--json lists them all)")
+        block: list[str] = []
+        entries = sorted(groups[shard], key=lambda c: natural_key(c["tensor"]))
+        for i, c in enumerate(entries):
+            own = sorted(companions.get(c["tensor"], []), key=lambda x: natural_key(x["tensor"]))
+            if len(block) + 1 + len(own) > per_shard and block:
+                rest = sum(1 + len(companions.get(e["tensor"], [])) for e in entries[i:])
+                block.append(f"    ... and {rest} more (--json lists them all)")
+                break
+            block.append(f"    {TENSOR_KINDS[c['kind']][0]} {_tensor_line(c)}")
+            block += [f"        {TENSOR_KINDS[x['kind']][0]} {_companion_line(x, c['tensor'], shard)}"
+                      for x in own]
+        lines += block
     return lines + [""]
 
 

@@ -27,7 +27,6 @@ from .tensor_schemes import (
 from .tensor_tasks import ShardTask, TensorJob, TensorSource, index_document
 
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
-CAST_TARGETS = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}
 
 
 @dataclass(frozen=True)
@@ -198,7 +197,7 @@ def _rename(view, names, op, changes) -> None:
 
 
 def _cast(view, names, op, changes) -> None:
-    target = CAST_TARGETS[op.action.to]
+    target = op.action.to
     for name in names:
         t = view[name]
         if t.dtype.startswith("F8"):
@@ -216,7 +215,7 @@ def _cast(view, names, op, changes) -> None:
 
 
 def _dequantize(view, names, op, changes, fp8_block: Fp8Block) -> None:
-    target = CAST_TARGETS[op.action.to]
+    target = op.action.to
     consumed = _companions_of_selected(view, names, op, fp8_block)
     for name in names:
         if name in consumed or name not in view:

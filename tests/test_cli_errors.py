@@ -254,3 +254,6 @@ def test_plan_lists_shards_in_order_with_companions_under_their_weight(kimi_dir)
     assert [line.split()[1] for line in block[weight + 1:weight + 4]] == [
         "input_scale", "weight_scale", "weight_scale_2"]
     assert all(line.startswith("        - ") for line in block[weight + 1:weight + 4])
+    shown = sum(1 for line in block if line.lstrip()[:2] in ("~ ", "- ", "+ ", "> "))
+    more = sum(int(line.split()[2]) for line in block if line.strip().startswith("... and"))
+    assert shown + more == int(block[0].split()[1])       # "tensors: N touched": all counted

@@ -27,18 +27,19 @@ PARAMETER_FLAGS = {"force": "--force", "force_copy": "--copy", "all_patches": "-
                    "device": "--device", "endpoint": "--endpoint", "jobs": "--jobs",
                    "max_shard_size": "--max-shard-size", "allow_noop": "--allow-noop"}
 _PARAMETER = re.compile(r"\b(%s)=('?)([^'\s,;)]*)\2" % "|".join(PARAMETER_FLAGS))
-_FUNCTION_FLAGS = {"apply_in_place()": "--in-place"}
+_FUNCTION_WORDS = {"apply_in_place()": "--in-place", "verify()": "`modelpatch verify`"}
 
 
 def as_flags(text: str) -> str:
     """``force=True`` -> ``--force``, ``device='cpu'`` -> ``--device cpu``, ``apply_in_place()``
-    -> ``--in-place``: a library message as a command-line user reads it."""
+    -> ``--in-place``, ``verify()`` -> ``modelpatch verify``: a library message as a
+    command-line user reads it."""
     def flag(m: re.Match) -> str:
         name, value = PARAMETER_FLAGS[m.group(1)], m.group(3)
         return name if value == "True" else f"{name} {value}"
 
-    for function, name in _FUNCTION_FLAGS.items():
-        text = text.replace(function, name)
+    for function, words in _FUNCTION_WORDS.items():
+        text = text.replace(function, words)
     return _PARAMETER.sub(flag, text)
 
 
@@ -104,12 +105,10 @@ def text_lines(report: ErrorReport, debug: int) -> list[str]:
     shown = report.problems[:1]
     if "did you mean" not in shown[0]:
         shown += [p for p in report.problems[1:] if "did you mean" in p][:1]
-    lines = [f"modelpatch: error: {p}" for p in shown]
     rest = len(report.problems) - len(shown)
-    if rest:
-        lines.append(f"modelpatch: ... and {rest} more problem{'s' * (rest > 1)} "
-                     "(--debug lists them all)")
-    return lines
+    if rest:            # on the last line: one problem stays one line
+        shown[-1] += f" (and {rest} more; --debug lists them all)"
+    return [f"modelpatch: error: {p}" for p in shown]
 
 
 def wants_traceback(debug: int) -> bool:

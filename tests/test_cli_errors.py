@@ -75,10 +75,20 @@ def test_the_rest_is_counted(tmp_path, kimi_dir):
     assert len(problems) == 5
     lines = _error_lines(run("plan", path, kimi_dir))
     assert lines[0] == f"modelpatch: error: {problems[0]}"
-    assert lines[1] == f"modelpatch: error: {problems[2]}"      # the first did-you-mean
+    assert lines[1] == (f"modelpatch: error: {problems[2]} "      # the first did-you-mean
+                        "(and 3 more; --debug lists them all)")
     assert "did you mean 'value'" in lines[1]
-    assert lines[2] == "modelpatch: ... and 3 more problems (--debug lists them all)"
-    assert len(lines) == 3
+    assert len(lines) == 2
+
+
+def test_one_problem_line_without_a_did_you_mean(tmp_path, kimi_dir):
+    path = tmp_path / "two.yaml"
+    path.write_text(MISSPELLED.replace("vaule", "value").replace("config:", "extra: 1\nother: 2"
+                                                                 "\nconfig:"))
+    problems = load_error(path).errors
+    assert len(problems) == 2 and not any("did you mean" in p for p in problems)
+    lines = _error_lines(run("plan", path, kimi_dir))
+    assert lines == [f"modelpatch: error: {problems[0]} (and 1 more; --debug lists them all)"]
 
 
 def load_error(path: Path):
@@ -218,6 +228,20 @@ def test_library_errors_speak_of_parameters_the_cli_of_flags(kimi_dir, tmp_path)
         api.apply("sm120-fp16-kv", kimi_dir, out=kimi_dir)
     assert "apply_in_place()" in str(info.value)
     assert "--in-place" in run("apply", "sm120-fp16-kv", kimi_dir, "-o", kimi_dir).stderr
+
+
+def test_parameters_become_flags_in_messages_and_log_lines():
+    import logging
+
+    from patcher.cli_errors import FlagWording, as_flags
+
+    assert as_flags("force=True reverts anyway; use device='cpu'") == \
+        "--force reverts anyway; use --device cpu"
+    assert as_flags("verify() lists them") == "`modelpatch verify` lists them"
+    assert as_flags("no parameter here: enforce=True") == "no parameter here: enforce=True"
+    record = logging.LogRecord("modelpatch", logging.WARNING, __file__, 1,
+                               "%s: reverting anyway (force=True)", ("/m",), None)
+    assert FlagWording().filter(record) and record.getMessage() == "/m: reverting anyway (--force)"
 
 
 # --- item 11: readable lists -----------------------------------------------------------------

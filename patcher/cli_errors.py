@@ -25,7 +25,8 @@ from .errors import PatchError
 # library parameter -> command-line flag; a value other than True follows the flag
 PARAMETER_FLAGS = {"force": "--force", "force_copy": "--copy", "all_patches": "--all",
                    "device": "--device", "endpoint": "--endpoint", "jobs": "--jobs",
-                   "max_shard_size": "--max-shard-size", "allow_noop": "--allow-noop"}
+                   "max_shard_size": "--max-shard-size", "allow_noop": "--allow-noop",
+                   "port": "--port", "host": "--host"}
 _PARAMETER = re.compile(r"\b(%s)=('?)([^'\s,;)]*)\2" % "|".join(PARAMETER_FLAGS))
 _FUNCTION_WORDS = {"apply_in_place()": "--in-place", "verify()": "`modelpatch verify`"}
 
@@ -36,7 +37,7 @@ def as_flags(text: str) -> str:
     command-line user reads it."""
     def flag(m: re.Match) -> str:
         name, value = PARAMETER_FLAGS[m.group(1)], m.group(3)
-        return name if value == "True" else f"{name} {value}"
+        return name if value in ("True", "") else f"{name} {value}"
 
     for function, words in _FUNCTION_WORDS.items():
         text = text.replace(function, words)

@@ -68,7 +68,7 @@ def restore_replaced(out: Path) -> None:
                       key=lambda p: p.lstat().st_mtime_ns)
     if replaced:
         os.rename(replaced[-1], out)
-        log.warning("%s: put back the previous output, which an interrupted --force run had "
+        log.warning("%s: put back the previous output, which an interrupted force=True run had "
                     "moved aside", out)
 
 

@@ -219,7 +219,7 @@ def build_server(root: Path, host: str = "127.0.0.1", port: int = 8080, *,
     except OSError as exc:
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         raise HubError(f"cannot listen on {host}:{port}: {reason}",
-                       hint="pick another --port or --host") from None
+                       hint="pick another port= or host=") from None
     # proxy_headers: a TLS proxy on 127.0.0.1 may set X-Forwarded-Proto, so that the upload URLs
     # handed to clients say https (uvicorn trusts only 127.0.0.1 for this by default).
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",

@@ -64,7 +64,7 @@ def _shared_options() -> list[click.Option]:
 def _with_group_json(callback):
     """A command callback whose ``as_json`` is also true when the group's ``--json`` is."""
     def invoke(*args, **kwargs):
-        if click.get_current_context().find_root().obj.get("json"):
+        if (click.get_current_context().find_root().obj or {}).get("json"):
             kwargs["as_json"] = True
         return callback(*args, **kwargs)
 

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import InputError
+from .errors import InputError, ModelDirError
 from .model_dir import ModelDir
 
 # Heavier modules (the engine, the recipe loader and its YAML library, huggingface_hub) are
@@ -48,9 +48,15 @@ def load(recipe: str | os.PathLike | Recipe) -> Recipe:
 
 
 def inspect(model: str | os.PathLike) -> dict:
+    """The report of ``inspect``. Raises ModelDirError for a directory with neither a
+    config.json nor a safetensors file: that is not a model (an empty report would pass)."""
     from .inspect_model import inspect_model
 
-    return inspect_model(_open(model))
+    opened = _open(model)
+    if not opened.has("config.json") and not opened.shards:
+        raise ModelDirError("not a model directory (no config.json, no *.safetensors)",
+                            where=opened.root)
+    return inspect_model(opened)
 
 
 def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,

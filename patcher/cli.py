@@ -1,8 +1,8 @@
 """The ``modelpatch`` command line: a thin layer over the library API.
 
 Results go to stdout (``--json`` for machines); progress and logs go to stderr. Every
-``PatchError`` becomes one line ``modelpatch: error: ...`` and its exit code; ``--debug`` (or
-``MODELPATCH_DEBUG=1``) shows tracebacks instead.
+``PatchError`` becomes ``modelpatch: error: ...`` and its exit code (``cli_group``, rendered by
+``cli_errors``); ``--debug``, ``-q`` and ``--json`` go before or after the subcommand.
 """
 
 from __future__ import annotations
@@ -14,71 +14,35 @@ import sys
 import click
 
 from . import __version__
-from .errors import PatchError
-
-
-class _Group(click.Group):
-    """Turns modelpatch errors into one-line messages with the documented exit codes."""
-
-    def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except PatchError as exc:
-            if ctx.obj and ctx.obj.get("debug"):
-                for problem in getattr(exc, "errors", None) or []:   # every recipe problem
-                    click.echo(f"modelpatch: {problem}", err=True)
-                raise
-            click.echo(f"modelpatch: error: {exc.one_line()}", err=True)
-            ctx.exit(exc.exit_code)
-        except BrokenPipeError:
-            # The reader of stdout went away (`modelpatch recipes list | head`): stop quietly,
-            # as other command-line tools do.
-            sys.stderr.close()
-            ctx.exit(141)
-        except OSError as exc:
-            # An I/O error no layer below turned into an OperationFailed: still one line and
-            # exit code 3, never a traceback (the commands leave their directories consistent
-            # or journaled whatever raises).
-            if ctx.obj and ctx.obj.get("debug"):
-                raise
-            where = f"{exc.filename}: " if exc.filename else ""
-            click.echo(f"modelpatch: error: {where}{exc.strerror or exc}".replace("\n", " "),
-                       err=True)
-            ctx.exit(3)
-        except KeyboardInterrupt as exc:
-            # Ctrl-C: 130; SIGTERM/SIGHUP (turned into KeyboardInterrupt("signal N") so that
-            # cleanup runs): 128 + N, as a shell reports a process that signal ended.
-            signum = str(exc).removeprefix("signal ")
-            click.echo("modelpatch: interrupted", err=True)
-            ctx.exit(128 + int(signum) if signum.isdigit() else 130)
-
-
-def _set_quiet(ctx: click.Context, _param, value: bool) -> bool:
-    if value:
-        ctx.ensure_object(dict)["quiet"] = True
-        logging.getLogger().setLevel(logging.ERROR)
-        logging.getLogger("modelpatch").setLevel(logging.ERROR)
-    return value
+from .cli_errors import FlagWording
+from .cli_group import (DEBUG_HELP, JSON_HELP, QUIET_HELP, ModelpatchGroup, add_shared_options,
+                        set_debug, set_json, set_quiet)
 
 
 quiet_option = click.option("-q", "--quiet", is_flag=True, expose_value=False,
-                            callback=_set_quiet, help="No progress bars or informational logs.")
+                            callback=set_quiet, help=QUIET_HELP)
 
 
 def _emit_json(data) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ModelpatchGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="modelpatch")
-@click.option("--debug", is_flag=True, envvar="MODELPATCH_DEBUG", help="Show tracebacks.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bars or informational logs.")
+@click.option("--debug", count=True, envvar="MODELPATCH_DEBUG", expose_value=False,
+              callback=set_debug, help=DEBUG_HELP)
+@click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=set_quiet,
+              help=QUIET_HELP)
+@click.option("--json", is_flag=True, expose_value=False, callback=set_json, help=JSON_HELP)
 @click.pass_context
-def main(ctx: click.Context, debug: bool, quiet: bool) -> None:
+def main(ctx: click.Context) -> None:
     """Declarative, verifiable, reversible patches for model checkpoints."""
-    ctx.obj = {"debug": debug, "quiet": quiet}
+    quiet = ctx.ensure_object(dict).get("quiet")
     logging.basicConfig(level=logging.ERROR if quiet else logging.WARNING,
                         format="modelpatch: %(message)s", stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, FlagWording) for f in handler.filters):
+            handler.addFilter(FlagWording())
     logging.getLogger("modelpatch").setLevel(logging.ERROR if quiet else logging.INFO)
 
 
@@ -272,7 +236,8 @@ def verify(ctx, directory, jobs, fast, as_json):
               help="Rebuild the base into OUT instead of reverting DIRECTORY in place.")
 @click.option("--all", "all_patches", is_flag=True, help="Revert every patch, back to the original.")
 @click.option("--force", is_flag=True, help="Revert even if DIRECTORY changed since the patch.")
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None)
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="Parallel hashing workers (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 def revert(directory, out, all_patches, force, jobs, as_json):
     """Undo the last patch of DIRECTORY (byte-identical, symlinks restored)."""
@@ -332,22 +297,23 @@ def pull(ctx, repo_id, out, endpoint, revision):
 
 @main.group()
 def hub() -> None:
-    """A self-hosted hub speaking the Hugging Face Hub API (needs modelpatch[hub])."""
+    """A self-hosted hub speaking the Hugging Face Hub API (needs the hub extra)."""
 
 
 @hub.command("serve")
 @click.option("--root", required=True, type=click.Path(file_okay=False, path_type=str),
               help="Storage directory (blobs, repositories, tokens.json).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 for every interface).")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
-              help="Port to listen on (0: any free port).")
+              help="TCP port to listen on (0: any free port).")
 def hub_serve(root, host, port):
     """Serve repositories stored under ROOT until interrupted."""
     try:
         from .hub.server import serve
     except ImportError as exc:
-        raise click.ClickException(f"the hub server needs its extra: pip install "
-                                   f"'modelpatch[hub]' ({exc.name} is missing)") from None
+        raise click.ClickException(f"the hub server needs its extra: pip install -e '.[hub]' "
+                                   f"in the modelpatch checkout ({exc.name} is missing)") from None
     from pathlib import Path
 
     serve(Path(root), host=host, port=port)
@@ -361,12 +327,15 @@ def recipes() -> None:
 @recipes.command("list")
 def recipes_list() -> None:
     """List the built-in recipes with their descriptions."""
-    from .recipe import builtin_recipe_dir, load_recipe
+    import shutil
 
+    from .recipe import builtin_recipe_dir, load_recipe
+    from .render import shorten
+
+    width = shutil.get_terminal_size().columns       # $COLUMNS, the terminal, else 80
     for path in sorted(builtin_recipe_dir().glob("*.yaml")):
         recipe = load_recipe(path)
-        summary = " ".join(recipe.description.split())
-        click.echo(f"{recipe.name:<22} {summary[:100]}")
+        click.echo(f"{recipe.name:<22} {shorten(recipe.description, width - 23)}")
 
 
 @recipes.command("show")
@@ -377,6 +346,8 @@ def recipes_show(name: str) -> None:
 
     click.echo(resolve_recipe(name).read_text(encoding="utf-8"), nl=False)
 
+
+add_shared_options(main)     # after every command: --debug, -q and --json after the subcommand
 
 if __name__ == "__main__":
     main()

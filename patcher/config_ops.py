@@ -5,7 +5,8 @@ returns the new document with one ``Change`` per effective edit. Every edit is c
 RFC 6902 operation through the ``jsonpatch`` library; the friendly ops translate as
 
     drop   -> remove          (a missing path fails unless missing_ok: true)
-    set    -> add / replace   (after adding ``{}`` for each missing parent object)
+    set    -> add / replace   (after adding ``{}`` for each missing parent object, unless
+                               create_parents: false)
     rename -> move            (a missing source fails unless missing_ok: true; a key renamed
                                within its object keeps its position)
     architectures / model_type -> set /architectures, /model_type
@@ -200,12 +201,15 @@ def _set(state: _State, op: SetOp, scope: str) -> None:
     before = resolve(state.doc, pointer)
     if before is not MISSING and json_equal(before, op.value):
         return
-    # Create missing parent objects, one level at a time.
+    # Create missing parent objects, one level at a time (unless create_parents: false).
     tokens = split_pointer(pointer)
     scope_depth = len(split_pointer(scope))
     for depth in range(scope_depth + 1, len(tokens)):
         parent = make_pointer(tokens[:depth])
         value = resolve(state.doc, parent)
+        if value is MISSING and not op.create_parents:
+            raise PlanError(f"{state.file}: cannot set {pointer}: {parent} does not exist "
+                            "(create_parents: false)", where=op.loc)
         if value is MISSING:
             state.patch({"op": "add", "path": parent, "value": {}}, op.loc)
         elif not isinstance(value, (dict, list)):

@@ -94,7 +94,7 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
     real_out = Path(os.path.realpath(out))
     if real_out == base:
         raise InputError("the output is the base directory itself", where=out,
-                         hint="use --in-place to patch a directory in place")
+                         hint="use apply_in_place() to patch a directory in place")
     if base in real_out.parents or real_out in base.parents:
         raise InputError(f"the output and the base {model.root} contain one another", where=out,
                          hint="write the variant beside the base")
@@ -106,7 +106,7 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
             restore_replaced(out)
             if (out.exists() or out.is_symlink()) and not force:
                 raise InputError("output already exists", where=out,
-                                 hint="pass --force to replace it")
+                                 hint="force=True replaces it")
             refuse_to_replace_a_stranger(out)
             remove_stale_staging(out)
             staging = make_staging_dir(out)

@@ -29,11 +29,11 @@ def refuse_to_replace_a_stranger(out: Path) -> None:
     if not os.path.lexists(out):
         return
     if out.is_symlink() or not out.is_dir():
-        raise InputError("output exists and is not a directory; --force replaces only an "
+        raise InputError("output exists and is not a directory; force=True replaces only an "
                          "earlier modelpatch variant", where=out)
     if not (out / MANIFEST_NAME).is_file() and any(out.iterdir()):
         raise InputError(f"output exists and is not a modelpatch variant (no {MANIFEST_NAME}); "
-                         f"--force replaces only an earlier variant", where=out,
+                         f"force=True replaces only an earlier variant", where=out,
                          hint="remove it yourself, or choose another -o")
     own = _own_revert_data(out)
     if own:
@@ -94,7 +94,7 @@ def restore_replaced(out: Path) -> None:
                       key=lambda p: p.lstat().st_mtime_ns)
     if replaced:
         os.rename(replaced[-1], out)
-        log.warning("%s: put back the previous output, which an interrupted --force run had "
+        log.warning("%s: put back the previous output, which an interrupted force=True run had "
                     "moved aside", out)
 
 

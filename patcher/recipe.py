@@ -46,7 +46,7 @@ LEAF_KEYS = ("file", "path", *PREDICATES, "in", "message")
 CONFIG_ACTIONS = ("drop", "set", "rename", "architectures", "model_type", "op")
 CONFIG_KEYS = {
     "drop": ("drop", "in", "missing_ok"),
-    "set": ("set", "value", "in"),
+    "set": ("set", "value", "in", "create_parents"),
     "rename": ("rename", "to", "in", "missing_ok"),
     "architectures": ("architectures", "in"),
     "model_type": ("model_type", "in"),
@@ -311,7 +311,10 @@ def _config_op(v: rc.Validator, node: Any, pos: tuple[int, int]) -> ConfigOp | N
         path = v.pointer(node, "set", allow_root=False)
         value = v.json_value(node["value"], rc.val_pos(node, "value")) if "value" in node \
             else rc.INVALID
-        return None if path is None or value is rc.INVALID else SetOp(path, value, scopes, loc)
+        create_parents = v.boolean(node, "create_parents", default=True)
+        if path is None or value is rc.INVALID:
+            return None
+        return SetOp(path, value, scopes, loc, create_parents=create_parents)
     if action == "rename":
         path = v.pointer(node, "rename", allow_root=False)
         to = v.pointer(node, "to", allow_root=False)

@@ -26,7 +26,7 @@ SAFETENSORS_DTYPES = (
     "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0",
     "F4", "F6_E2M3", "F6_E3M2",
 )
-FLOAT_TARGETS = ("bf16", "fp16", "fp32")
+FLOAT_TARGETS = ("BF16", "F16", "F32")     # cast and dequantize targets, canonical names
 DEQUANT_SCHEMES = ("fp8-tensor", "fp8-block", "nvfp4-modelopt", "nvfp4-compressed-tensors",
                    "mxfp4-gpt-oss", "auto")
 QUANT_SCHEMES = ("fp8-tensor", "fp8-block")
@@ -107,14 +107,16 @@ class DropOp:
 
 @dataclass(frozen=True)
 class SetOp:
-    """Set ``path`` to ``value``, creating missing parent objects. ``label`` is the friendly key
-    the op was written with (``set``, ``architectures`` or ``model_type``)."""
+    """Set ``path`` to ``value``, creating missing parent objects unless ``create_parents`` is
+    False (then a missing parent is an error). ``label`` is the friendly key the op was written
+    with (``set``, ``architectures`` or ``model_type``)."""
 
     path: str
     value: Any
     scopes: tuple[str, ...]
     loc: str
     label: str = "set"
+    create_parents: bool = True
     kind = "set"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 def human_bytes(n: int | float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -16,6 +18,16 @@ def human_count(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.2f}{unit}"
     return str(n)
+
+
+def shorten(text: str, width: int) -> str:
+    """``text`` on one line of at most ``width`` characters (at least 20): whitespace runs
+    collapsed, cut at a word and ended with "…" when it is longer."""
+    text, width = " ".join(text.split()), max(width, 20)
+    if len(text) <= width:
+        return text
+    cut = text[:width].rsplit(" ", 1)[0] if " " in text[:width] else text[:width - 1]
+    return cut.rstrip(" ,;:.-") + "…"
 
 
 def table(rows: list[list[str]], header: list[str]) -> list[str]:
@@ -143,32 +155,62 @@ TENSOR_KINDS = {"tensor_converted": ("~", "converted"), "tensor_renamed": (">", 
 
 
 def render_tensor_changes(changes: list[dict], per_shard: int = 20) -> list[str]:
-    """Every tensor the plan touches, grouped by the base shard it comes from, with dtype and
-    shape before and after; at most ``per_shard`` lines a shard, then "... and N more" (the
-    ``--json`` plan lists them all)."""
-    counts: dict[str, int] = {}
-    groups: dict[str, list[str]] = {}
-    for c in changes:
-        if c.get("kind") not in TENSOR_KINDS:
-            continue
-        mark, word = TENSOR_KINDS[c["kind"]]
-        counts[word] = counts.get(word, 0) + 1
-        groups.setdefault(c.get("shard") or "(no shard)", []).append(f"{mark} {_tensor_line(c)}")
-    if not groups:
+    """Every tensor the plan touches, by base shard (shards and tensors in natural order), with
+    dtype and shape before and after. A scale or other companion is indented under its weight
+    by its own short name (from whichever shard it comes). About ``per_shard`` lines a shard,
+    then "... and N more" tensors (the ``--json`` plan lists them all)."""
+    touched = [c for c in changes if c.get("kind") in TENSOR_KINDS]
+    if not touched:
         return []
-    total = sum(counts.values())
-    lines = [f"tensors: {total} touched ("
+    counts: dict[str, int] = {}
+    for c in touched:
+        word = TENSOR_KINDS[c["kind"]][1]
+        counts[word] = counts.get(word, 0) + 1
+    owners = {c["tensor"] for c in touched if not c.get("companion_of")}
+    companions: dict[str, list[dict]] = {}
+    groups: dict[str, list[dict]] = {}
+    for c in touched:
+        if c.get("companion_of") in owners:
+            companions.setdefault(c["companion_of"], []).append(c)
+        else:
+            groups.setdefault(c.get("shard") or "(no shard)", []).append(c)
+    lines = [f"tensors: {len(touched)} touched ("
              + ", ".join(f"{n} {w}" for w, n in counts.items()) + ")"]
-    for shard, entries in groups.items():
+    for shard in sorted(groups, key=lambda s: (s == "(no shard)", natural_key(s))):
         lines.append(f"  {shard}")
-        lines += [f"    {e}" for e in entries[:per_shard]]
-        if len(entries) > per_shard:
-            lines.append(f"    ... and {len(entries) - per_shard} more (--json lists them all)")
+        block: list[str] = []
+        entries = sorted(groups[shard], key=lambda c: natural_key(c["tensor"]))
+        for i, c in enumerate(entries):
+            own = sorted(companions.get(c["tensor"], []), key=lambda x: natural_key(x["tensor"]))
+            if len(block) + 1 + len(own) > per_shard and block:
+                rest = sum(1 + len(companions.get(e["tensor"], [])) for e in entries[i:])
+                block.append(f"    ... and {rest} more (--json lists them all)")
+                break
+            block.append(f"    {TENSOR_KINDS[c['kind']][0]} {_tensor_line(c)}")
+            block += [f"        {TENSOR_KINDS[x['kind']][0]} {_companion_line(x, c['tensor'], shard)}"
+                      for x in own]
+        lines += block
     return lines + [""]
+
+
+def natural_key(text: str) -> list:
+    """Sort key that puts ``layers.2`` before ``layers.10``."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part)
+            for part in re.split(r"(\d+)", text)]
 
 
 def _layout_text(layout: dict | None) -> str:
     return "-" if layout is None else f"{layout['dtype']}{layout['shape']}"
+
+
+def _companion_line(c: dict, owner: str, owner_shard: str) -> str:
+    """A companion under its weight: the name after the module they share, its layout, and its
+    shard when that is not the weight's."""
+    module = owner.rsplit(".", 1)[0] + "."
+    name = c["tensor"][len(module):] if c["tensor"].startswith(module) else c["tensor"]
+    layout = _layout_text(c.get("after") if c["kind"] == "tensor_added" else c.get("before"))
+    elsewhere = c.get("shard") and c["shard"] != owner_shard
+    return f"{name}  {layout}" + (f"  (in {c['shard']})" if elsewhere else "")
 
 
 def _tensor_line(c: dict) -> str:

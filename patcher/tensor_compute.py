@@ -20,7 +20,7 @@ from .quant.kernel_args import NonFiniteInput
 from .tensor_tasks import TensorJob
 
 _OUT = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
-_WIDER = {"F16": "bf16 or fp32", "BF16": "fp32"}
+_WIDER = {"F16": "BF16 or F32", "BF16": "F32"}
 
 
 class NumericError(InputError):

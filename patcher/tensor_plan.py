@@ -28,7 +28,6 @@ from .tensor_schemes import (
 from .tensor_tasks import ShardTask, TensorJob, TensorSource, index_document
 
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
-CAST_TARGETS = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}
 
 
 @dataclass(frozen=True)
@@ -97,7 +96,7 @@ def check_device(device: str | None) -> str:
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError, TypeError):
-        raise InputError(f"--device {device!r} is not a device torch knows",
+        raise InputError(f"device={device!r} is not a device torch knows",
                          hint="use cpu, cuda or cuda:N") from None
     if dev.type == "cpu":
         return device
@@ -108,18 +107,18 @@ def check_device(device: str | None) -> str:
         if not torch.cuda.is_available():
             why = ("this torch build has no CUDA support" if torch.version.cuda is None
                    else "no CUDA GPU is visible")
-            raise InputError(f"--device {device}: CUDA is not available ({why}; torch "
-                             f"{torch.__version__})", hint="use --device cpu")
+            raise InputError(f"device={device!r}: CUDA is not available ({why}; torch "
+                             f"{torch.__version__})", hint="use device='cpu'")
         count = torch.cuda.device_count()
         if dev.index is not None and dev.index >= count:
-            raise InputError(f"--device {device}: there are only {count} CUDA device(s)",
+            raise InputError(f"device={device!r}: there are only {count} CUDA device(s)",
                              hint=f"use cuda:0 to cuda:{count - 1}")
         return device
     try:
         torch.empty(1, device=dev)
     except (RuntimeError, AssertionError) as exc:
-        raise InputError(f"--device {device}: not usable here ({str(exc).splitlines()[0]})",
-                         hint="use --device cpu") from None
+        raise InputError(f"device={device!r}: not usable here ({str(exc).splitlines()[0]})",
+                         hint="use device='cpu'") from None
     return device
 
 
@@ -211,7 +210,7 @@ def _rename(view, names, op, changes) -> None:
 
 
 def _cast(view, names, op, changes) -> None:
-    target = CAST_TARGETS[op.action.to]
+    target = op.action.to
     for name in names:
         t = view[name]
         if t.dtype.startswith("F8"):
@@ -229,7 +228,7 @@ def _cast(view, names, op, changes) -> None:
 
 
 def _dequantize(view, names, op, changes, fp8_block: Fp8Block) -> None:
-    target = CAST_TARGETS[op.action.to]
+    target = op.action.to
     consumed = _companions_of_selected(view, names, op, fp8_block)
     for name in names:
         if name in consumed or name not in view:

@@ -476,7 +476,10 @@ def test_bad_json_file(tmp_path: Path, filename: str, content: bytes, message: s
     for args in (["inspect", str(model)], ["inspect", str(model), "--json"]):
         result = invoke(*args)
         assert result.exit_code == 2 and result.exc_info[0] is SystemExit
-        assert result.stdout == ""
+        if "--json" in args:    # the error as JSON on stdout too
+            assert json.loads(result.stdout)["error"]["where"] == str(model / filename)
+        else:
+            assert result.stdout == ""
         lines = result.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith("modelpatch: error: ")
         assert str(model / filename) in lines[0] and message in lines[0]

@@ -144,8 +144,8 @@ def test_full_recipe_types_and_locations():
     assert t[1].action == RenameTensors(r"^language_model\.", "model.")
     assert t[2].action == RenameTensors(r"^x(\d+)", r"y\1") and t[2].allow_empty is True
     assert t[2].select.regexes == ("a", "b")
-    assert t[3].action == CastTensors("fp16") and t[3].select.dtypes == ("BF16",)
-    assert t[4].action == DequantizeTensors("auto", "bf16")
+    assert t[3].action == CastTensors("F16") and t[3].select.dtypes == ("BF16",)
+    assert t[4].action == DequantizeTensors("auto", "BF16")
     assert t[4].action.block is None
     assert t[5].action == QuantizeTensors("fp8-block", "deepseek", (128, 128))
     assert t[6].action == QuantizeTensors("fp8-tensor", "modelopt", None)
@@ -354,16 +354,18 @@ ERROR_CASES = [
      "rename needs 'pattern' unless select has exactly one regex"),
     (HEAD + "tensors:\n  - select: §{glob: '*', regex: x}\n    drop: true\n",
      "select needs exactly one of 'glob' and 'regex'"),
-    (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§f32]}\n    drop: true\n",
-     "unknown dtype 'f32' (did you mean 'F32'?)"),
-    (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§FP8]}\n    drop: true\n",
-     "unknown dtype 'FP8' (safetensors names: BOOL, U8, I8, U16, I16, U32, I32, U64, I64, F16, "
+    (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§f33]}\n    drop: true\n",
+     "unknown dtype 'f33' (did you mean 'F32'?)"),
+    (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§Q4_K]}\n    drop: true\n",
+     "unknown dtype 'Q4_K' (one of BOOL, U8, I8, U16, I16, U32, I32, U64, I64, F16, "
      "BF16, F32, F64, C64, F8_E4M3, F8_E5M2, F8_E4M3FNUZ, F8_E5M2FNUZ, F8_E8M0, F4, F6_E2M3, "
      "F6_E3M2)"),
-    (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§e4m3]}\n    drop: true\n",
-     "unknown dtype 'e4m3' (did you mean 'F8_E4M3' or 'F8_E4M3FNUZ'?)"),
+    (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§e4m4]}\n    drop: true\n",
+     "unknown dtype 'e4m4' (did you mean 'F8_E4M3'?)"),
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    cast: §bf17\n",
-     "unknown cast 'bf17' (did you mean 'bf16'?)"),
+     "cast: unknown dtype 'bf17' (did you mean 'BF16'?)"),
+    (HEAD + "tensors:\n  - select: {glob: '*'}\n    cast: §fp8\n",
+     "cast: dtype 'fp8' (F8_E4M3) is not allowed here; use one of BF16, F16, F32"),
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    drop: §false\n",
      "drop must be true (leave the item out to keep the tensors)"),
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    drop: true\n    §cast: bf16\n",
@@ -374,7 +376,7 @@ ERROR_CASES = [
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: §nvfp4}\n",
      "unknown scheme 'nvfp4' (did you mean 'nvfp4-modelopt' or 'nvfp4-compressed-tensors'?)"),
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: auto, to: §int8}\n",
-     "unknown to 'int8' (expected one of: bf16, fp16, fp32)"),
+     "to: dtype 'int8' (I8) is not allowed here; use one of BF16, F16, F32"),
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    quantize: {scheme: fp8-block, "
             "layout: §modelopt}\n",
      "layout 'modelopt' has no fp8-block format (use deepseek or compressed-tensors)"),
@@ -786,6 +788,8 @@ SCHEMA_VALID = [
            "    - {set: /a, value: [1, {b: c}], in: /text_config}\n",
     HEAD + "tensors:\n  - select: {glob: '*', dtype: F8_E4M3}\n"
            "    dequantize: {scheme: fp8-block, to: fp32}\n"
+           "  - select: {glob: '*', dtype: [f32, bfloat16, torch.float8_e4m3fn, fp8]}\n"
+           "    cast: float16\n"
            "  - select: {regex: '.*'}\n    quantize: {scheme: fp8-block, layout: "
            "compressed-tensors, block: [64, 32]}\n",
     HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: fp8-block, block: [64, 64]}\n"
@@ -827,7 +831,7 @@ SCHEMA_INVALID = [
     HEAD + "requires:\n  - {any_of: [{file: c.json, path: /x, exists: true}], not: {}}\n",
     HEAD + "tensors:\n  - select: {regex: '('}\n    drop: true\n",
     HEAD + "tensors:\n  - select: {glob: '*', regex: x}\n    drop: true\n",
-    HEAD + "tensors:\n  - select: {glob: '*', dtype: [f32]}\n    drop: true\n",
+    HEAD + "tensors:\n  - select: {glob: '*', dtype: [f33]}\n    drop: true\n",
     HEAD + "tensors:\n  - select: {glob: '*'}\n    drop: false\n",
     HEAD + "tensors:\n  - select: {glob: '*'}\n    drop: true\n    cast: bf16\n",
     HEAD + "tensors:\n  - select: {glob: '*'}\n",
@@ -864,7 +868,7 @@ def test_schema_and_loader_accept(text):
 def test_dequantize_block_is_parsed():
     recipe = load(HEAD + "tensors:\n  - select: {glob: '*'}\n"
                   "    dequantize: {scheme: fp8-block, block: [64, 32]}\n")
-    assert recipe.tensors[0].action == DequantizeTensors("fp8-block", "bf16", (64, 32))
+    assert recipe.tensors[0].action == DequantizeTensors("fp8-block", "BF16", (64, 32))
     with pytest.raises(RecipeError, match="block applies to fp8-block or auto, not fp8-tensor"):
         load(HEAD + "tensors:\n  - select: {glob: '*'}\n"
              "    dequantize: {scheme: fp8-tensor, block: [64, 32]}\n")

@@ -50,7 +50,7 @@ try:
     from starlette.routing import Route
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise HubError("the embedded hub needs Starlette and uvicorn",
-                   hint="pip install 'modelpatch[hub]'") from exc
+                   hint="pip install -e '.[hub]' in the modelpatch checkout") from exc
 
 from . import routes_files, routes_repo, routes_upload
 from .request_errors import BadRequest, HubRequestError
@@ -239,7 +239,7 @@ def build_server(root: Path, host: str = "127.0.0.1", port: int = 8080, *,
     except OSError as exc:
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         raise HubError(f"cannot listen on {host}:{port}: {reason}",
-                       hint="pick another --port or --host") from None
+                       hint="pick another port= or host=") from None
     # proxy_headers: a TLS proxy on 127.0.0.1 may set X-Forwarded-Proto, so that the upload URLs
     # handed to clients say https (uvicorn trusts only 127.0.0.1 for this by default).
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",

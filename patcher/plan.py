@@ -142,7 +142,7 @@ def require_change(the_plan: Plan, allow_noop: bool) -> None:
         return
     raise NothingToChange(f"recipe {the_plan.recipe.name!r} changes nothing in "
                           f"{the_plan.base}: the variant would equal the base",
-                          hint="allow_noop=True, or --allow-noop, accepts that")
+                          hint="allow_noop=True accepts that")
 
 
 def _link(model: ModelDir, rel: str) -> FilePlan:

@@ -206,7 +206,7 @@ def test_a_plan_that_changes_nothing_fails_unless_allowed(kimi_dir, tmp_path):
         assert result.exit_code == 1, argv
         assert result.stderr.strip().endswith(
             f"modelpatch: error: recipe 'typo' changes nothing in {model}: the variant would "
-            "equal the base (allow_noop=True, or --allow-noop, accepts that)")
+            "equal the base (--allow-noop accepts that)")
     assert not out.exists() and not (own / ".modelpatch").exists()
     with pytest.raises(NothingToChange):
         api.apply(recipe, kimi_dir, out=out)

@@ -36,7 +36,7 @@ from patcher.quant import (
     dequantize_nvfp4_modelopt,
     pack_fp4,
 )
-from patcher.quant.rounding import round_exact
+from patcher.quant.rounding import round_exact, round_via_f32
 from exact_reference import round_exact_product, round_exact_quotient
 
 OUT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -136,11 +136,11 @@ def _fraction_rne(x, p, emin, fmax):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fmt", list(OUT))
 def test_round_exact_on_ties_near_ties_subnormals_and_overflow(fmt, device):
-    """Midpoints of the target (9, 12, 25 significant bits) at every exponent torch can hold,
+    """Midpoints of the target (9, 12, 25 significant bits) at exponents from 2^-175 to 2^104,
     nudged by 2^-40 up and down; subnormals; values around the largest finite value."""
     rng = np.random.default_rng(3)
     p = {"bfloat16": 8, "float16": 11, "float32": 24}[fmt]
-    mids = np.ldexp((rng.integers(1 << p, 1 << (p + 1), 4000) * 2 + 1).astype(float),
+    mids = np.ldexp((rng.integers(1 << (p - 1), 1 << p, 4000) * 2 + 1).astype(float),
                     rng.integers(-175, 104, 4000) - p)
     fmax = float(torch.finfo(OUT[fmt]).max)
     edge = np.array([fmax, np.nextafter(fmax, 0), fmax * (1 + 2.0 ** -(p + 1)),
@@ -151,6 +151,31 @@ def test_round_exact_on_ties_near_ties_subnormals_and_overflow(fmt, device):
     ours = round_exact(torch.from_numpy(x).to(device), OUT[fmt])
     assert ours.dtype == OUT[fmt] and ours.device.type == device
     assert_matches(ours, round_exact_product(x, fmt), f"round_exact {fmt}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt", list(OUT))
+def test_round_via_f32_recomputes_exactly_the_rows_that_need_it(fmt, device):
+    """Values near target midpoints, rounded once to float32 (many land exactly on a
+    midpoint), in rows of 16: ``round_via_f32`` must give the single rounding of the exact
+    values, asking for exact values only of rows holding a float32 value on a boundary."""
+    rng = np.random.default_rng(4)
+    p = {"bfloat16": 8, "float16": 11, "float32": 24}[fmt]
+    mids = np.ldexp((rng.integers(1 << (p - 1), 1 << p, 2048) * 2 + 1).astype(float),
+                    rng.integers(-12, 12, 2048) - p)
+    near = mids * (1 + rng.choice([0.0, 2.0 ** -30, -(2.0 ** -30), 2.0 ** -20], 2048))
+    x = rng.uniform(-3, 3, (128, 16))
+    x[::4] = near.reshape(128, 16)[::4]          # every 4th row near midpoints
+    exact = torch.from_numpy(x).to(device)
+    asked = []
+
+    def exact_rows(rows):
+        asked.append(rows.numel())
+        return exact[rows]
+
+    ours = round_via_f32(exact.to(torch.float32), OUT[fmt], exact_rows)
+    assert_matches(ours, round_exact_product(x, fmt), f"round_via_f32 {fmt}")
+    assert (sum(asked) == 0) == (fmt == "float32") and sum(asked) < 64
 
 
 def test_round_exact_keeps_nan_and_inf_and_refuses_other_input():

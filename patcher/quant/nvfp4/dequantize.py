@@ -22,6 +22,9 @@ from .e2m1 import (E2M1_VALUES, E2M1_VALUES_CT, E2M1_VALUES_CT_F64, E2M1_VALUES_
 from .shapes import NVFP4_GROUP_SIZE, check_nvfp4_shapes
 
 
+_GROUP_SCALE_DTYPES = (torch.float8_e4m3fn, torch.bfloat16, torch.float16)
+
+
 class _Operands(NamedTuple):
     """The checked operands of an NVFP4 dequantization, as 2-D views: ``packed`` codes
     ``[rows, k/2]``, group ``scale`` ``[rows, k/16]``; ``full`` is the output shape."""
@@ -40,8 +43,8 @@ def _operands(weight: torch.Tensor, scale: torch.Tensor, global_scale: torch.Ten
     if weight.dtype != torch.uint8:
         raise ValueError(f"NVFP4 {names[0]} must be uint8 (two e2m1 codes per byte), "
                          f"got {weight.dtype}")
-    if not scale.is_floating_point():
-        raise ValueError(f"NVFP4 {names[1]} must be a float tensor (float8_e4m3fn), "
+    if scale.dtype not in _GROUP_SCALE_DTYPES:   # times an e2m1 value: exact in float32
+        raise ValueError(f"NVFP4 {names[1]} must be float8_e4m3fn (or bfloat16/float16), "
                          f"got {scale.dtype}")
     full = check_nvfp4_shapes(weight.shape, scale.shape, global_scale.shape, names=names)
     k = full[-1]

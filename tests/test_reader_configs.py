@@ -32,7 +32,10 @@ def _assert_cli_error(model: Path, *needles: str) -> None:
     for args in (["inspect", str(model)], ["inspect", str(model), "--json"]):
         result = invoke(*args)
         assert result.exit_code == 2 and result.exc_info[0] is SystemExit, result.output
-        assert result.stdout == "" and "Traceback" not in result.output
+        assert "Traceback" not in result.output
+        # --json puts the error on stdout as well; plain output leaves stdout empty
+        assert (json.loads(result.stdout)["error"]["exit_code"] == 2 if "--json" in args
+                else result.stdout == "")
         lines = result.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith("modelpatch: error: "), result.stderr
         for needle in needles:

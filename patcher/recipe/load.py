@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import checks as rc
-from ..errors import InputError, RecipeError
+from ..errors import InputError, RecipeError, YamlProblems
 from ..fsops import NotRegularFile, TooLarge, read_capped
 from .builtin import (  # noqa: F401  (part of the public recipe API)
     builtin_recipe_dir, builtin_recipe_names, resolve_recipe)
@@ -32,7 +32,7 @@ from .guards import check_guards, evaluate_guards  # noqa: F401  (re-exported)
 from .schema import (RECIPE_FORMAT_VERSIONS, AddFile, AllOf, AnyOf, Check, ConfigOp, Condition,
                      DropFile, DropOp, FileOp, Not, OutputLayout, PatchOp, Recipe, RenameOp, SetOp)
 from .tensor_ops import parse_tensor_op
-from .yaml_safe import MAX_RECIPE_BYTES, YamlProblems, compose_recipe
+from .yaml_safe import MAX_RECIPE_BYTES, compose_recipe
 
 __all__ = ["load_recipe", "evaluate_guards", "check_guards", "builtin_recipe_dir",
            "builtin_recipe_names", "resolve_recipe", "Recipe"]

@@ -3,6 +3,8 @@
 - ``link_or_copy`` shares data with the base: reflink where the filesystem has it, else hardlink,
   else copy (``linking`` predicts which, and holds the ``--link`` modes). A linked file keeps its inode's mode: chmod on a hardlink would change the base too.
 - Files modelpatch writes itself are created read-only (0o444) and fsynced before the commit.
+- The one way to write a small file durably: ``write_file`` creates a new file, fsynced;
+  ``replace_file`` replaces one atomically (temporary file, fsync, rename, directory fsync).
 - ``fsync_dir`` makes renames and new entries durable.
 """
 
@@ -13,6 +15,7 @@ import fcntl
 import os
 import shutil
 import stat
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -84,6 +87,12 @@ def fsync_dir(path: Path) -> None:
     fsync_path(path)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def make_parents(root: Path, rel: str) -> Path:
     """``root / rel``, its parent folders created."""
     target = root / rel
@@ -95,13 +104,35 @@ def write_file(path: Path, data: bytes, *, mode: int = READ_ONLY) -> None:
     """Create ``path`` (which must not exist) with ``data``, fsync it and set ``mode``."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        _write_all(fd, data)
         os.fsync(fd)
         os.fchmod(fd, mode)
     finally:
         os.close(fd)
+
+
+def replace_file(path: Path, data: bytes, *, mode: int = 0o600, tmp_dir: Path | None = None,
+                 prefix: str = ".tmp-") -> None:
+    """Replace ``path`` with ``data`` atomically and durably: a temporary file (``prefix``...
+    ``.tmp`` in ``tmp_dir``, default beside ``path``; same file system) with ``mode`` is written,
+    fsynced and renamed over ``path``, then ``path``'s directory is fsynced. On an error the
+    temporary file is gone and ``path`` is the old file or the new one, whole."""
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=".tmp", dir=tmp_dir or path.parent)
+    try:
+        try:
+            os.fchmod(fd, mode)
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(path.parent)
 
 
 def remove_tree(path: Path) -> None:

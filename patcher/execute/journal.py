@@ -53,7 +53,7 @@ from pathlib import Path
 
 from .. import faults
 from ..errors import ModelDirError
-from ..fsops import fsync_dir, remove_tree
+from ..fsops import fsync_dir, remove_tree, write_file
 from ..config.jsonfile import parse_json
 from ..model.model_dir import STATE_DIR
 
@@ -93,10 +93,8 @@ class Journal:
     def save(self, root: Path) -> None:
         data = dict(self.__dict__, version=JOURNAL_VERSION)
         tmp = root / JOURNAL_TMP
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
+        remove_tree(tmp)                        # a killed save's leftover
+        write_file(tmp, json.dumps(data, indent=1).encode(), mode=0o644)
         faults.point("journal:save")            # a kill here leaves journal.json.tmp
         os.replace(tmp, root / JOURNAL_NAME)
         fsync_dir(root / STATE_DIR)
@@ -144,12 +142,7 @@ def _write_owner(root: Path) -> dict:
     token = os.urandom(16).hex()
     path = root / OWNER_NAME
     remove_tree(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    try:
-        os.write(fd, token.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_file(path, token.encode(), mode=0o644)
     return _owner_of(root, token)
 
 

@@ -42,7 +42,6 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -51,7 +50,7 @@ from typing import Any, Mapping
 from .. import __version__
 from ..errors import InputError, OperationFailed
 from .hashing import is_sha256_hex
-from ..fsops import NotRegularFile, TooLarge, read_capped
+from ..fsops import NotRegularFile, TooLarge, read_capped, replace_file
 from ..config.jsonfile import parse_json
 from .manifest_rules import (BASE_PROVENANCE_ROLE, PREDICATE_TYPE, STATEMENT_TYPE, DigestEntry,
                              Invalid, check_relpath, is_excluded, validate_statement)
@@ -365,31 +364,9 @@ def write_manifest(directory: str | os.PathLike, statement: dict) -> DigestEntry
     data = canonical_json(statement)
     directory = Path(directory)
     final = directory / MANIFEST_NAME
-    tmp: str | None = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{MANIFEST_NAME}.", suffix=".tmp", dir=directory)
-        try:
-            os.fchmod(fd, 0o444)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
-        tmp = None
-        dir_fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        replace_file(final, data, mode=0o444, prefix=f".{MANIFEST_NAME}.")
     except OSError as exc:
         raise OperationFailed(f"cannot write the provenance manifest: {exc.strerror or exc}",
                               where=final) from exc
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
     return DigestEntry(hashlib.sha256(data).hexdigest(), len(data))

@@ -211,6 +211,8 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
 
 
 def _git_blob_sha1(path: Path) -> str:
+    """``huggingface_hub.utils.sha.git_hash`` of the file, read in chunks: the hub decides which
+    files are regular (not LFS), so a regular file may be of any size."""
     h = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -41,6 +41,7 @@ from typing import Any, Awaitable, Callable
 from urllib.parse import unquote
 
 from ...errors import HubError, InputError
+from ...fsops import write_file
 
 try:
     from starlette.applications import Starlette
@@ -185,15 +186,11 @@ def _signing_key(root: Path) -> bytes:
             raise InputError("signing key is too short; delete it to make a new one", where=path)
         except FileNotFoundError:
             pass
+        key = new_signing_key()
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            write_file(path, key, mode=0o600)
         except FileExistsError:
             continue  # another process made it meanwhile: read theirs
-        key = new_signing_key()
-        with os.fdopen(fd, "wb") as f:
-            f.write(key)
-            f.flush()
-            os.fsync(f.fileno())
         return key
     raise InputError("cannot create the signing key", where=path)
 

@@ -1,4 +1,4 @@
-"""The embedded hub's storage, pure standard library: content-addressed blobs, commits, refs,
-Git object rules, names, and the durable small files they are kept in.
+"""The embedded hub's storage, without Starlette: content-addressed blobs, commits, refs,
+Git object rules and names; small files are written with ``fsops`` (atomic, durable).
 
-May import ``errors`` and ``hub.request_errors``; never the server (Starlette)."""
+May import ``errors``, ``fsops`` and ``hub.request_errors``; never the server (Starlette)."""

@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from .durable_files import fsync_dir
+from ...fsops import fsync_dir
 from ..request_errors import BadRequest
 
 

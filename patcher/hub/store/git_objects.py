@@ -4,13 +4,9 @@ stored with LFS, and the tree entries of a commit record."""
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 from typing import Any
 
-
-def git_blob_oid(data: bytes) -> str:
-    """The git object id of a blob with this content: sha1(b"blob <size>\\0" + data)."""
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+from huggingface_hub.utils.sha import git_hash    # a blob's git object id: sha1("blob N\0" + data)
 
 
 def lfs_pointer(sha256: str, size: int) -> bytes:
@@ -41,9 +37,9 @@ def upload_mode(path: str, size: int, sample: bytes) -> str:
 
 
 def regular_entry(sha256: str, data: bytes) -> dict[str, Any]:
-    return {"sha256": sha256, "size": len(data), "git_oid": git_blob_oid(data), "lfs": False}
+    return {"sha256": sha256, "size": len(data), "git_oid": git_hash(data), "lfs": False}
 
 
 def lfs_entry(sha256: str, size: int) -> dict[str, Any]:
-    return {"sha256": sha256, "size": size, "git_oid": git_blob_oid(lfs_pointer(sha256, size)),
+    return {"sha256": sha256, "size": size, "git_oid": git_hash(lfs_pointer(sha256, size)),
             "lfs": True}

@@ -1,6 +1,6 @@
 """Storage of the embedded hub: content-addressed blobs, immutable commits, atomically moved refs.
 
-Pure standard library (no Starlette): the server calls it, and tests can drive it directly.
+No Starlette: the server calls it, and tests can drive it directly.
 
 Layout under ROOT::
 
@@ -32,8 +32,8 @@ files of another server process sharing the root. Blobs are never garbage-collec
 repo keeps them).
 
 This module holds ``Store``: repos, their lock, refs, commits and LFS markers. The blob store is
-``blob_store.py``, the records ``records.py``, commit operations ``commit_ops.py``, atomic JSON
-files ``durable_files.py``.
+``blob_store.py``, the records ``records.py``, commit operations ``commit_ops.py``; its small JSON
+files are replaced atomically with ``fsops.replace_file``.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
+from ...fsops import fsync_dir, replace_file
 from .blob_store import BlobStore
 from .commit_ops import Op, apply_ops
-from .durable_files import fsync_dir, read_json, write_json_atomically
 from .naming import (COMMIT_ID, DEFAULT_BRANCH, REPO_KINDS, RESERVED_NAMESPACES, check_ref_name,
                      split_repo_id)
 from .records import Commit, RepoMeta, commit_id_of, utc_timestamp
@@ -93,8 +93,9 @@ class Store(BlobStore):
     # -- small JSON files ------------------------------------------------------------------
 
     def _write_json(self, path: Path, obj: Any) -> None:
-        """Atomically replace ``path`` with ``obj`` as JSON (see ``durable_files``)."""
-        write_json_atomically(path, obj, tmp_dir=self.tmp)
+        """Atomically and durably replace ``path`` with ``obj`` as JSON (temp file in ``tmp/``)."""
+        replace_file(path, json.dumps(obj, indent=1, sort_keys=True).encode() + b"\n",
+                     tmp_dir=self.tmp, prefix="json-")
 
     # -- repos -----------------------------------------------------------------------------
 
@@ -108,7 +109,7 @@ class Store(BlobStore):
             return None
         try:
             d = self.repo_dir(kind, repo_id)
-            data = read_json(d / "repo.json")
+            data = _read_json(d / "repo.json")
         except (BadRequest, FileNotFoundError, NotADirectoryError):
             return None
         return RepoMeta(kind=kind, id=data["id"], private=bool(data["private"]),
@@ -166,7 +167,7 @@ class Store(BlobStore):
 
     def set_private(self, meta: RepoMeta, private: bool) -> RepoMeta:
         with self._locked(meta):
-            data = read_json(meta.dir / "repo.json")
+            data = _read_json(meta.dir / "repo.json")
             data["private"] = bool(private)
             self._write_json(meta.dir / "repo.json", data)
         return RepoMeta(meta.kind, meta.id, bool(private), meta.created_at, meta.dir)
@@ -189,7 +190,7 @@ class Store(BlobStore):
 
     def refs(self, meta: RepoMeta) -> dict[str, dict[str, str]]:
         try:
-            return read_json(meta.dir / "refs.json")
+            return _read_json(meta.dir / "refs.json")
         except FileNotFoundError:
             raise RepoNotFound(f"Repository not found: {meta.id}") from None
 
@@ -352,3 +353,8 @@ def _unless_held(entry: Path) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)
+
+
+def _read_json(path: Path) -> Any:
+    with open(path, "rb") as f:
+        return json.loads(f.read())

@@ -97,6 +97,17 @@ def _value(o: Any, out: list[str], newline: str) -> None:
         out.append(_scalar(o))
 
 
+# Encoded keys (``"key": ``): a change log repeats a few dozen keys millions of times.
+_KEYS: dict[str, str] = {}
+
+
+def _key(key: str) -> str:
+    name = encode_basestring(key) + ": "
+    if len(_KEYS) < 4096:
+        _KEYS[key] = name
+    return name
+
+
 def _dict(o: dict, out: list[str], newline: str) -> None:
     if not o:
         out.append("{}")
@@ -105,22 +116,25 @@ def _dict(o: dict, out: list[str], newline: str) -> None:
     lead = "{" + inner
     sep = "," + inner
     append = out.append
-    for key in o:
-        if type(key) is not str:
-            raise _NotPlain
+    keys = _KEYS
     for key in sorted(o):
+        name = keys.get(key)
+        if name is None:
+            if type(key) is not str:
+                raise _NotPlain
+            name = _key(key)
         value = o[key]
         t = type(value)
         if t is str:
-            append(f"{lead}{encode_basestring(key)}: {encode_basestring(value)}")
+            append(lead + name + encode_basestring(value))
         elif t is dict:
-            append(f"{lead}{encode_basestring(key)}: ")
+            append(lead + name)
             _dict(value, out, inner)
         elif t is list or t is tuple or t is EncodedArray:
-            append(f"{lead}{encode_basestring(key)}: ")
+            append(lead + name)
             _list(value, out, inner)
         else:
-            append(f"{lead}{encode_basestring(key)}: {_scalar(value)}")
+            append(lead + name + _scalar(value))
         lead = sep
     append(newline + "}")
 

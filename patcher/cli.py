@@ -15,6 +15,7 @@ import click
 
 from . import __version__
 from .errors import PatchError
+from .thread_budget import quiet_openmp
 
 
 class _Group(click.Group):
@@ -77,6 +78,7 @@ def _emit_json(data) -> None:
 def main(ctx: click.Context, debug: bool, quiet: bool) -> None:
     """Declarative, verifiable, reversible patches for model checkpoints."""
     ctx.obj = {"debug": debug, "quiet": quiet}
+    quiet_openmp()          # before anything imports torch (patcher.thread_budget)
     logging.basicConfig(level=logging.ERROR if quiet else logging.WARNING,
                         format="modelpatch: %(message)s", stream=sys.stderr)
     logging.getLogger("modelpatch").setLevel(logging.ERROR if quiet else logging.INFO)

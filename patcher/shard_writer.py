@@ -7,7 +7,8 @@ ranges. Peak memory is bounded by the largest tensor involved, never the shard. 
 from the bytes as they are written; nothing is read back.
 
 ``--jobs N`` runs shard tasks in N worker processes (see ``_pool_context`` for how they start),
-and each worker's torch uses its share of the cores rather than all of them.
+and each worker's torch uses its share of the cores rather than all of them
+(``patcher.thread_budget``).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from typing import Callable, Iterator
 
 from .errors import OperationFailed
 from .hash_writer import HashingWriter, hash_while_copying
-from .hashing import HashResult, default_jobs
+from .hashing import HashResult
 from .shard_pipeline import Pipeline, read_ahead
 from .source_digest import SourceDigest, single_source_in_order
 from .tensor_tasks import ShardTask, TensorJob
+from .thread_budget import quiet_openmp, split
 
 # safetensors dtype name -> torch dtype attribute name
 _TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
@@ -71,14 +73,14 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
     computes = any(j.op != "copy" for t in tasks for j in t.jobs)
     if jobs is None and computes and sum(t.bytes_computed for t in tasks) < SMALL_COMPUTE:
         jobs = 1        # starting workers (each imports torch) would cost more than it saves
-    jobs = max(1, min(jobs or default_jobs(), len(tasks)))
+    jobs, threads = split(jobs, len(tasks))
     results = ShardResults({}, {})
     if jobs <= 1:
+        _use_threads(threads)
         for task in tasks:
             _collect(results, task, write_shard(task, staging / task.output, on_progress,
                                                 hash_sources))
         return results
-    threads = max(1, default_jobs() // jobs)
     context = _pool_context(computes)
     order = sorted(tasks, key=lambda t: t.file_size, reverse=True)
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context,
@@ -127,8 +129,14 @@ def _pool_context(computes: bool):
 
 
 def _init_worker(threads: int, parent: int) -> None:
-    global _torch_threads
     _die_with(parent)
+    quiet_openmp()
+    _use_threads(threads)
+
+
+def _use_threads(threads: int) -> None:
+    """Give torch ``threads`` intra-op threads (now if it is loaded, else at its first use)."""
+    global _torch_threads
     _torch_threads = threads
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import importlib.metadata
 import os
 import platform
 import sys
@@ -116,6 +115,8 @@ def tool_versions() -> dict[str, str]:
     imported it, else from the installed distribution's metadata. Libraries not installed are
     left out (SLSA's version map holds strings only).
     """
+    import importlib.metadata        # here: verify and read_manifest never need it
+
     versions = {"modelpatch": __version__, "python": platform.python_version()}
     for dist in _VERSIONED_DISTS:
         module = sys.modules.get(dist)

@@ -66,14 +66,14 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
     that file's sha256 (``patcher.source_digest``), so that it is not read a second time.
 
     With ``jobs`` > 1 the shards are written by worker processes, one task each, the biggest
-    first. Left unset (None), ``jobs`` is the number of cores, except that less than
-    ``SMALL_COMPUTE`` bytes of computed tensors are written here, without workers. The first failure cancels the tasks not started yet and is raised once the running
-    ones end.
+    first. Left unset (None), ``patcher.thread_budget.split`` chooses, except that less than
+    ``SMALL_COMPUTE`` bytes of computed tensors are written here, without workers. The first
+    failure cancels the tasks not started yet and is raised once the running ones end.
     """
     computes = any(j.op != "copy" for t in tasks for j in t.jobs)
     if jobs is None and computes and sum(t.bytes_computed for t in tasks) < SMALL_COMPUTE:
         jobs = 1        # starting workers (each imports torch) would cost more than it saves
-    jobs, threads = split(jobs, len(tasks))
+    jobs, threads = split(jobs, len(tasks), computes=computes)
     results = ShardResults({}, {})
     if jobs <= 1:
         _use_threads(threads)

@@ -22,18 +22,25 @@ from test_tensor_cli import run
 
 
 @pytest.mark.parametrize("jobs, tasks, cores, expected", [
-    (None, 24, 16, (16, 1)),     # one worker a shard, up to the cores
+    (None, 24, 16, (8, 2)),      # half as many workers as cores, two torch threads each
     (None, 4, 16, (4, 4)),       # fewer shards: the cores left over become torch threads
     (1, 24, 16, (1, 16)),        # -j 1: this process, every core through torch
     (8, 24, 16, (8, 2)),
     (16, 3, 16, (3, 5)),         # never more workers than shards
-    (None, 24, 2, (2, 1)),
+    (None, 24, 2, (1, 2)),       # 2 cores: this process, two torch threads
+    (None, 24, 1, (1, 1)),
     (None, 0, 2, (1, 2)),
 ])
 def test_workers_times_torch_threads_fit_the_cores(jobs, tasks, cores, expected):
     workers, threads = split(jobs, tasks, cores)
     assert (workers, threads) == expected
     assert workers * threads <= cores
+
+
+def test_shards_that_are_only_copied_get_a_worker_per_core():
+    assert split(None, 24, 16, computes=False)[0] == 16
+    assert split(None, 24, 2, computes=False)[0] == 2
+    assert split(3, 24, 16, computes=False)[0] == 3
 
 
 def test_openmp_threads_sleep_unless_the_user_says_otherwise(monkeypatch):

@@ -140,6 +140,28 @@ def rounds(commands: dict, n: int, deadline: float) -> dict:
             for k, v in runs.items() if v}
 
 
+def cuda_case(case: Case, n: int, deadline: float) -> dict:
+    gpu = {"torch_script_cuda": case.script_run("cuda")}
+    gpu.update({f"cuda_j{j}": case.mp(f"cuda_j{j}", j, "cuda") for j in ("1", "2", "4")})
+    return rounds(gpu, n, deadline)
+
+
+def profile(case: Case, device: str) -> str:
+    """cProfile of an in-process ``apply -j 1`` (the CPU time of this process only)."""
+    out, cache = case.work / "out", case.work / "cache"
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(cache, ignore_errors=True)
+    code = ("import cProfile, pstats, sys; from patcher.cli import main; "
+            f"sys.argv = ['modelpatch', 'apply', {case.recipe!r}, {str(case.model)!r}, '-o', "
+            f"{str(out)!r}, '-q', '-j', '1', '--device', {device!r}]\n"
+            "p = cProfile.Profile(); p.enable()\n"
+            "try: main()\nexcept SystemExit: pass\n"
+            "p.disable(); pstats.Stats(p).sort_stats('tottime').print_stats(18)")
+    r = run([PY, "-c", code], env_for(cache))
+    text = r["stdout"]
+    return text[max(0, text.find("function calls")):]
+
+
 def tensor_case(case: Case, jobs: list[str], cuda: bool, n: int, deadline: float) -> dict:
     commands = {"torch_script": case.script_run()}
     commands.update({f"j{j}": case.mp(f"j{j}", j) for j in jobs})
@@ -189,6 +211,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=BENCH / "report")
     p.add_argument("--budget-s", type=float, default=520)
     p.add_argument("--manifest-tensors", type=int, default=273_000)
+    p.add_argument("--parts", default="cpu,cuda,verify,manifest,openmp,import",
+                   help="also: profile; results update the machine's stored file")
     p.add_argument("--render", action="store_true", help="only render the stored results")
     args = p.parse_args()
     if not args.render:
@@ -205,9 +229,12 @@ def measure(args) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     cores = len(os.sched_getaffinity(0))
     jobs = [j for j in args.jobs.split(",") if int(j) <= cores]
-    result = {"label": args.label, "cores": cores, "date": time.strftime("%Y-%m-%d %H:%M UTC",
+    out_path = args.out / f"issue20-{args.label}.json"
+    parts = set(args.parts.split(","))
+    result = json.loads(out_path.read_text()) if out_path.exists() else {}
+    result.update({"label": args.label, "cores": cores, "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                          time.gmtime()),
-              "cpu": platform.processor() or platform.machine(), "limits": limits(work)}
+              "cpu": platform.processor() or platform.machine(), "limits": limits(work)})
     print(result["limits"], flush=True)
     if args.cuda:
         import torch
@@ -221,8 +248,6 @@ def measure(args) -> None:
     scripts = {"fp8-block": work / "fp8_cast_bf16.py", "nvfp4": work / "nvfp4_to_bf16.py"}
     scripts["fp8-block"].write_text(FP8_CAST_BF16_DEVICE)
     scripts["nvfp4"].write_text(NVFP4_TO_BF16)
-    out_path = args.out / f"issue20-{args.label}.json"
-
     def save():
         result["runtime_s"] = time.monotonic() - t0
         out_path.write_text(json.dumps(result, indent=1))
@@ -232,21 +257,37 @@ def measure(args) -> None:
     for fmt, recipe in (("fp8-block", "fp8-block-to-bf16"), ("nvfp4", "nvfp4-to-bf16")):
         print(recipe, flush=True)
         case = Case(work, recipe, models[fmt], scripts[fmt])
-        result[recipe] = tensor_case(case, jobs, args.cuda, args.rounds, deadline)
+        if "cpu" in parts:
+            result[recipe] = tensor_case(case, jobs, "cuda" in parts and args.cuda,
+                                         args.rounds, deadline)
+        elif "cuda" in parts and args.cuda and time.monotonic() < deadline:
+            result.setdefault(recipe, {})["cuda"] = cuda_case(case, args.rounds, deadline)
+            case.mp("default", None)()          # the CPU bytes the CUDA ones must equal
+            result[recipe].setdefault("identical_to_default", {}).update(
+                {k: v == case.digests["default"] for k, v in case.digests.items()
+                 if k.startswith("cuda")})
+        if "profile" in parts and time.monotonic() < deadline:
+            for device in ("cpu", "cuda") if args.cuda else ("cpu",):
+                result.setdefault("profiles", {})[f"{recipe} {device} -j 1"] = profile(case,
+                                                                                       device)
         save()
-    if time.monotonic() < deadline:
+    if "import" in parts:
+        result["torch_import"] = rounds({"python_import_torch": lambda: dict(
+            run_timed([PY, "-c", "import torch"]), out_bytes=0)}, 3, float("inf"))
+        save()
+    if "verify" in parts and time.monotonic() < deadline:
         print("verify", flush=True)
         case = Case(work, "fp8-block-to-bf16", models["fp8-block"], scripts["fp8-block"])
         result["verify"] = verify_case(work, case, 3)
         save()
-    if time.monotonic() < deadline:
+    if "manifest" in parts and time.monotonic() < deadline:
         r = run([PY, BENCH / "bench_manifest.py", "--repeat", "1",
                  "--tensors", args.manifest_tensors],
                 env_for(work / "cache"))
         result["manifest_273k"] = json.loads(r["stdout"][r["stdout"].index("{"):]) \
             if "{" in r["stdout"] else None
         save()
-    if time.monotonic() < deadline:
+    if "openmp" in parts and time.monotonic() < deadline:
         print("openmp spinning (-j 1)", flush=True)
         case = Case(work, "fp8-block-to-bf16", models["fp8-block"], scripts["fp8-block"])
         result["openmp_wait_policy_j1"] = rounds(

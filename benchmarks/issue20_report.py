@@ -76,6 +76,14 @@ def _machine(r: dict) -> list[str]:
         L.append(f"Manifest of a 273k-tensor apply ({m['manifest_bytes'] / 1e6:.0f} MB): "
                  f"{m['cpu_s']['fast']:.2f} CPU-s, stdlib encoder {m['cpu_s']['stdlib']:.2f} "
                  f"CPU-s ({m['ratio_fast_vs_stdlib']:.3f}x), bytes equal: {m['bytes_equal']}.\n")
+    t = r.get("torch_import")
+    if t:
+        c = t["python_import_torch"]
+        L.append(f"`python -c 'import torch'` (what every spawned worker pays first): "
+                 f"{c['wall_s']:.2f} s, {c['cpu_s']:.2f} CPU-s.\n")
+    for name, text in (r.get("profiles") or {}).items():
+        L += [f"Profile of `apply {name}` (cProfile, the computing thread; tottime first):\n",
+              "```", text.strip(), "```", ""]
     o = r.get("openmp_wait_policy_j1")
     if o:
         L.append("OpenMP wait policy, fp8-block-to-bf16 -j 1: " + "; ".join(

@@ -8,10 +8,11 @@ tensors of a Kimi-K2.5-sized checkpoint spent minutes in it. This encoder walks 
 appends pieces to one list and joins them, with the C string escaper of the standard library for
 every string: the same bytes in about a sixth of the time.
 
-Only plain JSON values take the fast path: ``dict`` with ``str`` keys, ``list``, ``tuple``,
-``str``, ``int``, ``float`` (finite), ``bool`` and ``None``, of exactly those types. Anything else
-(subclasses, non-string keys, NaN and infinities, values json cannot encode, cycles) is handed to
-the reference encoder, which then produces its bytes or raises its ``ValueError``/``TypeError``.
+Only plain JSON values take the fast path: ``dict`` with ``str`` keys, ``list`` and ``tuple`` of
+exactly those types, and ``str``, ``int``, finite ``float`` (subclasses too, encoded as json
+encodes them), ``bool`` and ``None``. Anything else (container subclasses, non-string keys, NaN
+and infinities, values json cannot encode, cycles) is handed to the reference encoder, which then
+produces its bytes or raises its ``ValueError``/``TypeError``.
 """
 
 from __future__ import annotations
@@ -72,16 +73,20 @@ def _scalar(o: Any) -> str:
         return encode_basestring(o)
     if t is int:
         return _int_repr(o)
-    if t is float:
-        if o != o or o == _INF or o == -_INF:
-            raise _NotPlain
-        return _float_repr(o)
     if o is None:
         return "null"
     if o is True:
         return "true"
     if o is False:
         return "false"
+    if isinstance(o, str):              # a subclass (torch.__version__): as json encodes it
+        return encode_basestring(o)
+    if isinstance(o, int):
+        return _int_repr(o)
+    if isinstance(o, float):
+        if o != o or o == _INF or o == -_INF:
+            raise _NotPlain
+        return _float_repr(o)
     raise _NotPlain
 
 

@@ -39,6 +39,21 @@ class _Str(str):
     pass
 
 
+class _Int(int):
+    pass
+
+
+class _Float(float):
+    pass
+
+
+def test_scalar_subclasses_encode_as_the_standard_library_on_the_fast_path(monkeypatch):
+    import patcher.canonical_json as cj
+    value = {"v": _Str("2.13.0+cpu"), "i": _Int(7), "f": _Float(0.5), "k": [_Str("é")]}
+    monkeypatch.setattr(cj, "reference_canonical_json", None)    # never falls back
+    assert canonical_json(value) == reference_canonical_json(value)
+
+
 @pytest.mark.parametrize("value", [
     {1: "int key"}, {None: 1, "x": 2}, [_Str("subclass")], {"k": float("nan")},
     {"k": [float("inf")]}, {"k": {1, 2}}, {"k": b"bytes"}, {"k": object()},

@@ -180,7 +180,9 @@ def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: in
               help="Replace an existing output that is an earlier modelpatch variant.")
 @click.option("--copy", "force_copy", is_flag=True, help="Copy unchanged files instead of linking.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
-              help="Parallel hashing/rewrite workers (default: all cores).")
+              help="Worker processes for rewritten shards, each with cores/N torch threads "
+                   "(default: half the cores when tensors are computed, all for copies); "
+                   "hashing threads.")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
 @max_shard_size_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import InputError
+from .errors import InputError, ModelDirError
 from .model_dir import ModelDir
 
 # Heavier modules (the engine, the recipe loader and its YAML library, huggingface_hub) are
@@ -44,52 +44,81 @@ def load(recipe: str | os.PathLike | Recipe) -> Recipe:
     """A recipe from a path, a built-in name, or an already loaded ``Recipe``."""
     from .recipe import Recipe, load_recipe, resolve_recipe
 
-    return recipe if isinstance(recipe, Recipe) else load_recipe(resolve_recipe(str(recipe)))
+    return recipe if isinstance(recipe, Recipe) else load_recipe(resolve_recipe(recipe))
 
 
 def inspect(model: str | os.PathLike) -> dict:
+    """The report of ``inspect``. Raises ModelDirError for a directory with neither a
+    config.json nor a safetensors file: that is not a model (an empty report would pass)."""
     from .inspect_model import inspect_model
 
-    return inspect_model(_open(model))
+    opened = _open(model)
+    if not opened.has("config.json") and not opened.shards:
+        raise ModelDirError("not a model directory (no config.json, no *.safetensors)",
+                            where=opened.root)
+    return inspect_model(opened)
 
 
 def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
-         *, options: dict | None = None) -> Plan:
-    """The plan for applying ``recipe`` to ``model``; nothing is written."""
+         *, options: dict | None = None, out: str | os.PathLike | None = None) -> Plan:
+    """The plan for applying ``recipe`` to ``model``; nothing is written. Unless
+    ``options["in_place"]``, it predicts how the base's files will be carried into ``out``
+    (default: where ``apply`` would write) in ``options["link"]`` mode (default ``auto``)."""
+    from .engine import default_output
+    from .linking import predict_for_plan
     from .plan import plan as make_plan
 
-    return make_plan(load(recipe), _open(model), options=options)
+    loaded, base = load(recipe), _open(model)
+    the_plan = make_plan(loaded, base, options=options)
+    if the_plan.options.get("in_place"):
+        return the_plan
+    target = Path(out) if out is not None else default_output(base.root, loaded.name)
+    return predict_for_plan(the_plan, target, the_plan.options.get("link") or "auto")
 
 
 def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
-          out: str | os.PathLike | None = None, force: bool = False, force_copy: bool = False,
-          jobs: int | None = None, device: str = "cpu", max_shard_size: int | None = None,
-          progress: Progress | None = None) -> ApplyResult:
+          out: str | os.PathLike | None = None, force: bool = False, link: str = "auto",
+          force_copy: bool = False, jobs: int | None = None, device: str = "cpu",
+          max_shard_size: int | None = None, progress: Progress | None = None,
+          base_model: str | None = None, allow_noop: bool = False) -> ApplyResult:
     """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``).
 
-    ``max_shard_size`` (bytes) reshards the variant, overriding the recipe's
-    ``output.max_shard_size``."""
+    ``base_model`` (``ORG/NAME``) is recorded in the manifest as the hub repository the base
+    is, for the model card; left out, it is read from the base where it says
+    (``patcher.base_identity``).
+
+    ``link`` (``auto``, ``reflink``, ``hardlink``, ``copy``; ``force_copy=True`` is ``copy``)
+    says how the base's unchanged files are carried (``patcher.linking``); ``auto`` warns on
+    the log before copying more than ``linking.copy_warn_bytes()``. ``max_shard_size`` (bytes)
+    reshards the variant, overriding the recipe's ``output.max_shard_size``. A plan that changes
+    nothing raises ``NothingToChange`` (nothing is written) unless ``allow_noop``."""
     from .engine import apply_plan, default_output
+    from .linking import check_mode, predict_for_plan, warn_before_copying
     from .locking import lock_directory
-    from .plan import plan as make_plan
+    from .plan import plan as make_plan, require_change
 
     loaded = load(recipe)
+    base_model = _checked_base_model(base_model)
     _recovered(model)
     # Plan under the base's shared lock, so an in-place patch or revert cannot change the base
     # between planning and linking.
     with lock_directory(Path(model), exclusive=False):
         base = ModelDir.open(model)
-        options = {"force_copy": force_copy, "jobs": jobs, "device": device, "in_place": False,
+        link = check_mode("copy" if force_copy else link)
+        options = {"link": link, "jobs": jobs, "device": device, "in_place": False,
                    "max_shard_size": max_shard_size}
         the_plan = make_plan(loaded, base, options=options)
+        require_change(the_plan, allow_noop)
         _log_warnings(the_plan)
         target = Path(out) if out is not None else default_output(base.root, loaded.name)
-        return apply_plan(the_plan, base, target, force=force, force_copy=force_copy,
-                          jobs=jobs, progress=progress)
+        the_plan = predict_for_plan(the_plan, target, link)
+        warn_before_copying(the_plan.link)
+        return apply_plan(the_plan, base, target, force=force, link=link, jobs=jobs,
+                          progress=progress, base_model=base_model)
 
 
 def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool = False,
-           on_progress=None):
+           on_progress=None, on_total=None):
     """Rehash ``directory`` against its provenance manifest; returns a ``VerifyReport``."""
     from .locking import lock_directory
     from .verify import verify_dir
@@ -98,7 +127,8 @@ def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool 
     # Shared: verifies and out-of-place applies read together; an in-place apply or a revert
     # (exclusive) cannot change the files while they are hashed.
     with lock_directory(Path(directory), exclusive=False):
-        return verify_dir(Path(directory), jobs=jobs, fast=fast, on_progress=on_progress)
+        return verify_dir(Path(directory), jobs=jobs, fast=fast, on_progress=on_progress,
+                          on_total=on_total)
 
 
 def recover(directory: str | os.PathLike) -> str | None:
@@ -119,18 +149,28 @@ def recover(directory: str | os.PathLike) -> str | None:
 def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
                    jobs: int | None = None, device: str = "cpu",
                    max_shard_size: int | None = None,
-                   progress: Progress | None = None) -> ApplyResult:
-    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``)."""
+                   progress: Progress | None = None,
+                   base_model: str | None = None, allow_noop: bool = False) -> ApplyResult:
+    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model`` as for
+    ``apply``. A plan that changes nothing raises ``NothingToChange`` unless ``allow_noop``."""
     from .inplace import apply_in_place as run
-    from .plan import plan as make_plan
+    from .plan import plan as make_plan, require_change
 
     loaded = load(recipe)
+    base_model = _checked_base_model(base_model)
     base = _open(model)
-    options = {"force_copy": False, "jobs": jobs, "device": device, "in_place": True,
+    options = {"jobs": jobs, "device": device, "in_place": True,
                "max_shard_size": max_shard_size}
     the_plan = make_plan(loaded, base, options=options)
+    require_change(the_plan, allow_noop)
     _log_warnings(the_plan)
-    return run(the_plan, base, jobs=jobs, progress=progress)
+    return run(the_plan, base, jobs=jobs, progress=progress, base_model=base_model)
+
+
+def _checked_base_model(value: str | None) -> str | None:
+    from .base_identity import check_repo_id
+
+    return None if value is None else check_repo_id(value)
 
 
 def _log_warnings(plan: Plan) -> None:
@@ -163,11 +203,12 @@ def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
         return Path(text)
     from huggingface_hub import snapshot_download
 
-    from .hub.client import _client, _hub_call, _progress_bars
+    from .hub.client import _client, _hub_call, _progress_bars, check_repo_id
 
     repo_id, _, revision = text[len(HF_SCHEME):].partition("@")
     if repo_id.count("/") != 1:
         raise InputError(f"{text!r} is not hf://ORG/NAME[@REVISION]")
+    check_repo_id(repo_id)
     client = _client(endpoint)
     with _progress_bars(progress):
         return Path(_hub_call("download", repo_id, snapshot_download, repo_id,

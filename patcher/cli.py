@@ -1,8 +1,8 @@
 """The ``modelpatch`` command line: a thin layer over the library API.
 
 Results go to stdout (``--json`` for machines); progress and logs go to stderr. Every
-``PatchError`` becomes one line ``modelpatch: error: ...`` and its exit code; ``--debug`` (or
-``MODELPATCH_DEBUG=1``) shows tracebacks instead.
+``PatchError`` becomes ``modelpatch: error: ...`` and its exit code (``cli_group``, rendered by
+``cli_errors``); ``--debug``, ``-q`` and ``--json`` go before or after the subcommand.
 """
 
 from __future__ import annotations
@@ -14,73 +14,37 @@ import sys
 import click
 
 from . import __version__
-from .errors import PatchError
+from .cli_errors import FlagWording
+from .cli_group import (DEBUG_HELP, JSON_HELP, QUIET_HELP, ModelpatchGroup, add_shared_options,
+                        set_debug, set_json, set_quiet)
 from .thread_budget import quiet_openmp
 
 
-class _Group(click.Group):
-    """Turns modelpatch errors into one-line messages with the documented exit codes."""
-
-    def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except PatchError as exc:
-            if ctx.obj and ctx.obj.get("debug"):
-                for problem in getattr(exc, "errors", None) or []:   # every recipe problem
-                    click.echo(f"modelpatch: {problem}", err=True)
-                raise
-            click.echo(f"modelpatch: error: {exc.one_line()}", err=True)
-            ctx.exit(exc.exit_code)
-        except BrokenPipeError:
-            # The reader of stdout went away (`modelpatch recipes list | head`): stop quietly,
-            # as other command-line tools do.
-            sys.stderr.close()
-            ctx.exit(141)
-        except OSError as exc:
-            # An I/O error no layer below turned into an OperationFailed: still one line and
-            # exit code 3, never a traceback (the commands leave their directories consistent
-            # or journaled whatever raises).
-            if ctx.obj and ctx.obj.get("debug"):
-                raise
-            where = f"{exc.filename}: " if exc.filename else ""
-            click.echo(f"modelpatch: error: {where}{exc.strerror or exc}".replace("\n", " "),
-                       err=True)
-            ctx.exit(3)
-        except KeyboardInterrupt as exc:
-            # Ctrl-C: 130; SIGTERM/SIGHUP (turned into KeyboardInterrupt("signal N") so that
-            # cleanup runs): 128 + N, as a shell reports a process that signal ended.
-            signum = str(exc).removeprefix("signal ")
-            click.echo("modelpatch: interrupted", err=True)
-            ctx.exit(128 + int(signum) if signum.isdigit() else 130)
-
-
-def _set_quiet(ctx: click.Context, _param, value: bool) -> bool:
-    if value:
-        ctx.ensure_object(dict)["quiet"] = True
-        logging.getLogger().setLevel(logging.ERROR)
-        logging.getLogger("modelpatch").setLevel(logging.ERROR)
-    return value
-
-
 quiet_option = click.option("-q", "--quiet", is_flag=True, expose_value=False,
-                            callback=_set_quiet, help="No progress bars or informational logs.")
+                            callback=set_quiet, help=QUIET_HELP)
 
 
 def _emit_json(data) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False))
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ModelpatchGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="modelpatch")
-@click.option("--debug", is_flag=True, envvar="MODELPATCH_DEBUG", help="Show tracebacks.")
-@click.option("-q", "--quiet", is_flag=True, help="No progress bars or informational logs.")
+@click.option("--debug", count=True, envvar="MODELPATCH_DEBUG", expose_value=False,
+              callback=set_debug, help=DEBUG_HELP)
+@click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=set_quiet,
+              help=QUIET_HELP)
+@click.option("--json", is_flag=True, expose_value=False, callback=set_json, help=JSON_HELP)
 @click.pass_context
-def main(ctx: click.Context, debug: bool, quiet: bool) -> None:
+def main(ctx: click.Context) -> None:
     """Declarative, verifiable, reversible patches for model checkpoints."""
-    ctx.obj = {"debug": debug, "quiet": quiet}
+    quiet = ctx.ensure_object(dict).get("quiet")
     quiet_openmp()          # before anything imports torch (patcher.thread_budget)
     logging.basicConfig(level=logging.ERROR if quiet else logging.WARNING,
                         format="modelpatch: %(message)s", stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, FlagWording) for f in handler.filters):
+            handler.addFilter(FlagWording())
     logging.getLogger("modelpatch").setLevel(logging.ERROR if quiet else logging.INFO)
 
 
@@ -99,35 +63,22 @@ def inspect(model: str, as_json: bool) -> None:
         click.echo(render_inspect(report))
 
 
-def _bar(ctx: click.Context, desc: str):
-    """A tqdm byte counter on stderr (None when quiet). Returns (bar, update, set_total)."""
-    if ctx.obj.get("quiet"):
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=0, desc=desc, unit="B", unit_scale=True, unit_divisor=1024,
-                file=sys.stderr, leave=False, disable=None)
-
-
-def _progress(ctx: click.Context):
-    from .engine import Progress
-
-    bar = _bar(ctx, "hashing")
-    write_bar = _bar(ctx, "writing")
-    if bar is None:
-        return Progress(), []
-
-    def set_total(n: int) -> None:
-        bar.total = n
-        bar.refresh()
-
-    return Progress(hashing=bar.update, writing=write_bar.update, hash_total=set_total), [bar, write_bar]
-
-
-def _plan_options(in_place: bool, force_copy: bool, jobs: int | None, device: str,
+def _plan_options(in_place: bool, link: str, jobs: int | None, device: str,
                   max_shard_size: int | None) -> dict:
-    return {"in_place": in_place, "force_copy": force_copy, "jobs": jobs, "device": device,
+    return {"in_place": in_place, "link": link, "jobs": jobs, "device": device,
             "max_shard_size": max_shard_size}
+
+
+base_model_option = click.option(
+    "--base-model", default=None, metavar="ORG/NAME",
+    help="The hub repository the base model is, for the model card's base_model (read from a "
+         "Hugging Face cache path or the base's manifest when not given; never guessed).")
+
+link_option = click.option(
+    "--link", "link", type=click.Choice(["auto", "reflink", "hardlink", "copy"]), default=None,
+    help="How to carry the base's unchanged files: reflink, else hardlink (the variant's file "
+         "IS the base's), else copy (auto, the default); reflink or hardlink fail rather than "
+         "fall back; copy gives independent files.")
 
 
 class ShardSize(click.ParamType):
@@ -152,20 +103,37 @@ max_shard_size_option = click.option(
          "save_pretrained does; overrides the recipe's output.max_shard_size.")
 
 
+allow_noop_option = click.option(
+    "--allow-noop", is_flag=True,
+    help="Accept a plan that changes nothing (by default it fails with exit code 1).")
+
+
+def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
+    from .plan import require_change
+    from .render import render_plan
+
+    data = the_plan.to_json()
+    click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
+    require_change(the_plan, allow_noop)
+
+
 @main.command()
 @click.argument("recipe")
 @click.argument("model", type=click.Path(file_okay=False, path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable plan.")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
 @max_shard_size_option
-def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: int | None) -> None:
+@allow_noop_option
+@click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
+              help="Where apply would write the variant (predicts linking vs copying there).")
+@link_option
+def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: int | None,
+         allow_noop: bool, out: str | None, link: str | None) -> None:
     """Show what applying RECIPE to MODEL would do (same as apply --dry-run)."""
     from . import api
-    from .render import render_plan
 
-    options = _plan_options(False, False, None, device, max_shard_size)
-    data = api.plan(recipe, model, options=options).to_json()
-    click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
+    options = _plan_options(False, link or "auto", None, device, max_shard_size)
+    _show_plan(api.plan(recipe, model, options=options, out=out), as_json, allow_noop)
 
 
 @main.command()
@@ -178,7 +146,8 @@ def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: in
 @click.option("--dry-run", is_flag=True, help="Print the plan and write nothing.")
 @click.option("--force", is_flag=True,
               help="Replace an existing output that is an earlier modelpatch variant.")
-@click.option("--copy", "force_copy", is_flag=True, help="Copy unchanged files instead of linking.")
+@click.option("--copy", "force_copy", is_flag=True, help="Same as --link copy.")
+@link_option
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Worker processes for rewritten shards, each with cores/N torch threads "
                    "(default: half the cores when tensors are computed, all for copies); "
@@ -186,42 +155,52 @@ def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: in
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
 @max_shard_size_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@allow_noop_option
+@base_model_option
 @quiet_option
 @click.pass_context
-def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, device,
-          max_shard_size, as_json):
+def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, jobs, device,
+          max_shard_size, as_json, allow_noop, base_model):
     """Apply RECIPE (a path or a built-in name) to MODEL and write a verified variant."""
     from . import api
-    from .render import render_plan
+    from .render import recipe_source
 
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")
+    if force_copy and link not in (None, "copy"):
+        raise click.UsageError(f"--copy is --link copy; it excludes --link {link}")
+    link = "copy" if force_copy else link or "auto"
+    recipe = api.load(recipe)
     if model.startswith(api.HF_SCHEME):
         resolved = api.resolve_model(model, progress=not ctx.obj.get("quiet"))
         if out is None and not in_place:       # never write beside a cache snapshot
             out = f"{model[len(api.HF_SCHEME):].split('@')[0].split('/')[-1]}-" \
-                  f"{api.load(recipe).name}"
+                  f"{recipe.name}"
         model = str(resolved)
     if dry_run:
-        options = _plan_options(in_place, force_copy, jobs, device, max_shard_size)
-        data = api.plan(recipe, model, options=options).to_json()
-        click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
+        options = _plan_options(in_place, link, jobs, device, max_shard_size)
+        _show_plan(api.plan(recipe, model, options=options, out=out), as_json, allow_noop)
         return
-    progress, bars = _progress(ctx)
-    try:
+    if not ctx.obj.get("quiet") and sys.stderr.isatty():   # like the progress bars
+        click.echo(recipe_source(recipe.identity()), err=True)
+    from .progress import Meters
+
+    with Meters(bool(ctx.obj.get("quiet"))) as meters:
+        progress = meters.engine_progress()
         if in_place:
             result = api.apply_in_place(recipe, model, jobs=jobs, device=device,
-                                        max_shard_size=max_shard_size, progress=progress)
+                                        max_shard_size=max_shard_size, progress=progress,
+                                        base_model=base_model, allow_noop=allow_noop)
         else:
-            result = api.apply(recipe, model, out=out, force=force, force_copy=force_copy,
+            result = api.apply(recipe, model, out=out, force=force, link=link,
                                jobs=jobs, device=device, max_shard_size=max_shard_size,
-                               progress=progress)
-    finally:
-        for bar in bars:
-            bar.close()
+                               progress=progress, base_model=base_model,
+                               allow_noop=allow_noop)
     if as_json:
-        _emit_json({"output": str(result.output), "manifest_sha256": result.manifest_sha256,
+        _emit_json({"output": str(result.output), "recipe": recipe.identity(),
+                    "manifest_sha256": result.manifest_sha256,
                     "files": result.files, "bytes_linked": result.bytes_linked,
+                    "bytes_copied": result.bytes_copied,
                     "bytes_written": result.bytes_written, "bytes_hashed": result.bytes_hashed,
                     "link_method": result.link_method})
     else:
@@ -234,7 +213,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, jobs, d
               help="Parallel hashing workers (default: all cores).")
 @click.option("--fast", is_flag=True,
               help="Trust digests modelpatch cached after a full verification of the same "
-                   "unchanged files (device, inode, size, mtime).")
+                   "unchanged files (device, inode, size, mtime, ctime).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 @quiet_option
 @click.pass_context
@@ -243,13 +222,12 @@ def verify(ctx, directory, jobs, fast, as_json):
     from . import api
     from .render import render_verify
 
-    bar = _bar(ctx, "verifying")
-    try:
-        report = api.verify(directory, jobs=jobs, fast=fast,
-                            on_progress=bar.update if bar is not None else None)
-    finally:
-        if bar is not None:
-            bar.close()
+    from .progress import Meters
+
+    with Meters(bool(ctx.obj.get("quiet"))) as meters:
+        meter = meters.meter("verifying")
+        report = api.verify(directory, jobs=jobs, fast=fast, on_progress=meter.update,
+                            on_total=meter.set_total)
     data = report.as_dict()
     click.echo(json.dumps(data, indent=2) if as_json else render_verify(data))
     if not report.ok:
@@ -262,7 +240,8 @@ def verify(ctx, directory, jobs, fast, as_json):
               help="Rebuild the base into OUT instead of reverting DIRECTORY in place.")
 @click.option("--all", "all_patches", is_flag=True, help="Revert every patch, back to the original.")
 @click.option("--force", is_flag=True, help="Revert even if DIRECTORY changed since the patch.")
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None)
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="Parallel hashing workers (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 def revert(directory, out, all_patches, force, jobs, as_json):
     """Undo the last patch of DIRECTORY (byte-identical, symlinks restored)."""
@@ -280,18 +259,21 @@ def revert(directory, out, all_patches, force, jobs, as_json):
 @click.argument("repo_id")
 @click.option("--endpoint", default=None, envvar="HF_ENDPOINT",
               help="Hub URL (default: huggingface.co, or $HF_ENDPOINT).")
-@click.option("--private/--public", default=True, show_default=True)
+@click.option("--private/--public", default=True, show_default=True,
+              help="Visibility of the repository if publish creates it.")
 @click.option("--revision", default=None, help="Branch to commit to (created if needed).")
 @click.option("-m", "--message", default=None, help="Commit message.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable result (repo_id, revision, commit, files).")
+@base_model_option
 @quiet_option
 @click.pass_context
-def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_json):
+def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_json, base_model):
     """Verify the variant DIRECTORY and upload it to REPO_ID in one commit."""
     from . import api
 
     r = api.publish(directory, repo_id, endpoint=endpoint, private=private, revision=revision,
-                    message=message, progress=not ctx.obj.get("quiet"))
+                    message=message, progress=not ctx.obj.get("quiet"), base_model=base_model)
     if as_json:
         _emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
                     "files": r.files})
@@ -303,7 +285,8 @@ def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_js
 @click.argument("repo_id")
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
               help="Directory to create (default: ./<name>).")
-@click.option("--endpoint", default=None, envvar="HF_ENDPOINT")
+@click.option("--endpoint", default=None, envvar="HF_ENDPOINT",
+              help="Hub URL (default: huggingface.co, or $HF_ENDPOINT).")
 @click.option("--revision", default=None, help="Branch, tag or commit.")
 @quiet_option
 @click.pass_context
@@ -318,21 +301,23 @@ def pull(ctx, repo_id, out, endpoint, revision):
 
 @main.group()
 def hub() -> None:
-    """A self-hosted hub speaking the Hugging Face Hub API (needs modelpatch[hub])."""
+    """A self-hosted hub speaking the Hugging Face Hub API (needs the hub extra)."""
 
 
 @hub.command("serve")
 @click.option("--root", required=True, type=click.Path(file_okay=False, path_type=str),
               help="Storage directory (blobs, repositories, tokens.json).")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 for every interface).")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port to listen on (0: any free port).")
 def hub_serve(root, host, port):
     """Serve repositories stored under ROOT until interrupted."""
     try:
         from .hub.server import serve
     except ImportError as exc:
-        raise click.ClickException(f"the hub server needs its extra: pip install "
-                                   f"'modelpatch[hub]' ({exc.name} is missing)") from None
+        raise click.ClickException(f"the hub server needs its extra: pip install -e '.[hub]' "
+                                   f"in the modelpatch checkout ({exc.name} is missing)") from None
     from pathlib import Path
 
     serve(Path(root), host=host, port=port)
@@ -346,12 +331,15 @@ def recipes() -> None:
 @recipes.command("list")
 def recipes_list() -> None:
     """List the built-in recipes with their descriptions."""
-    from .recipe import builtin_recipe_dir, load_recipe
+    import shutil
 
+    from .recipe import builtin_recipe_dir, load_recipe
+    from .render import shorten
+
+    width = shutil.get_terminal_size().columns       # $COLUMNS, the terminal, else 80
     for path in sorted(builtin_recipe_dir().glob("*.yaml")):
         recipe = load_recipe(path)
-        summary = " ".join(recipe.description.split())
-        click.echo(f"{recipe.name:<22} {summary[:100]}")
+        click.echo(f"{recipe.name:<22} {shorten(recipe.description, width - 23)}")
 
 
 @recipes.command("show")
@@ -362,6 +350,8 @@ def recipes_show(name: str) -> None:
 
     click.echo(resolve_recipe(name).read_text(encoding="utf-8"), nl=False)
 
+
+add_shared_options(main)     # after every command: --debug, -q and --json after the subcommand
 
 if __name__ == "__main__":
     main()

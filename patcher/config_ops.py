@@ -4,14 +4,19 @@
 returns the new document with one ``Change`` per effective edit. Every edit is carried out as an
 RFC 6902 operation through the ``jsonpatch`` library; the friendly ops translate as
 
-    drop   -> remove          (skipped when the path is missing, unless missing_ok: false)
-    set    -> add / replace   (after adding ``{}`` for each missing parent object)
-    rename -> move            (a key renamed within its object keeps its position)
+    drop   -> remove          (a missing path fails unless missing_ok: true)
+    set    -> add / replace   (after adding ``{}`` for each missing parent object, unless
+                               create_parents: false)
+    rename -> move            (a missing source fails unless missing_ok: true; a key renamed
+                               within its object keeps its position)
     architectures / model_type -> set /architectures, /model_type
 
-An op with ``in: [scope, ...]`` runs once per scope with its pointers read inside that scope;
-scopes missing from the document (or not objects/arrays) are skipped. If none exists, the op
-meets a missing path: ``drop`` passes, the others fail.
+An op with ``in: [scope, ...]`` runs once per scope with its pointers read inside that scope.
+A scope missing from the document (or not an object/array) is skipped. ``drop``/``rename`` (and
+``op: remove/replace/move/copy`` with ``missing_ok: true``) skip the scopes that lack their path;
+a path found in none of the existing scopes, or no existing scope at all, is a PlanError unless
+``missing_ok: true``. So ``drop: /quantization_config, in: [/, /text_config]`` drops it wherever
+it is, and fails only when neither place has it.
 
 Failures raise ``PlanError`` naming the file, the JSON pointer and the recipe line.
 """
@@ -82,17 +87,43 @@ def apply_config_ops(doc: Any, ops: Sequence[ConfigOp], *,
     state = _State(copy.deepcopy(doc), file)
     for op in ops:
         scopes = [s for s in op.scopes if isinstance(resolve(state.doc, s), (dict, list))]
+        tolerant = getattr(op, "missing_ok", False)
         if not scopes:
-            if isinstance(op, DropOp) and op.missing_ok:
-                continue
-            if isinstance(op, RenameOp) and op.missing_ok:
+            if tolerant:
                 continue
             shown = ", ".join(s or "/" for s in op.scopes)
             raise PlanError(f"{file}: none of the scopes {shown} exists, so "
                             f"{_label(op)} {op.path} has nothing to apply to", where=op.loc)
+        read = _read_path(op)
+        applied = 0
         for scope in scopes:
+            if read is not None and resolve(state.doc, join_pointer(scope, read)) is MISSING:
+                continue
             _APPLY[type(op)](state, op, scope)
+            applied += 1
+        if read is not None and not applied and not tolerant:
+            raise _missing_everywhere(file, op, read, scopes)
     return state.doc, state.changes
+
+
+def _read_path(op: ConfigOp) -> str | None:
+    """The pointer an op needs to find in a scope to apply there, or None for ops that apply
+    wherever the scope exists (set, add, test; remove/replace/move/copy without missing_ok,
+    which fail as RFC 6902 says)."""
+    if isinstance(op, (DropOp, RenameOp)):
+        return op.path
+    if isinstance(op, PatchOp) and op.missing_ok:
+        return op.read_path()
+    return None
+
+
+def _missing_everywhere(file: str, op: ConfigOp, read: str, scopes: list[str]) -> PlanError:
+    if len(scopes) == 1:
+        where = f"{join_pointer(scopes[0], read)}: it does not exist"
+    else:
+        where = f"{read}: it exists in none of the scopes {', '.join(s or '/' for s in scopes)}"
+    return PlanError(f"{file}: cannot {_label(op)} {where}", where=op.loc,
+                     hint="add missing_ok: true to the operation if the path is optional")
 
 
 def _label(op: ConfigOp) -> str:
@@ -161,11 +192,6 @@ def _plain(change: Change) -> Change:
 def _drop(state: _State, op: DropOp, scope: str) -> None:
     pointer = join_pointer(scope, op.path)
     before = resolve(state.doc, pointer)
-    if before is MISSING:
-        if op.missing_ok:
-            return
-        raise PlanError(f"{state.file}: cannot drop {pointer}: it does not exist "
-                        "(missing_ok: false)", where=op.loc)
     state.patch({"op": "remove", "path": pointer}, op.loc)
     state.add_change(Change(state.file, pointer, "removed", before, None, op.loc))
 
@@ -175,12 +201,15 @@ def _set(state: _State, op: SetOp, scope: str) -> None:
     before = resolve(state.doc, pointer)
     if before is not MISSING and json_equal(before, op.value):
         return
-    # Create missing parent objects, one level at a time.
+    # Create missing parent objects, one level at a time (unless create_parents: false).
     tokens = split_pointer(pointer)
     scope_depth = len(split_pointer(scope))
     for depth in range(scope_depth + 1, len(tokens)):
         parent = make_pointer(tokens[:depth])
         value = resolve(state.doc, parent)
+        if value is MISSING and not op.create_parents:
+            raise PlanError(f"{state.file}: cannot set {pointer}: {parent} does not exist "
+                            "(create_parents: false)", where=op.loc)
         if value is MISSING:
             state.patch({"op": "add", "path": parent, "value": {}}, op.loc)
         elif not isinstance(value, (dict, list)):
@@ -196,10 +225,6 @@ def _rename(state: _State, op: RenameOp, scope: str) -> None:
     source = join_pointer(scope, op.path)
     target = join_pointer(scope, op.to)
     value = resolve(state.doc, source)
-    if value is MISSING:
-        if op.missing_ok:
-            return
-        raise PlanError(f"{state.file}: cannot rename {source}: it does not exist", where=op.loc)
     if resolve(state.doc, target) is not MISSING:
         raise PlanError(f"{state.file}: cannot rename {source} to {target}: {target} already "
                         "exists (drop it first)", where=op.loc)

@@ -1,4 +1,5 @@
-"""Remember sha256 digests of files by (device, inode, size, mtime_ns), so nothing is hashed twice.
+"""Remember sha256 digests of files by (device, inode, size, mtime_ns, ctime_ns), so nothing is
+hashed twice.
 
 One SQLite database, ``$MODELPATCH_CACHE_DIR/digests.sqlite3`` (default
 ``~/.cache/modelpatch/digests.sqlite3``), in WAL mode with a busy timeout, so that concurrent
@@ -8,8 +9,11 @@ warning and carries on without it.
 
 Rules that keep it honest:
 
-* A row answers only for a file whose device, inode, size and mtime_ns all equal the row's.
-  Rewriting, touching, truncating or replacing a file (a new inode) makes its row a miss.
+* A row answers only for a file whose device, inode, size, mtime_ns and ctime_ns all equal the
+  row's. Rewriting, touching, truncating or replacing a file (a new inode) makes its row a miss,
+  and so does a same-size edit that puts the mtime back (``cp -p``, ``rsync -a`` in place):
+  nobody can set the ctime. Linking a file changes its ctime too: whoever links a file whose
+  digest it knows records the digest again (``KnownDigests.rerecord``).
 * "Racily clean" files are not recorded. A write within the file system's timestamp granularity of
   the moment its status was taken can leave size and mtime unchanged, so a file whose mtime is
   less than ``RACY_WINDOW_NS`` (2 s) before that moment is not cached (as git does for its index).
@@ -53,11 +57,12 @@ RACY_WINDOW_NS = 2_000_000_000
 BUSY_TIMEOUT_S = 10.0
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS digests_v1 (
+CREATE TABLE IF NOT EXISTS digests_v2 (
     dev         INTEGER NOT NULL,
     ino         INTEGER NOT NULL,
     size        INTEGER NOT NULL,
     mtime_ns    INTEGER NOT NULL,
+    ctime_ns    INTEGER NOT NULL,
     sha256      TEXT    NOT NULL,
     verified    INTEGER NOT NULL,
     recorded_ns INTEGER NOT NULL,
@@ -68,13 +73,14 @@ CREATE TABLE IF NOT EXISTS digests_v1 (
 # One row per inode: a new state of the same file replaces the old row. An unverified digest
 # does not replace a verified one for the same state.
 _UPSERT = """
-INSERT INTO digests_v1 (dev, ino, size, mtime_ns, sha256, verified, recorded_ns)
-VALUES (?, ?, ?, ?, ?, ?, ?)
+INSERT INTO digests_v2 (dev, ino, size, mtime_ns, ctime_ns, sha256, verified, recorded_ns)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (dev, ino) DO UPDATE SET
-    size = excluded.size, mtime_ns = excluded.mtime_ns, sha256 = excluded.sha256,
-    verified = excluded.verified, recorded_ns = excluded.recorded_ns
-WHERE excluded.verified = 1 OR digests_v1.verified = 0
-   OR digests_v1.size != excluded.size OR digests_v1.mtime_ns != excluded.mtime_ns
+    size = excluded.size, mtime_ns = excluded.mtime_ns, ctime_ns = excluded.ctime_ns,
+    sha256 = excluded.sha256, verified = excluded.verified, recorded_ns = excluded.recorded_ns
+WHERE excluded.verified = 1 OR digests_v2.verified = 0
+   OR digests_v2.size != excluded.size OR digests_v2.mtime_ns != excluded.mtime_ns
+   OR digests_v2.ctime_ns != excluded.ctime_ns
 """
 
 P = TypeVar("P")
@@ -103,7 +109,8 @@ class CachedDigest:
 
 
 class DigestCache:
-    """sha256 digests keyed by (st_dev, st_ino, st_size, st_mtime_ns); thread- and process-safe.
+    """sha256 digests keyed by (st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns); thread- and
+    process-safe.
 
     Opened lazily on first use. Every failure degrades it to a no-op (with one warning): ``get``
     misses and ``put`` does nothing, so a command never fails because of its cache.
@@ -215,7 +222,7 @@ class DigestCache:
     def get(self, st: os.stat_result, *, require_verified: bool = False) -> CachedDigest | None:
         """The digest recorded for the file whose status is ``st``, or None.
 
-        A row answers only if device, inode, size and mtime_ns all match ``st``. With
+        A row answers only if device, inode, size, mtime_ns and ctime_ns all match ``st``. With
         ``require_verified``, rows taken on trust are misses.
         """
         with self._lock:
@@ -224,15 +231,17 @@ class DigestCache:
                 return None
             try:
                 row = conn.execute(
-                    "SELECT size, mtime_ns, sha256, verified, recorded_ns FROM digests_v1 "
+                    "SELECT size, mtime_ns, ctime_ns, sha256, verified, recorded_ns "
+                    "FROM digests_v2 "
                     "WHERE dev = ? AND ino = ?", (_i64(st.st_dev), _i64(st.st_ino))).fetchone()
             except sqlite3.Error as exc:
                 self._disable(exc)
                 return None
         if row is None:
             return None
-        size, mtime_ns, sha256, verified, recorded_ns = row
-        if size != st.st_size or mtime_ns != st.st_mtime_ns or not is_sha256_hex(sha256):
+        size, mtime_ns, ctime_ns, sha256, verified, recorded_ns = row
+        if (size, mtime_ns, ctime_ns) != (st.st_size, st.st_mtime_ns, st.st_ctime_ns) \
+                or not is_sha256_hex(sha256):
             return None
         if require_verified and not verified:
             return None
@@ -259,8 +268,8 @@ class DigestCache:
                 raise ValueError(f"not a sha256 hex digest: {sha256!r}")
             if st.st_mtime_ns > observed - RACY_WINDOW_NS:
                 continue  # racily clean: a later write could keep size and mtime
-            rows.append((_i64(st.st_dev), _i64(st.st_ino), st.st_size, st.st_mtime_ns, sha256,
-                         1 if verified else 0, now))
+            rows.append((_i64(st.st_dev), _i64(st.st_ino), st.st_size, st.st_mtime_ns,
+                         st.st_ctime_ns, sha256, 1 if verified else 0, now))
         if not rows:
             return 0
         with self._lock:
@@ -292,7 +301,8 @@ class KnownDigest:
 class KnownDigests:
     """Answers "what is the sha256 of this file?" without hashing when possible.
 
-    Sources, in order: the :class:`DigestCache` (matching device, inode, size, mtime_ns), then the
+    Sources, in order: the :class:`DigestCache` (matching device, inode, size, mtime_ns, ctime_ns),
+    then the
     name of the Hugging Face cache blob a snapshot symlink points to. HF blob names are claims
     (``verified=False``): ``require_verified=True`` ignores them, as ``verify`` must.
 

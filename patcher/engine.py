@@ -23,6 +23,8 @@ from typing import Callable, Iterator
 from . import faults
 from .digest_cache import KnownDigests
 from .errors import InputError, OperationFailed
+from .base_identity import identify
+from .shared_inodes import remember_variant
 from .fsops import link_or_copy, remove_tree, write_file
 from .locking import lock_directory, lock_new_path
 from .manifest import build_statement, read_manifest, write_manifest
@@ -42,18 +44,28 @@ class ApplyResult:
     manifest_sha256: str
     files: int
     bytes_linked: int
+    """Bytes of base files (unchanged, and originals kept for revert) that share storage with
+    the base: reflinked or hardlinked."""
     bytes_written: int
     bytes_hashed: int
     link_method: str | None
+    """How base files were carried: ``reflink``, ``hardlink``, ``copy`` or several joined by
+    ``/``; None when there was nothing to carry (or in place)."""
+    bytes_copied: int = 0
+    """Bytes of base files copied (``--link copy``, or another filesystem)."""
 
 
 @dataclass(frozen=True)
 class Progress:
-    """Callbacks the CLI hooks progress bars to; all optional."""
+    """Callbacks the CLI hooks progress meters to (``patcher.progress``); all optional. Each
+    step reports bytes done, and its total before it starts."""
 
     hashing: Callable[[int], None] | None = None
     writing: Callable[[int], None] | None = None
     hash_total: Callable[[int], None] | None = None
+    copying: Callable[[int], None] | None = None
+    write_total: Callable[[int], None] | None = None
+    copy_total: Callable[[int], None] | None = None
 
 
 def default_output(model_root: Path, recipe_name: str) -> Path:
@@ -68,8 +80,8 @@ def default_output(model_root: Path, recipe_name: str) -> Path:
 
 
 def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
-               force_copy: bool = False, jobs: int | None = None,
-               progress: Progress | None = None) -> ApplyResult:
+               link: str = "auto", jobs: int | None = None,
+               progress: Progress | None = None, base_model: str | None = None) -> ApplyResult:
     """Write the variant described by ``plan`` to ``out``.
 
     Raises:
@@ -82,7 +94,7 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
     real_out = Path(os.path.realpath(out))
     if real_out == base:
         raise InputError("the output is the base directory itself", where=out,
-                         hint="use --in-place to patch a directory in place")
+                         hint="use apply_in_place() to patch a directory in place")
     if base in real_out.parents or real_out in base.parents:
         raise InputError(f"the output and the base {model.root} contain one another", where=out,
                          hint="write the variant beside the base")
@@ -94,14 +106,14 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
             restore_replaced(out)
             if (out.exists() or out.is_symlink()) and not force:
                 raise InputError("output already exists", where=out,
-                                 hint="pass --force to replace it")
+                                 hint="force=True replaces it")
             refuse_to_replace_a_stranger(out)
             remove_stale_staging(out)
             staging = make_staging_dir(out)
             try:
                 with _signals_raise_interrupt():
-                    result = _build(plan, model, staging, force_copy, jobs,
-                                    progress or Progress())
+                    result = _build(plan, model, staging, link, jobs,
+                                    progress or Progress(), base_model)
                     commit(staging, out)
             finally:
                 remove_tree(staging)        # gone already after a successful commit
@@ -113,6 +125,8 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
         if exc.where is None:
             exc.where, exc.hint = str(out), exc.hint or untouched
         raise
+    if "hardlink" in (result["link_method"] or ""):
+        remember_variant(model.root, out)      # so that a verify of the base can name it
     return ApplyResult(output=out, **{k: v for k, v in result.items()})
 
 
@@ -136,10 +150,18 @@ def _signals_raise_interrupt() -> Iterator[None]:
 class PatchBuilder:
     """The work both apply modes share: new files, digests, the patch record, the manifest."""
 
-    def __init__(self, plan: Plan, model: ModelDir, *, jobs: int | None, progress: Progress):
+    def __init__(self, plan: Plan, model: ModelDir, *, jobs: int | None, progress: Progress,
+                 base_model: str | None = None):
         self.plan, self.model, self.jobs, self.progress = plan, model, jobs, progress
+        self.base_model = base_model     # ORG/NAME given by the user, else identified
         self.known = KnownDigests()
         self.trusted = _base_manifest_digests(model)
+        # Known digests of the files this patch reads, looked up before anything is linked: a
+        # link changes a file's ctime, and with it the digest cache's key.
+        self.source_stats = {fp.source: os.stat(model.files[fp.source].path)
+                             for fp in plan.files if fp.source is not None}
+        self.known_before = {rel: known for rel, st in self.source_stats.items()
+                             if (known := self.known.lookup(model.files[rel].path, st=st))}
         # base relpath -> sha256 of the bytes a rewrite read or a copy copied
         self.hashed_while_writing: dict[str, str] = {}
         self.sequence = next_sequence(model.root)
@@ -147,8 +169,23 @@ class PatchBuilder:
         self.bytes_hashed = 0
 
     def _known_base_digest(self, rel: str) -> str | None:
-        return (self.known.sha256(self.model.files[rel].path) or self.trusted.get(rel)
+        known = self.known_before.get(rel)
+        return ((known.sha256 if known else None) or self.trusted.get(rel)
                 or self.hashed_while_writing.get(rel))
+
+    def rerecord_linked(self, base_digests: dict[str, str]) -> None:
+        """Record again, under their new ctime, the digests of base files this patch linked
+        (same inode, size and mtime as when looked up or hashed): the next apply finds them."""
+        rows = []
+        for rel, digest in base_digests.items():
+            before, st = self.source_stats[rel], os.stat(self.model.files[rel].path)
+            if (st.st_ino, st.st_size, st.st_mtime_ns) != (before.st_ino, before.st_size,
+                                                           before.st_mtime_ns):
+                continue
+            known = self.known_before.get(rel)
+            trusted = rel in self.trusted and known is None
+            rows.append((st, digest, not trusted and (known is None or known.verified)))
+        self.known.cache.put_many(rows)
 
     def write_new_files(self, dest: Path) -> dict[str, str]:
         """Write every file the plan creates (JSON, added files, shards) under ``dest``."""
@@ -159,6 +196,8 @@ class PatchBuilder:
                 write_file(_prepare(dest, fp.path), fp.content)
                 digests[fp.path] = hashlib.sha256(fp.content).hexdigest()
         shards = [fp for fp in self.plan.files if fp.action is Action.REWRITE_SHARD]
+        if shards and self.progress.write_total:
+            self.progress.write_total(sum(fp.size_after or 0 for fp in shards))
         if shards:
             digests.update(self._rewrite_shards(shards, dest))
         for rel, digest in digests.items():
@@ -249,25 +288,29 @@ class PatchBuilder:
                        base_digests: dict[str, str]) -> str:
         faults.point("manifest")
         model, plan = self.model, self.plan
+        base_statement = _base_statement(model)
+        base_model = self.base_model or identify(model.root, base_statement).repo_id
         statement = build_statement(
             subjects=subjects,
             base_files={p: (base_digests[p], model.files[p].size) for p in base_digests},
             recipe={"name": plan.recipe.name, "sha256": plan.recipe.sha256,
                     "text": plan.recipe.text},
             options=plan.options, changes=list(plan.changes), started=self.started,
-            finished=_now(), base_statement=_base_statement(model))
+            finished=_now(), base_statement=base_statement, base_model=base_model)
         return write_manifest(dest, statement)[0]
 
 
-def _build(plan: Plan, model: ModelDir, staging: Path, force_copy: bool, jobs: int | None,
-           progress: Progress) -> dict:
+def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | None,
+           progress: Progress, base_model: str | None) -> dict:
     """Lay out the whole variant in ``staging``."""
-    builder = PatchBuilder(plan, model, jobs=jobs, progress=progress)
-    methods: set[str] = set()
+    builder = PatchBuilder(plan, model, jobs=jobs, progress=progress, base_model=base_model)
+    carried = _Carrier(link, progress.copying)
+    if plan.link is not None and plan.link.method == "copy" and progress.copy_total:
+        progress.copy_total(plan.link.carried_bytes)
     for fp in plan.by_action(Action.LINK):
         faults.point(f"file:{fp.path}")
-        methods.add(link_or_copy(model.files[fp.path].path, _prepare(staging, fp.path),
-                                 force_copy=force_copy, copy=builder.copier(fp.source)))
+        carried(model.files[fp.path].path, _prepare(staging, fp.path),
+                copy=builder.copier(fp.source))
     digests = builder.write_new_files(staging)
     base_digests = builder.base_digests()
     for fp in plan.by_action(Action.LINK):
@@ -276,12 +319,29 @@ def _build(plan: Plan, model: ModelDir, staging: Path, force_copy: bool, jobs: i
     subjects = {p: (d, (staging / p).stat().st_size) for p, d in digests.items()}
     manifest_sha = builder.write_manifest(staging, subjects, base_digests)
     record.manifest_sha256 = manifest_sha
-    _write_revert_data(record, model, staging, force_copy)
+    _write_revert_data(record, model, staging, carried)
+    builder.rerecord_linked(base_digests)
     fsync_tree(staging)
+    copied = carried.bytes.get("copy", 0)
     return {"manifest_sha256": manifest_sha, "files": len(subjects),
-            "bytes_linked": plan.bytes_linked, "bytes_written": plan.bytes_written,
-            "bytes_hashed": builder.bytes_hashed,
-            "link_method": "/".join(sorted(methods)) or None}
+            "bytes_linked": sum(carried.bytes.values()) - copied, "bytes_copied": copied,
+            "bytes_written": plan.bytes_written, "bytes_hashed": builder.bytes_hashed,
+            "link_method": "/".join(sorted(carried.bytes)) or None}
+
+
+class _Carrier:
+    """``link_or_copy`` in one ``--link`` mode, counting the bytes carried by each method."""
+
+    def __init__(self, mode: str, on_copy: Callable[[int], None] | None = None):
+        self.mode, self.on_copy = mode, on_copy
+        self.bytes: dict[str, int] = {}
+
+    def __call__(self, src: Path, dst: Path, copy: Callable[[Path, Path], None] | None = None):
+        method = link_or_copy(src, dst, mode=self.mode, copy=copy)
+        size = os.stat(dst).st_size
+        self.bytes[method] = self.bytes.get(method, 0) + size
+        if method == "copy" and self.on_copy is not None:
+            self.on_copy(size)
 
 
 def _prepare(staging: Path, rel: str) -> Path:
@@ -295,8 +355,9 @@ def _mode(path: Path) -> int:
 
 
 def _base_manifest_digests(model: ModelDir) -> dict[str, str]:
-    """Digests from the base's own manifest, trusted for files unchanged since it was written
-    (same size, not modified after the manifest)."""
+    """Digests from the base's own manifest, trusted for files unchanged since it was written:
+    same size, and neither modified nor changed in any way (ctime, which nobody can set back)
+    after the manifest was written. A file linked since (its ctime moves) is left to the cache."""
     if not model.has(MANIFEST_NAME):
         return {}
     manifest = read_manifest(model.root)
@@ -304,7 +365,10 @@ def _base_manifest_digests(model: ModelDir) -> dict[str, str]:
     trusted = {}
     for rel, (digest, size) in manifest.subjects.items():  # DigestEntry(sha256, size)
         f = model.files.get(rel)
-        if f is not None and f.size == size and f.path.stat().st_mtime_ns <= written:
+        if f is None or f.size != size:
+            continue
+        st = f.path.stat()
+        if st.st_mtime_ns <= written and st.st_ctime_ns <= written:
             trusted[rel] = digest
     return trusted
 
@@ -314,22 +378,21 @@ def _base_statement(model: ModelDir) -> dict | None:
 
 
 def _write_revert_data(record: PatchRecord, model: ModelDir, staging: Path,
-                       force_copy: bool) -> None:
+                       carry: _Carrier) -> None:
     """Carry the base's patch stack over; add this patch's record and links to the originals."""
     for old in patch_dirs(model.root):
-        _link_tree(old, staging / PATCHES_DIR / old.name, force_copy)
+        _link_tree(old, staging / PATCHES_DIR / old.name, carry)
     patch_dir = staging / PATCHES_DIR / record.dirname
     originals = patch_dir / "originals"
     for rel in record.replaced + ([MANIFEST_NAME] if record.base_manifest else []):
-        link_or_copy(model.files[rel].path, _prepare(originals, rel), force_copy=force_copy)
+        carry(model.files[rel].path, _prepare(originals, rel))
     write_file(_prepare(patch_dir, RECORD_NAME), encode_record(record))
 
 
-def _link_tree(src: Path, dst: Path, force_copy: bool) -> None:
+def _link_tree(src: Path, dst: Path, carry: _Carrier) -> None:
     for path in sorted(src.rglob("*")):
         if path.is_file():           # a symlinked original (in-place HF patch) links its blob
-            link_or_copy(path, _prepare(dst, path.relative_to(src).as_posix()),
-                         force_copy=force_copy)
+            carry(path, _prepare(dst, path.relative_to(src).as_posix()))
 
 
 def _now() -> str:

@@ -73,6 +73,13 @@ class GuardRefused(PatchError):
     exit_code = 1
 
 
+class NothingToChange(PatchError):
+    """The plan changes nothing: the variant would equal the base (a typo in a recipe path, or a
+    model that already has the fix). Refused unless the caller allows a no-op."""
+
+    exit_code = 1
+
+
 class VerifyMismatch(PatchError):
     """A directory does not match its provenance manifest."""
 

@@ -1,7 +1,7 @@
 """Filesystem primitives with the durability and sharing rules modelpatch relies on.
 
 - ``link_or_copy`` shares data with the base: reflink where the filesystem has it, else hardlink,
-  else copy. A linked file keeps its inode's mode: chmod on a hardlink would change the base too.
+  else copy (``linking`` predicts which, and holds the ``--link`` modes). A linked file keeps its inode's mode: chmod on a hardlink would change the base too.
 - Files modelpatch writes itself are created read-only (0o444) and fsynced before the commit.
 - ``fsync_dir`` makes renames and new entries durable.
 """
@@ -38,25 +38,30 @@ def reflink(src: Path, dst: Path) -> bool:
     return True
 
 
-def link_or_copy(src: Path, dst: Path, *, force_copy: bool = False,
+def link_or_copy(src: Path, dst: Path, *, mode: str = "auto",
                  copy: Callable[[Path, Path], None] | None = None) -> str:
-    """Make ``dst`` hold ``src``'s bytes, sharing storage when possible.
+    """Make ``dst`` hold ``src``'s bytes, sharing storage when ``mode`` allows.
 
+    ``mode`` (``linking.MODES``): ``auto`` tries reflink, then hardlink, then copies;
+    ``reflink`` and ``hardlink`` raise ``OSError`` rather than fall back; ``copy`` copies.
     ``src`` symlinks are resolved first, so a Hugging Face snapshot's blob is linked, never the
     symlink. ``copy(src, dst)``, if given, makes the copy (the engine's hashes what it copies);
     it must leave ``dst`` read-only. Returns the method used: ``"reflink"``, ``"hardlink"`` or
     ``"copy"``.
     """
     src = Path(os.path.realpath(src))
-    if not force_copy:
+    if mode in ("auto", "reflink"):
         if reflink(src, dst):
             return "reflink"
+        if mode == "reflink":
+            raise OSError(errno.EOPNOTSUPP, "cannot reflink it (--link reflink)", str(dst))
+    if mode in ("auto", "hardlink"):
         try:
             os.link(src, dst)
             return "hardlink"
         except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP,
-                                 errno.EOPNOTSUPP):
+            if mode == "hardlink" or exc.errno not in (
+                    errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP):
                 raise
     if copy is not None:
         copy(src, dst)

@@ -61,8 +61,10 @@ def steps_for(plan: Plan, model: ModelDir) -> list[list[str]]:
 
 
 def apply_in_place(plan: Plan, model: ModelDir, *, jobs: int | None = None,
-                   progress: Progress | None = None) -> ApplyResult:
-    """Patch ``model.root`` itself with ``plan``'s recipe and options.
+                   progress: Progress | None = None,
+                   base_model: str | None = None) -> ApplyResult:
+    """Patch ``model.root`` itself with ``plan``'s recipe and options (``base_model``: the hub
+    repository ``ORG/NAME`` to record, when the directory does not say).
 
     Raises:
         LockHeld: another modelpatch process works on the directory.
@@ -73,7 +75,8 @@ def apply_in_place(plan: Plan, model: ModelDir, *, jobs: int | None = None,
     root = model.root
     with lock_directory(root, exclusive=True):
         model, plan = _recover_and_replan(root, plan)
-        builder = PatchBuilder(plan, model, jobs=jobs, progress=progress or Progress())
+        builder = PatchBuilder(plan, model, jobs=jobs, progress=progress or Progress(),
+                               base_model=base_model)
         sequence = builder.sequence
         journal = Journal(op="apply", phase="preparing",
                           patch_dir=f"{PATCHES_DIR}/{sequence:04d}-{plan.recipe.name}",

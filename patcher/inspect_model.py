@@ -10,11 +10,14 @@ from typing import Any
 from .model_dir import ModelDir
 from .safetensors_io import TensorInfo
 
-REPORT_VERSION = 1
+REPORT_VERSION = 2   # 2: "kv_scales" became "kv_cache_tensors" (scales and affine-KV biases)
 
 SCALE_SUFFIXES = ("weight_scale", "weight_scale_2", "weight_scale_inv", "input_scale",
                   "weight_global_scale", "input_global_scale", "k_scale", "v_scale", "q_scale")
-KV_SCALE_RE = re.compile(r"(^|\.)(k_proj\.k_scale|v_proj\.v_scale|k_scale|v_scale)$")
+# KV-cache tensors: scales (ModelOpt ``k_proj.k_scale``, compressed-tensors ``self_attn.k_scale``)
+# and the biases of ModelOpt's affine FP8 KV cache (FP8_AFFINE_KV_CFG), which its
+# ``postprocess_state_dict`` exports as ``k_proj.k_bias`` / ``v_proj.v_bias``.
+KV_CACHE_RE = re.compile(r"(^|\.)(k_proj\.k_(scale|bias)|v_proj\.v_(scale|bias)|k_scale|v_scale)$")
 
 # Module groups, first match wins. Routers count as "other".
 _GROUPS = [
@@ -168,8 +171,9 @@ def inspect_model(model: ModelDir) -> dict:
     """The full report as plain data; ``--json`` prints exactly this."""
     shards = [{"name": s, "size": model.shards[s].file_size,
                "tensors": len(model.shards[s].tensors)} for s in model.model_shards]
-    kv_scales = [{"name": info.name, "dtype": info.dtype, "shape": list(info.shape)}
-                 for _, info in model.tensors() if KV_SCALE_RE.search(info.name)]
+    kv_tensors = [{"name": info.name, "kind": info.name.rsplit("_", 1)[-1], "dtype": info.dtype,
+                   "shape": list(info.shape)}
+                  for _, info in model.tensors() if KV_CACHE_RE.search(info.name)]
     index = model.index
     return {
         "report_version": REPORT_VERSION,
@@ -180,7 +184,7 @@ def inspect_model(model: ModelDir) -> dict:
         "tensors": tensor_summary(model),
         "shards": {"count": len(shards), "total_file_bytes": sum(s["size"] for s in shards),
                    "files": shards},
-        "kv_scales": kv_scales,
+        "kv_cache_tensors": kv_tensors,
         "index": {"present": index is not None,
                   "total_size": index.total_size if index else None,
                   "tensors": len(model.tensor_shards), "healthy": True,

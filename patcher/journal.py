@@ -9,6 +9,15 @@ is either taken or not, and whether it was taken can be read back from the direc
 - phase ``switching``: staging is complete and durable; recovery **rolls forward** by taking the
   remaining steps, then finishes.
 
+If a step cannot be taken when recovery rolls forward (something now blocks it), recovery rolls
+back instead: phase ``rolling-back`` undoes the steps taken, newest first, and never turns
+forward again, so no command retries the failing step for ever.
+
+Recovery replays only journals this machine wrote in this very directory. ``create`` writes a
+random token to ``.modelpatch/journal.owner`` and records it in the journal with the device and
+inode of the directory and of that file; a journal copied, downloaded or crafted with the
+directory matches none of these and is refused, never replayed.
+
 The journal also counts the steps taken (``done``, saved after each step). Recovery skips those
 and retakes the one that may have been in flight, which is a no-op when its source is gone. The
 count matters because a path can be the target of one step and the source of a later one
@@ -50,7 +59,8 @@ from .model_dir import STATE_DIR
 
 JOURNAL_NAME = f"{STATE_DIR}/journal.json"
 JOURNAL_TMP = f"{JOURNAL_NAME}.tmp"
-JOURNAL_VERSION = 1
+JOURNAL_VERSION = 2
+OWNER_NAME = f"{STATE_DIR}/journal.owner"
 PATCHES_SUBDIR = f"{STATE_DIR}/patches"
 _PATCH_IN_TRASH = ".patch-dir.modelpatch"
 _ACTIONS = {"stash": 2, "install": 2, "unlink": 3, "unstash": 2, "relink": 3, "discard": 2,
@@ -60,21 +70,24 @@ _ACTIONS = {"stash": 2, "install": 2, "unlink": 3, "unstash": 2, "relink": 3, "d
 @dataclass
 class Journal:
     op: str                        # "apply" or "revert"
-    phase: str                     # "preparing" or "switching"
+    phase: str                     # "preparing", "switching" or "rolling-back"
     patch_dir: str                 # relpath of the patch directory
     staging: str                   # relpath of the staging directory (new files)
     trash: str                     # relpath of the trash directory (discarded files)
     steps: list[list[str]] = field(default_factory=list)
     remove_patch_dir: bool = False  # revert: the patch dir goes when done
     done: int = 0                  # steps taken so far (saved after each)
+    owner: dict = field(default_factory=dict)  # what binds the journal to this directory
 
     def create(self, root: Path) -> None:
-        """Save the journal for the first time (creating ``.modelpatch/`` if needed)."""
+        """Save the journal for the first time (creating ``.modelpatch/`` if needed), bound to
+        this directory by a fresh owner token."""
         state = root / STATE_DIR
         if not state.is_dir():
             state.mkdir()
             faults.point("journal:create")      # a kill here leaves an empty .modelpatch/
             fsync_dir(root)
+        self.owner = _write_owner(root)
         self.save(root)
 
     def save(self, root: Path) -> None:
@@ -101,7 +114,7 @@ class Journal:
             for step in journal.steps:
                 if _ACTIONS.get(step[0]) != len(step):
                     raise ValueError
-            if journal.phase not in ("preparing", "switching") or \
+            if journal.phase not in ("preparing", "switching", "rolling-back") or \
                     journal.op not in ("apply", "revert"):
                 raise ValueError
             # Every path stays inside the directory; the work areas inside .modelpatch/.
@@ -117,7 +130,44 @@ class Journal:
         except (TypeError, KeyError, AttributeError, ValueError, IndexError):
             raise ModelDirError("unreadable journal; move it aside only if you know the "
                                 "directory's state", where=path) from None
+        owner = journal.owner if isinstance(journal.owner, dict) else {}
+        if not owner or owner != _owner_of(root, owner.get("token")):
+            raise ModelDirError("journal was not written in this directory by modelpatch on this "
+                                "machine (copied, downloaded or crafted with it); refusing to "
+                                "replay it", where=path,
+                                hint="remove .modelpatch/journal.json only if you know the "
+                                     "directory's state")
         return journal
+
+
+def _write_owner(root: Path) -> dict:
+    token = os.urandom(16).hex()
+    path = root / OWNER_NAME
+    remove_tree(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, token.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return _owner_of(root, token)
+
+
+def _owner_of(root: Path, token: object) -> dict | None:
+    """The binding a journal of ``root`` carrying ``token`` must record, or None if the owner
+    file is missing or does not hold ``token``."""
+    path = root / OWNER_NAME
+    try:
+        here, st = os.stat(root), os.lstat(path)
+        held = b""
+        if os.path.isfile(path) and not path.is_symlink():
+            with open(path, "rb") as f:
+                held = f.read(64)
+    except OSError:
+        return None
+    if not isinstance(token, str) or not token or held != token.encode():
+        return None
+    return {"dev": here.st_dev, "ino": here.st_ino, "token": token, "owner_ino": st.st_ino}
 
 
 def safe_relpath(rel: object) -> bool:
@@ -241,6 +291,7 @@ def _end(root: Path) -> None:
     remove_tree(root / JOURNAL_TMP)
     (root / JOURNAL_NAME).unlink(missing_ok=True)
     faults.point("journal:end")     # a kill here may leave an empty .modelpatch/
+    remove_tree(root / OWNER_NAME)
     _remove_empty_state_dir(root)
     fsync_dir(root)
 
@@ -259,7 +310,7 @@ def pending(root: Path) -> bool:
     state = root / STATE_DIR
     if not state.is_dir():
         return False
-    if (root / JOURNAL_NAME).exists() or (root / JOURNAL_TMP).exists():
+    if any(os.path.lexists(root / n) for n in (JOURNAL_NAME, JOURNAL_TMP, OWNER_NAME)):
         return True
     patches = root / PATCHES_SUBDIR
     return not any(p for p in state.iterdir() if p != patches) and \
@@ -273,13 +324,62 @@ def recover(root: Path) -> str | None:
     """
     journal = Journal.load(root)
     if journal is None:
-        if pending(root):           # an empty .modelpatch/ or a lone journal.json.tmp
+        if pending(root):   # an empty .modelpatch/, a lone journal.json.tmp or journal.owner
             remove_tree(root / JOURNAL_TMP)
+            remove_tree(root / OWNER_NAME)
             _remove_empty_state_dir(root)
         return None
     name = Path(journal.patch_dir).name
     if journal.phase == "switching":
-        switch(root, journal)
-        return f"completed the interrupted {journal.op} of {name}"
-    roll_back(root, journal)
+        try:
+            switch(root, journal)
+            return f"completed the interrupted {journal.op} of {name}"
+        except OSError as exc:
+            why = f"{exc.strerror or exc}: {exc.filename}" if exc.filename else str(exc)
+            undo_switch(root, journal)
+            return f"could not complete the interrupted {journal.op} of {name} ({why}); " \
+                   f"rolled it back"
+    if journal.phase == "rolling-back":
+        undo_switch(root, journal)
+    else:
+        roll_back(root, journal)
     return f"rolled back the interrupted {journal.op} of {name}"
+
+
+def undo_switch(root: Path, journal: Journal) -> None:
+    """Undo the steps a switch took, newest first (the one in flight too, if it was taken),
+    then clean up as ``roll_back`` does. Once begun it is recorded, so a crash here resumes the
+    undoing: recovery never turns forward again."""
+    if journal.phase != "rolling-back":
+        journal.phase = "rolling-back"
+        journal.save(root)
+    for index in range(min(journal.done, len(journal.steps) - 1), -1, -1):
+        _undo_step(root, journal, journal.steps[index])
+        journal.done = index
+        journal.save(root)
+    roll_back(root, journal)
+
+
+def _undo_step(root: Path, journal: Journal, step: list[str]) -> None:
+    """Undo one step if it was taken: a move whose source is gone and destination present
+    is moved back; a removed link or directory is made again; a made link removed."""
+    action, rel = step[0], step[1]
+    live = root / rel
+    original = root / journal.patch_dir / "originals" / rel
+    _refuse_escape(root, live, original, root / journal.staging / rel, root / journal.trash / rel)
+    faults.point(f"journal:undo:{action}:{rel}")
+    moves = {"stash": (live, original), "install": (root / journal.staging / rel, live),
+             "unstash": (original, live), "discard": (live, root / journal.trash / rel)}
+    if action in moves:
+        src, dst = moves[action]
+        if not os.path.lexists(src):
+            _move_if_present(dst, src)
+    elif action == "unlink" and not os.path.lexists(live):
+        os.symlink(step[2], live)
+        fsync_dir(live.parent)
+    elif action == "relink" and live.is_symlink() and os.readlink(live) == step[2]:
+        live.unlink()
+        fsync_dir(live.parent)
+    elif action == "rmdir" and not os.path.lexists(live):
+        live.mkdir()
+        fsync_dir(live.parent)

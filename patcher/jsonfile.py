@@ -29,14 +29,20 @@ def no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def parse_json(data: bytes, where: str) -> Any:
-    """Parse ``data`` as strict UTF-8 JSON; duplicate keys and bad encodings are errors."""
+def _no_constant(literal: str) -> Any:
+    raise ValueError(f"{literal} is not a JSON value")
+
+
+def parse_json(data: bytes, where: str, *, constants: bool = True) -> Any:
+    """Parse ``data`` as strict UTF-8 JSON; duplicate keys and bad encodings are errors, and so
+    are ``NaN``/``Infinity`` (which Python's json accepts) when ``constants`` is False."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ModelDirError(f"not valid UTF-8 at byte {exc.start}", where=where) from None
     try:
-        return json.loads(text, object_pairs_hook=no_duplicate_keys)
+        return json.loads(text, object_pairs_hook=no_duplicate_keys,
+                          parse_constant=None if constants else _no_constant)
     except json.JSONDecodeError as exc:
         raise ModelDirError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
                             where=where) from None

@@ -12,6 +12,7 @@ It is an in-toto Statement v1 whose predicate is SLSA Provenance v1 (DESIGN.md s
       buildDefinition
         buildType             BUILD_TYPE
         externalParameters    {"recipe": {name, sha256, text}, "options": {...},
+                               "base_model": "ORG/NAME" (when known),
                                "base_provenance": <the base's whole statement, if any>}
         resolvedDependencies  base files {"name", "digest", "annotations": {"size"}}, and when the
                               base is itself a variant, a link to its manifest
@@ -160,7 +161,8 @@ def build_statement(*, subjects: Mapping[Any, tuple[str, int]],
                     finished: _dt.datetime | float | str,
                     base_statement: "dict | Manifest | None" = None,
                     invocation_id: str | None = None,
-                    versions: Mapping[str, str] | None = None) -> dict:
+                    versions: Mapping[str, str] | None = None,
+                    base_model: str | None = None) -> dict:
     """Build the provenance statement of a variant (a plain dict, ready for :func:`write_manifest`).
 
     Args:
@@ -178,9 +180,13 @@ def build_statement(*, subjects: Mapping[Any, tuple[str, int]],
             :func:`write_manifest` wrote it).
         invocation_id: default, a fresh UUID.
         versions: builder versions; default :func:`tool_versions`.
+        base_model: the hub repository ``ORG/NAME`` the original base is, when known
+            (``patcher.base_identity``); recorded as ``externalParameters.base_model``.
     """
     _check_recipe(recipe)
     external: dict[str, Any] = {"recipe": dict(recipe), "options": dict(options)}
+    if base_model:
+        external["base_model"] = base_model
     dependencies = _file_entries(base_files, "base file")
     if base_statement is not None:
         base_dict, base_link = _base_provenance_link(base_statement)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from .hashing import is_sha256_hex
-from .model_dir import MANIFEST_NAME, STATE_DIR
+from .model_dir import MANIFEST_NAME, STATE_DIR, is_model_path
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -28,8 +28,9 @@ class DigestEntry(NamedTuple):
 # -- paths ---------------------------------------------------------------------------------------
 
 def is_excluded(name: str) -> bool:
-    """True for the names a manifest never lists: the manifest and ``.modelpatch/...``."""
-    return name == MANIFEST_NAME or name == STATE_DIR or name.startswith(STATE_DIR + "/")
+    """True for the names a manifest never lists: the manifest, ``.modelpatch/``, ``.git``,
+    ``.cache/`` (what ``model_dir.is_model_path`` leaves out)."""
+    return not is_model_path(name)
 
 
 def check_relpath(name: object) -> str | None:
@@ -50,7 +51,8 @@ def check_relpath(name: object) -> str | None:
     if any(p in ("", ".") for p in parts):
         return "path is not normalized (empty or '.' component)"
     if is_excluded(name):
-        return f"reserved path ({MANIFEST_NAME} and {STATE_DIR}/ are never listed)"
+        return (f"reserved path ({MANIFEST_NAME}, {STATE_DIR}/, .git and .cache/ are never "
+                f"listed)")
     return None
 
 

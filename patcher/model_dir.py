@@ -27,11 +27,19 @@ INDEX_NAME = "model.safetensors.index.json"
 SINGLE_SHARD_NAME = "model.safetensors"
 MANIFEST_NAME = "modelpatch.provenance.json"
 STATE_DIR = ".modelpatch"
-# Directories that are bookkeeping, not model content: our revert data, git, and the
-# huggingface_hub local-dir download cache.
+# Bookkeeping, not model content: our revert data, git (a directory, or the file a worktree or
+# submodule has), and the huggingface_hub local-dir download cache. One rule for every command:
+# see ``is_model_path``.
 SKIPPED_DIRS = frozenset({STATE_DIR, ".git", ".cache"})
 # Shard names as transformers and huggingface_hub write them: model-00001-of-00004.safetensors.
 _SHARD_NAME = re.compile(r"(?P<stem>.+)-(?P<number>\d{5,})-of-(?P<count>\d{5,})\.safetensors")
+
+
+def is_model_path(relpath: str) -> bool:
+    """Whether ``relpath`` (POSIX, relative to the model root) can belong to the model: not the
+    manifest, nothing under ``SKIPPED_DIRS``. Verify, manifests, revert and publish use it; the
+    model listing skips the same directories (and keeps the manifest, as provenance)."""
+    return relpath != MANIFEST_NAME and relpath.split("/", 1)[0] not in SKIPPED_DIRS
 
 
 @dataclass(frozen=True)
@@ -220,6 +228,8 @@ def _list_files(root: Path, cache_repo: Path | None) -> Iterator[tuple[str, Mode
                 raise ModelDirError("symlinked directories are not supported",
                                     where=os.path.join(dirpath, name))
         for name in sorted(filenames):
+            if dirpath == str(root) and name in SKIPPED_DIRS:
+                continue
             entry = Path(dirpath) / name
             relpath = entry.relative_to(root).as_posix()
             yield relpath, _model_file(entry, relpath, allowed)

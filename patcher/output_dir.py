@@ -16,7 +16,7 @@ from . import faults
 from .errors import InputError
 from .fsops import fsync_dir, remove_tree
 from .locking import lock_directory
-from .model_dir import MANIFEST_NAME
+from .model_dir import MANIFEST_NAME, STATE_DIR
 
 STAGING_MARK = ".modelpatch-staging-"
 REPLACED_MARK = ".modelpatch-replaced-"
@@ -29,12 +29,38 @@ def refuse_to_replace_a_stranger(out: Path) -> None:
     if not os.path.lexists(out):
         return
     if out.is_symlink() or not out.is_dir():
-        raise InputError("output exists and is not a directory; --force replaces only an "
+        raise InputError("output exists and is not a directory; force=True replaces only an "
                          "earlier modelpatch variant", where=out)
     if not (out / MANIFEST_NAME).is_file() and any(out.iterdir()):
         raise InputError(f"output exists and is not a modelpatch variant (no {MANIFEST_NAME}); "
-                         f"--force replaces only an earlier variant", where=out,
+                         f"force=True replaces only an earlier variant", where=out,
                          hint="remove it yourself, or choose another -o")
+    own = _own_revert_data(out)
+    if own:
+        raise InputError(f"output holds revert data of its own ({own}); --force replaces only "
+                         f"an out-of-place variant, never a directory patched in place",
+                         where=out, hint="revert it first, or choose another -o")
+
+
+def _own_revert_data(out: Path) -> str | None:
+    """Why ``out/.modelpatch/`` may hold the only copy of something: an in-place patch (its
+    originals were moved there), an interrupted operation, or records that cannot be read."""
+    from .errors import PatchError
+    from .journal import JOURNAL_NAME, JOURNAL_TMP
+    from .patch_record import patch_dirs, read_record
+
+    state = out / STATE_DIR
+    if not os.path.lexists(state):
+        return None
+    if state.is_symlink() or not state.is_dir():
+        return f"{STATE_DIR} is not a directory"
+    if os.path.lexists(out / JOURNAL_NAME) or os.path.lexists(out / JOURNAL_TMP):
+        return "an interrupted in-place operation"
+    try:
+        modes = {read_record(d).mode for d in patch_dirs(out)}
+    except (PatchError, OSError):
+        return "a patch record that cannot be read"
+    return "an in-place patch" if modes - {"variant"} else None
 
 
 def make_staging_dir(out: Path) -> Path:
@@ -68,7 +94,7 @@ def restore_replaced(out: Path) -> None:
                       key=lambda p: p.lstat().st_mtime_ns)
     if replaced:
         os.rename(replaced[-1], out)
-        log.warning("%s: put back the previous output, which an interrupted --force run had "
+        log.warning("%s: put back the previous output, which an interrupted force=True run had "
                     "moved aside", out)
 
 

@@ -8,12 +8,13 @@ executor (``engine.py``) carries out exactly this, and ``modelpatch plan`` print
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .config_ops import apply_config_ops
-from .errors import PlanError
+from .errors import NothingToChange, PlanError
 from .jsonfile import dump_json_document, load_json_document, unified_diff
 from .model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir
 from .recipe import Recipe, check_guards
@@ -51,12 +52,15 @@ class Plan:
     changes: tuple[dict, ...]
     warnings: tuple[str, ...] = ()
     options: dict = field(default_factory=dict)
+    link: Any = None
+    """A ``linking.LinkPrediction`` for an out-of-place apply (``linking.predict_for_plan``)."""
 
     def by_action(self, action: Action) -> list[FilePlan]:
         return [f for f in self.files if f.action is action]
 
     @property
-    def bytes_linked(self) -> int:
+    def bytes_unchanged(self) -> int:
+        """Bytes of the base files the variant keeps unchanged (linked or copied)."""
         return sum(f.size_after or 0 for f in self.by_action(Action.LINK))
 
     @property
@@ -70,13 +74,24 @@ class Plan:
 
     def to_json(self) -> dict:
         return {
-            "recipe": {"name": self.recipe.name, "sha256": self.recipe.sha256},
+            "recipe": self.recipe.identity(),
             "base": str(self.base),
             "files": [_file_json(f) for f in self.files],
             "changes": list(self.changes),
             "warnings": list(self.warnings),
-            "bytes": {"linked": self.bytes_linked, "written": self.bytes_written},
+            "bytes": self._bytes_json(),
+            **({"link": self.link.to_json()} if self.link is not None else {}),
         }
+
+    def _bytes_json(self) -> dict:
+        """``unchanged``: the base files kept as they are; of those and of the originals kept
+        for revert, ``linked`` share storage with the base (reflink or hardlink) and ``copied``
+        are copied, as predicted for the output (an in-place patch neither links nor copies)."""
+        link = self.link
+        carried = link.carried_bytes if link is not None else 0
+        copied = carried if link is not None and link.method == "copy" else 0
+        return {"unchanged": self.bytes_unchanged, "linked": carried - copied, "copied": copied,
+                "written": self.bytes_written}
 
 
 def _file_json(f: FilePlan) -> dict:
@@ -119,6 +134,15 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None) -> Pla
     files.extend(sorted(replaced.values(), key=lambda f: f.path))  # additions
     return Plan(recipe=recipe, base=model.root, files=tuple(files), changes=tuple(changes),
                 warnings=tuple(warnings), options=options)
+
+
+def require_change(the_plan: Plan, allow_noop: bool) -> None:
+    """Refuse a plan that changes nothing (every file linked as it is), unless ``allow_noop``."""
+    if allow_noop or the_plan.changed:
+        return
+    raise NothingToChange(f"recipe {the_plan.recipe.name!r} changes nothing in "
+                          f"{the_plan.base}: the variant would equal the base",
+                          hint="allow_noop=True accepts that")
 
 
 def _link(model: ModelDir, rel: str) -> FilePlan:
@@ -166,6 +190,7 @@ def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list[dict]) -> dict
             raise PlanError(f"the recipe adds {name}, which the model already has",
                             where=op.loc, hint="set overwrite: true to replace it")
         content = op.content.encode("utf-8")
+        _check_add_target(model, name, op.loc)
         _check_added_file(name, content, op.loc)
         source = name if model.has(name) else None
         out[name] = FilePlan(name, Action.ADD, source=source,
@@ -176,6 +201,24 @@ def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list[dict]) -> dict
         changes.append({"kind": "file_added", "file": name, "size": len(content),
                         "replaced": source is not None})
     return out
+
+
+def _check_add_target(model: ModelDir, name: str, loc: str) -> None:
+    """``files: add`` creates a regular file: not onto a directory, not under a file, and never
+    through a symlinked directory (it could lead anywhere)."""
+    parts = name.split("/")
+    for depth in range(1, len(parts)):
+        parent = "/".join(parts[:depth])
+        path = model.root / parent
+        if model.has(parent) or (os.path.lexists(path) and not path.is_dir()):
+            raise PlanError(f"files: add {name}: {parent} is a file, not a directory", where=loc)
+        if path.is_symlink():
+            raise PlanError(f"files: add {name}: {parent} is a symlinked directory; recipes "
+                            f"write only inside the model's own directories", where=loc)
+    target = model.root / name
+    if not model.has(name) and os.path.lexists(target):
+        kind = "directory" if target.is_dir() else "not a regular file"
+        raise PlanError(f"files: add {name}: the model has a {kind} there", where=loc)
 
 
 def _check_added_file(name: str, content: bytes, loc: str) -> None:
@@ -189,7 +232,7 @@ def _check_added_file(name: str, content: bytes, loc: str) -> None:
         from .jsonfile import parse_json
 
         try:
-            parse_json(content, name)
+            parse_json(content, name, constants=False)
         except InputError as exc:
             raise PlanError(f"the content added as {name} is not valid JSON: {exc.message}",
                             where=loc) from None
@@ -208,4 +251,4 @@ def _quantization_warnings(model: ModelDir, replaced: dict[str, FilePlan],
                                  changes)
 
 
-__all__ = ["Action", "FilePlan", "Plan", "plan", "INDEX_NAME"]
+__all__ = ["Action", "FilePlan", "Plan", "plan", "require_change", "INDEX_NAME"]

@@ -29,13 +29,15 @@ def _declared(config: Any, hf_quant: Any) -> str | None:
 
 
 def quantized_tensors(dtypes: Mapping[str, str]) -> list[str]:
-    """Names of tensors holding quantized weights: FP8 data, or packed FP4 bytes with scales."""
+    """Names of tensors holding quantized weights: FP8 data, or packed FP4 bytes with scales
+    (NVFP4 ``weight`` / ``weight_packed``, gpt-oss MXFP4 ``<proj>_blocks``)."""
     out = []
     for name, dtype in dtypes.items():
         if dtype in QUANTIZED_DTYPES and not name.endswith("_scale"):
             out.append(name)
         elif dtype == "U8" and (name.endswith(".weight_packed") or (
-                name.endswith(".weight") and f"{name[:-7]}.weight_scale" in dtypes)):
+                name.endswith(".weight") and f"{name[:-7]}.weight_scale" in dtypes) or (
+                name.endswith("_blocks") and f"{name[:-7]}_scales" in dtypes)):
             out.append(name)
     return out
 

@@ -46,11 +46,11 @@ LEAF_KEYS = ("file", "path", *PREDICATES, "in", "message")
 CONFIG_ACTIONS = ("drop", "set", "rename", "architectures", "model_type", "op")
 CONFIG_KEYS = {
     "drop": ("drop", "in", "missing_ok"),
-    "set": ("set", "value", "in"),
+    "set": ("set", "value", "in", "create_parents"),
     "rename": ("rename", "to", "in", "missing_ok"),
     "architectures": ("architectures", "in"),
     "model_type": ("model_type", "in"),
-    "op": ("op", "path", "value", "from", "in"),
+    "op": ("op", "path", "value", "from", "in", "missing_ok"),
 }
 PATCH_OPS = ("add", "remove", "replace", "move", "copy", "test")
 FILE_KEYS = {"drop": ("drop", "missing_ok"), "add": ("add", "content", "overwrite")}
@@ -305,13 +305,16 @@ def _config_op(v: rc.Validator, node: Any, pos: tuple[int, int]) -> ConfigOp | N
     scopes = v.scopes(node)
     if action == "drop":
         path = v.pointer(node, "drop", allow_root=False)
-        missing_ok = v.boolean(node, "missing_ok", default=True)
+        missing_ok = v.boolean(node, "missing_ok", default=False)
         return None if path is None else DropOp(path, scopes, missing_ok, loc)
     if action == "set":
         path = v.pointer(node, "set", allow_root=False)
         value = v.json_value(node["value"], rc.val_pos(node, "value")) if "value" in node \
             else rc.INVALID
-        return None if path is None or value is rc.INVALID else SetOp(path, value, scopes, loc)
+        create_parents = v.boolean(node, "create_parents", default=True)
+        if path is None or value is rc.INVALID:
+            return None
+        return SetOp(path, value, scopes, loc, create_parents=create_parents)
     if action == "rename":
         path = v.pointer(node, "rename", allow_root=False)
         to = v.pointer(node, "to", allow_root=False)
@@ -355,7 +358,12 @@ def _patch_op(v: rc.Validator, node: Any, scopes: tuple[str, ...], loc: str) -> 
     if op == "move" and from_path is not None and path.startswith(from_path + "/"):
         v.err(rc.val_pos(node, "path"), f"cannot move {from_path} into its own child {path}")
         return None
-    return PatchOp(op, path, value, from_path, scopes, loc)
+    if "missing_ok" in node and op not in PatchOp.MISSING_OK_OPS:
+        v.err(rc.key_pos(node, "missing_ok"), f"'{op}' takes no 'missing_ok' (only "
+              f"{', '.join(PatchOp.MISSING_OK_OPS)} read a path that may be missing)")
+        return None
+    missing_ok = v.boolean(node, "missing_ok", default=False)
+    return PatchOp(op, path, value, from_path, scopes, loc, missing_ok)
 
 
 # ------------------------------------------------------------------------------ file ops

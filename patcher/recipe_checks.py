@@ -11,6 +11,7 @@ from typing import Any, Iterator, Sequence
 from ruamel.yaml.comments import CommentedMap, CommentedSeq, TaggedScalar
 
 from .json_pointer import normalize_scope, pointer_error
+from .model_dir import SKIPPED_DIRS
 
 Pos = tuple[int, int]  # 1-based (line, column)
 
@@ -101,7 +102,8 @@ def did_you_mean(word: str, options: Sequence[str]) -> str | None:
 
 
 def filename_error(name: str) -> str | None:
-    """Why ``name`` is not a safe relative path inside a model directory, or None."""
+    """Why ``name`` is not a safe relative path to a model file, or None: never in a
+    dot-directory (``.git/``, ``.cache/``, ``.modelpatch/``...), never one of those itself."""
     if name == "":
         return "a file name must not be empty"
     if "\\" in name:
@@ -117,6 +119,9 @@ def filename_error(name: str) -> str | None:
         return f"file name {name!r} has an empty or '.' component"
     if parts[0] in RESERVED_DIRS or name in RESERVED_NAMES:
         return f"file name {name!r} is reserved for modelpatch's own records"
+    if parts[-1] in SKIPPED_DIRS or any(p.startswith(".") for p in parts[:-1]):
+        return (f"file name {name!r} is not a model file: recipes never touch dot-directories "
+                f"such as .git/, .cache/ or .modelpatch/")
     return None
 
 

@@ -26,8 +26,9 @@ SAFETENSORS_DTYPES = (
     "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0",
     "F4", "F6_E2M3", "F6_E3M2",
 )
-FLOAT_TARGETS = ("bf16", "fp16", "fp32")
-DEQUANT_SCHEMES = ("fp8-tensor", "fp8-block", "nvfp4-modelopt", "nvfp4-compressed-tensors", "auto")
+FLOAT_TARGETS = ("BF16", "F16", "F32")     # cast and dequantize targets, canonical names
+DEQUANT_SCHEMES = ("fp8-tensor", "fp8-block", "nvfp4-modelopt", "nvfp4-compressed-tensors",
+                   "mxfp4-gpt-oss", "auto")
 QUANT_SCHEMES = ("fp8-tensor", "fp8-block")
 QUANT_LAYOUTS = ("modelopt", "deepseek", "compressed-tensors")
 # (scheme, layout) pairs a checkpoint format exists for: ModelOpt FP8 is per-tensor
@@ -95,7 +96,7 @@ Condition = Union[Check, AnyOf, AllOf, Not]
 
 @dataclass(frozen=True)
 class DropOp:
-    """Remove ``path``. A missing path is skipped unless ``missing_ok`` is False."""
+    """Remove ``path``. A path missing from every scope is a PlanError unless ``missing_ok``."""
 
     path: str
     scopes: tuple[str, ...]
@@ -106,22 +107,24 @@ class DropOp:
 
 @dataclass(frozen=True)
 class SetOp:
-    """Set ``path`` to ``value``, creating missing parent objects. ``label`` is the friendly key
-    the op was written with (``set``, ``architectures`` or ``model_type``)."""
+    """Set ``path`` to ``value``, creating missing parent objects unless ``create_parents`` is
+    False (then a missing parent is an error). ``label`` is the friendly key the op was written
+    with (``set``, ``architectures`` or ``model_type``)."""
 
     path: str
     value: Any
     scopes: tuple[str, ...]
     loc: str
     label: str = "set"
+    create_parents: bool = True
     kind = "set"
 
 
 @dataclass(frozen=True)
 class RenameOp:
     """Move the value at ``path`` to ``to`` (a key renamed in the same object keeps its place).
-    The target must not exist and its parent must. A missing source is a PlanError unless
-    ``missing_ok``."""
+    The target must not exist and its parent must. A source missing from every scope is a PlanError
+    unless ``missing_ok``."""
 
     path: str
     to: str
@@ -134,7 +137,9 @@ class RenameOp:
 @dataclass(frozen=True)
 class PatchOp:
     """One RFC 6902 operation, applied through the ``jsonpatch`` library. ``value`` is meaningful
-    for add/replace/test, ``from_path`` for move/copy."""
+    for add/replace/test, ``from_path`` for move/copy. ``missing_ok`` (remove, replace, move,
+    copy): skip the scopes where the path the op reads (``from`` for move/copy) is missing, instead
+    of failing as RFC 6902 does."""
 
     op: str
     path: str
@@ -142,7 +147,13 @@ class PatchOp:
     from_path: str | None
     scopes: tuple[str, ...]
     loc: str
+    missing_ok: bool = False
     kind = "patch"
+    MISSING_OK_OPS = ("remove", "replace", "move", "copy")
+
+    def read_path(self) -> str:
+        """The pointer this op needs to exist (``from`` for move/copy)."""
+        return self.from_path if self.op in ("move", "copy") and self.from_path else self.path
 
     def as_json_patch(self, scope: str = "") -> dict[str, Any]:
         """The RFC 6902 operation object, pointers read inside ``scope``."""
@@ -293,6 +304,11 @@ class Recipe:
     source: str
     path: Path | None = None
     output: OutputLayout | None = None
+
+    def identity(self) -> dict:
+        """Which recipe this is, for output: name, the absolute file it came from, sha256."""
+        return {"name": self.name, "path": str(self.path.resolve()) if self.path else None,
+                "sha256": self.sha256}
 
     @property
     def touches_tensors(self) -> bool:

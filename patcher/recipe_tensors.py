@@ -9,7 +9,8 @@ Each item selects tensors and names exactly one action::
       #                                                        select regex)
       # cast: bf16 | fp16 | fp32
       # dequantize: {scheme: fp8-tensor | fp8-block | nvfp4-modelopt |
-      #              nvfp4-compressed-tensors | auto, to: bf16 | fp16 | fp32,   (to: bf16)
+      #              nvfp4-compressed-tensors | mxfp4-gpt-oss | auto,
+      #              to: bf16 | fp16 | fp32,   (to: bf16)
       #              block: [128, 128]}   (fp8-block/auto; default: the config's
       #                                    weight_block_size, else 128x128)
       # quantize: {scheme: fp8-tensor | fp8-block,
@@ -17,6 +18,7 @@ Each item selects tensors and names exactly one action::
 
 Executing them is the tensor engine's job; this module only checks what can be checked without a
 model: keys, types, regexes and replacement templates, dtype names, scheme/layout pairs.
+Dtypes take any spelling ``dtype_names`` knows (BF16, bf16, bfloat16...), stored canonical.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import re
 from typing import Any
 
 from . import recipe_checks as rc
+from .dtype_names import canonical_dtype, dtype_problem
 from .recipe_schema import (DEFAULT_BLOCK, DEQUANT_SCHEMES, FLOAT_TARGETS, QUANT_COMBINATIONS,
-                            QUANT_LAYOUTS, QUANT_SCHEMES, SAFETENSORS_DTYPES, CastTensors,
+                            QUANT_LAYOUTS, QUANT_SCHEMES, CastTensors,
                             DequantizeTensors, DropTensors, QuantizeTensors, RenameTensors,
                             TensorAction, TensorOp, TensorSelect)
 
@@ -81,12 +84,11 @@ def _select(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorSelect | None:
         if names is None:
             return None
         for name, npos in names:
-            if name not in SAFETENSORS_DTYPES:
-                hint = rc.did_you_mean(name, SAFETENSORS_DTYPES) or (
-                    "safetensors names: " + ", ".join(SAFETENSORS_DTYPES))
-                v.err(npos, f"unknown dtype {name!r} ({hint})")
+            problem = dtype_problem(name)
+            if problem:
+                v.err(npos, problem)
                 ok = False
-        dtypes = tuple(name for name, _ in names)
+        dtypes = tuple(canonical_dtype(name) for name, _ in names)
     if not ok:
         return None
     texts = tuple(p for p, _ in patterns)
@@ -202,7 +204,7 @@ def _action(v: rc.Validator, node: Any, action: str,
             return None
         return DropTensors()
     if action == "cast":
-        to = v.choice(node, "cast", FLOAT_TARGETS)
+        to = _float_target(v, node, "cast")
         return None if to is None else CastTensors(to)
     if not rc.is_map(value):
         example = {"rename": "{pattern: '^old\\.', to: 'new.'}",
@@ -230,10 +232,23 @@ def _action(v: rc.Validator, node: Any, action: str,
     return None if block is None else QuantizeTensors(scheme, layout, block)
 
 
+def _float_target(v: rc.Validator, node: Any, key: str) -> str | None:
+    """The canonical name of the cast/dequantize target at ``key`` (any spelling of BF16, F16
+    or F32), or None after recording the problem."""
+    spelling = v.check_string(node[key], rc.val_pos(node, key), what=f"{key!r}")
+    if spelling is None:
+        return None
+    problem = dtype_problem(spelling, FLOAT_TARGETS)
+    if problem:
+        v.err(rc.val_pos(node, key), f"{key}: {problem}")
+        return None
+    return canonical_dtype(spelling)
+
+
 def _dequantize(v: rc.Validator, value: Any) -> DequantizeTensors | None:
     v.check_keys(value, ("scheme", "to", "block"), "dequantize", required=("scheme",))
     scheme = v.choice(value, "scheme", DEQUANT_SCHEMES)
-    to = v.choice(value, "to", FLOAT_TARGETS) if "to" in value else "bf16"
+    to = _float_target(v, value, "to") if "to" in value else "BF16"
     if scheme is None or to is None:
         return None
     if "block" not in value:

@@ -9,15 +9,20 @@ remembers the line and column of every node.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import (AliasEvent, CollectionEndEvent, CollectionStartEvent,
-                                DocumentStartEvent, MappingStartEvent, NodeEvent)
+                                DocumentStartEvent, MappingStartEvent, NodeEvent, ScalarEvent)
 
 MAX_RECIPE_BYTES = 1 << 20
 MAX_DEPTH = 64
+# Longer plain numbers are refused: Python will not convert an integer of more than 4300 digits,
+# and no config value needs a hundredth of that.
+MAX_NUMBER_DIGITS = 1000
+_LONG_NUMBER = re.compile(r"[-+]?[0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?")
 _MAX_SCAN_ERRORS = 20
 _CORE_TAGS = frozenset(f"tag:yaml.org,2002:{t}"
                        for t in ("str", "int", "float", "bool", "null", "seq", "map"))
@@ -90,6 +95,10 @@ def scan_events(text: str) -> None:
                                  f"YAML tag {_show_tag(str(tag))} is not allowed in recipes "
                                  "(only the core tags !!str, !!int, !!float, !!bool, !!null, "
                                  "!!seq, !!map)"))
+            if _long_number(event):
+                problems.append((*_mark(event.start_mark),
+                                 f"a number of {len(event.value)} characters is too long "
+                                 f"(at most {MAX_NUMBER_DIGITS}; quote it to make a string)"))
             if _complex_key(event, keys):
                 problems.append((*_mark(event.start_mark),
                                  "mapping keys must be plain scalars, not lists or mappings"))
@@ -109,6 +118,11 @@ def scan_events(text: str) -> None:
         problems.append((1, 1, f"nesting deeper than {MAX_DEPTH} levels"))
     if problems:
         raise YamlProblems(problems)
+
+
+def _long_number(event: Any) -> bool:
+    return (isinstance(event, ScalarEvent) and not event.style
+            and len(event.value) > MAX_NUMBER_DIGITS and _LONG_NUMBER.fullmatch(event.value))
 
 
 def _complex_key(event: Any, keys: list[list[bool]]) -> bool:
@@ -144,3 +158,5 @@ def compose_recipe(text: str) -> Any:
         return yaml.load(text)
     except YAMLError as exc:
         raise YamlProblems([_yaml_error(exc)]) from None
+    except ValueError as exc:         # a scalar the constructor cannot convert
+        raise YamlProblems([(1, 1, f"invalid YAML: {str(exc).splitlines()[0]}")]) from None

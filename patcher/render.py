@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 def human_bytes(n: int | float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -16,6 +18,16 @@ def human_count(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.2f}{unit}"
     return str(n)
+
+
+def shorten(text: str, width: int) -> str:
+    """``text`` on one line of at most ``width`` characters (at least 20): whitespace runs
+    collapsed, cut at a word and ended with "…" when it is longer."""
+    text, width = " ".join(text.split()), max(width, 20)
+    if len(text) <= width:
+        return text
+    cut = text[:width].rsplit(" ", 1)[0] if " " in text[:width] else text[:width - 1]
+    return cut.rstrip(" ,;:.-") + "…"
 
 
 def table(rows: list[list[str]], header: list[str]) -> list[str]:
@@ -43,9 +55,13 @@ def render_inspect(report: dict) -> str:
     if sizes:
         lines.append(f"shards     {s['count']}  total {human_bytes(s['total_file_bytes'])}  "
                      f"min {human_bytes(min(sizes))}  max {human_bytes(max(sizes))}")
-    kv = report["kv_scales"]
+    kv = report["kv_cache_tensors"]
     dtypes = sorted({k["dtype"] for k in kv})
-    lines.append(f"kv scales  {len(kv)}" + (f" ({', '.join(dtypes)}), e.g. {kv[0]['name']}" if kv else ""))
+    kinds = ", ".join(f"{sum(k['kind'] == kind for k in kv)} {plural}"
+                      for kind, plural in (("scale", "scales"), ("bias", "biases"))
+                      if any(k["kind"] == kind for k in kv))
+    lines.append(f"kv cache   {len(kv)}" + (f" ({kinds}; {', '.join(dtypes)}), e.g. {kv[0]['name']}"
+                                           if kv else ""))
     idx = report["index"]
     health = "ok" if idx["healthy"] else "DEFECTS"
     lines.append(f"index      {'present' if idx['present'] else 'none'}, {idx['tensors']} tensors, "
@@ -79,9 +95,16 @@ def _render_quant(q: dict) -> list[str]:
     return lines
 
 
+def recipe_source(recipe: dict) -> str:
+    """Which recipe file was run: a file in the current directory must never pass for a
+    built-in recipe unnoticed."""
+    return f"recipe file {recipe.get('path') or '(text)'} sha256 {recipe['sha256']}"
+
+
 def render_plan(plan_json: dict) -> str:
     """A plan as ``terraform plan`` would show it: diffs, then a table of files."""
-    lines = [f"recipe {plan_json['recipe']['name']} on {plan_json['base']}", ""]
+    lines = [f"recipe {plan_json['recipe']['name']} on {plan_json['base']}",
+             recipe_source(plan_json["recipe"]), ""]
     for f in plan_json["files"]:
         if f.get("diff"):
             lines.append(f["diff"].rstrip("\n"))
@@ -96,12 +119,35 @@ def render_plan(plan_json: dict) -> str:
     counts: dict[str, int] = {}
     for f in plan_json["files"]:
         counts[f["action"]] = counts.get(f["action"], 0) + 1
-    b = plan_json["bytes"]
     lines.append("")
     lines.append("Plan: " + ", ".join(f"{n} {a}" for a, n in sorted(counts.items()))
-                 + f"; {human_bytes(b['linked'])} linked, {human_bytes(b['written'])} written.")
+                 + f"; {_carried_text(plan_json)}.")
+    lines += _link_lines(plan_json.get("link"))
     lines += [f"warning: {w}" for w in plan_json["warnings"]]
     return "\n".join(lines)
+
+
+_CARRIED = {"reflink": "reflinked", "hardlink": "hardlinked to the base", "copy": "copied"}
+
+
+def _carried_text(plan_json: dict) -> str:
+    """``2.00 KiB written, 1.10 GiB copied``: how much is written, and how the rest travels."""
+    b, link = plan_json["bytes"], plan_json.get("link")
+    written = f"{human_bytes(b['written'])} written"
+    if link is None:                                   # in place: the rest stays where it is
+        return f"{written}, {human_bytes(b['unchanged'])} unchanged"
+    carried = b["linked"] + b["copied"]
+    return f"{written}, {human_bytes(carried)} {_CARRIED[link['method']]}"
+
+
+def _link_lines(link: dict | None) -> list[str]:
+    if link is None:
+        return []
+    lines = [f"link: {link['method']} into {link['output']} ({link['reason']})"]
+    if link["method"] == "hardlink":
+        lines.append("note: a hardlinked file is the base's file: editing one edits both "
+                     "(--link copy, or a reflink filesystem, gives independent files)")
+    return lines
 
 
 TENSOR_KINDS = {"tensor_converted": ("~", "converted"), "tensor_renamed": (">", "renamed"),
@@ -109,32 +155,62 @@ TENSOR_KINDS = {"tensor_converted": ("~", "converted"), "tensor_renamed": (">", 
 
 
 def render_tensor_changes(changes: list[dict], per_shard: int = 20) -> list[str]:
-    """Every tensor the plan touches, grouped by the base shard it comes from, with dtype and
-    shape before and after; at most ``per_shard`` lines a shard, then "... and N more" (the
-    ``--json`` plan lists them all)."""
-    counts: dict[str, int] = {}
-    groups: dict[str, list[str]] = {}
-    for c in changes:
-        if c.get("kind") not in TENSOR_KINDS:
-            continue
-        mark, word = TENSOR_KINDS[c["kind"]]
-        counts[word] = counts.get(word, 0) + 1
-        groups.setdefault(c.get("shard") or "(no shard)", []).append(f"{mark} {_tensor_line(c)}")
-    if not groups:
+    """Every tensor the plan touches, by base shard (shards and tensors in natural order), with
+    dtype and shape before and after. A scale or other companion is indented under its weight
+    by its own short name (from whichever shard it comes). About ``per_shard`` lines a shard,
+    then "... and N more" tensors (the ``--json`` plan lists them all)."""
+    touched = [c for c in changes if c.get("kind") in TENSOR_KINDS]
+    if not touched:
         return []
-    total = sum(counts.values())
-    lines = [f"tensors: {total} touched ("
+    counts: dict[str, int] = {}
+    for c in touched:
+        word = TENSOR_KINDS[c["kind"]][1]
+        counts[word] = counts.get(word, 0) + 1
+    owners = {c["tensor"] for c in touched if not c.get("companion_of")}
+    companions: dict[str, list[dict]] = {}
+    groups: dict[str, list[dict]] = {}
+    for c in touched:
+        if c.get("companion_of") in owners:
+            companions.setdefault(c["companion_of"], []).append(c)
+        else:
+            groups.setdefault(c.get("shard") or "(no shard)", []).append(c)
+    lines = [f"tensors: {len(touched)} touched ("
              + ", ".join(f"{n} {w}" for w, n in counts.items()) + ")"]
-    for shard, entries in groups.items():
+    for shard in sorted(groups, key=lambda s: (s == "(no shard)", natural_key(s))):
         lines.append(f"  {shard}")
-        lines += [f"    {e}" for e in entries[:per_shard]]
-        if len(entries) > per_shard:
-            lines.append(f"    ... and {len(entries) - per_shard} more (--json lists them all)")
+        block: list[str] = []
+        entries = sorted(groups[shard], key=lambda c: natural_key(c["tensor"]))
+        for i, c in enumerate(entries):
+            own = sorted(companions.get(c["tensor"], []), key=lambda x: natural_key(x["tensor"]))
+            if len(block) + 1 + len(own) > per_shard and block:
+                rest = sum(1 + len(companions.get(e["tensor"], [])) for e in entries[i:])
+                block.append(f"    ... and {rest} more (--json lists them all)")
+                break
+            block.append(f"    {TENSOR_KINDS[c['kind']][0]} {_tensor_line(c)}")
+            block += [f"        {TENSOR_KINDS[x['kind']][0]} {_companion_line(x, c['tensor'], shard)}"
+                      for x in own]
+        lines += block
     return lines + [""]
+
+
+def natural_key(text: str) -> list:
+    """Sort key that puts ``layers.2`` before ``layers.10``."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part)
+            for part in re.split(r"(\d+)", text)]
 
 
 def _layout_text(layout: dict | None) -> str:
     return "-" if layout is None else f"{layout['dtype']}{layout['shape']}"
+
+
+def _companion_line(c: dict, owner: str, owner_shard: str) -> str:
+    """A companion under its weight: the name after the module they share, its layout, and its
+    shard when that is not the weight's."""
+    module = owner.rsplit(".", 1)[0] + "."
+    name = c["tensor"][len(module):] if c["tensor"].startswith(module) else c["tensor"]
+    layout = _layout_text(c.get("after") if c["kind"] == "tensor_added" else c.get("before"))
+    elsewhere = c.get("shard") and c["shard"] != owner_shard
+    return f"{name}  {layout}" + (f"  (in {c['shard']})" if elsewhere else "")
 
 
 def _tensor_line(c: dict) -> str:
@@ -151,13 +227,22 @@ def _tensor_line(c: dict) -> str:
     return f"{name}  {before} -> {after}  ({c['how']})"
 
 
+def _shared_text(shared: list[str] | None) -> str:
+    """The hardlinks a modified file has: they are the same file and changed with it."""
+    if not shared:
+        return ""
+    return f"; shares its inode (hardlink) with {', '.join(shared)}: changed there too"
+
+
 def render_verify(report: dict) -> str:
     if report["ok"]:
         cached = f" ({report['cached_files']} from the digest cache)" if report["cached_files"] else ""
-        return f"OK  {report['checked']} files match the manifest{cached}"
+        against = report.get("against", "the manifest")
+        return f"OK  {report['checked']} files match {against}{cached}"
     lines = [f"MISMATCH  {len(report['modified'])} modified, {len(report['missing'])} missing, "
              f"{len(report['extra'])} extra"]
-    lines += [f"  modified  {m['path']}: {m['reason']}" for m in report["modified"]]
+    lines += [f"  modified  {m['path']}: {m['reason']}" + _shared_text(m.get("shared_with"))
+              for m in report["modified"]]
     lines += [f"  missing   {p}" for p in report["missing"]]
     lines += [f"  extra     {p}" for p in report["extra"]]
     lines += [f"  manifest  modelpatch.provenance.json: {p}"

@@ -62,16 +62,16 @@ def _check_unmodified(root: Path, force: bool, jobs: int | None) -> None:
     except InputError as exc:           # no manifest, or an unreadable one
         if not force:
             raise VerifyMismatch(f"cannot check it is unchanged since the patch: {exc.message}",
-                                 where=exc.where or root, hint="--force reverts anyway") from None
-        log.warning("%s: %s; reverting anyway (--force)", root, exc.one_line())
+                                 where=exc.where or root, hint="force=True reverts anyway") from None
+        log.warning("%s: %s; reverting anyway (force=True)", root, exc.one_line())
         return
     if not report.ok:
         if force:
-            log.warning("%s: changed since the patch (%s); reverting anyway (--force)", root,
+            log.warning("%s: changed since the patch (%s); reverting anyway (force=True)", root,
                         report.summary())
             return
         raise VerifyMismatch(f"changed since the patch: {report.summary()}", where=root,
-                             hint="run `modelpatch verify` for the list; --force reverts anyway")
+                             hint="verify() lists the differences; force=True reverts anyway")
 
 
 def _check_restored(root: Path, record: PatchRecord, jobs: int | None, *,
@@ -110,10 +110,10 @@ def _check_originals(patch_dir: Path, record: PatchRecord, jobs: int | None,
     message = (f"the revert data is damaged: {len(bad)} original(s) no longer match the base "
                f"(first: {bad[0]})")
     if force:
-        log.warning("%s: %s; reverting anyway (--force)", patch_dir, message)
+        log.warning("%s: %s; reverting anyway (force=True)", patch_dir, message)
         return
     raise VerifyMismatch(f"{message}; nothing was changed", where=originals / bad[0],
-                         hint="--force reverts anyway, to the damaged bytes")
+                         hint="force=True reverts anyway, to the damaged bytes")
 
 
 def revert_steps(patch_dir: Path, record: PatchRecord) -> list[list[str]]:

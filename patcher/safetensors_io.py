@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,8 +145,24 @@ def _parse_header_json(raw: bytes, where: str) -> tuple[dict[str, TensorInfo], d
             isinstance(metadata, dict)
             and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())):
         raise SafetensorsFormatError("__metadata__ must map strings to strings", where=where)
+    if _SURROGATE_ESCAPE.search(text):
+        _refuse_lone_surrogates(obj, metadata, where)
     tensors = {name: _parse_entry(name, entry, where) for name, entry in obj.items()}
     return tensors, metadata
+
+
+# A JSON escape of a UTF-16 surrogate: valid only as half of a pair, which json decodes into one
+# character; a lone one becomes a string that is not Unicode (safetensors itself refuses it).
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _refuse_lone_surrogates(obj: dict, metadata: dict | None, where: str) -> None:
+    for text in [*obj, *(metadata or {}), *(metadata or {}).values()]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SafetensorsFormatError(f"header string {text!r} is not valid Unicode (a lone "
+                                         f"surrogate escape)", where=where) from None
 
 
 def _loads(text: str, where: str):

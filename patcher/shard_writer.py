@@ -33,6 +33,7 @@ from .thread_budget import quiet_openmp, split
 _TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
                  "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U8": "uint8",
                  "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
+                 "F8_E8M0": "float8_e8m0fnu",
                  "I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64", "BOOL": "bool"}
 
 # Computed tensors are hashed and written in pieces of this size, so each piece is hashed while
@@ -173,6 +174,8 @@ def write_shard(task: ShardTask, target: Path,
     with os.fdopen(fd, "wb", buffering=0) as raw:
         writer = HashingWriter(raw)
         writer.write(header)
+        if on_progress:
+            on_progress(len(header))
         sources: dict[str, int] = {}
         source = single_source_in_order(task)
         try:

@@ -14,12 +14,13 @@ import torch
 
 from .errors import InputError
 from .quant import fp8, nvfp4
+from .quant.mxfp4 import dequantize_mxfp4_gpt_oss
 from .quant.chunks import CHUNK_ELEMENTS
 from .quant.kernel_args import NonFiniteInput
 from .tensor_tasks import TensorJob
 
 _OUT = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
-_WIDER = {"F16": "bf16 or fp32", "BF16": "fp32"}
+_WIDER = {"F16": "BF16 or F32", "BF16": "F32"}
 
 
 class NumericError(InputError):
@@ -134,25 +135,19 @@ def _dequantize(job: TensorJob, inputs: list[torch.Tensor], device: str) -> torc
     scheme, out = job.param("scheme"), _OUT[job.param("to")]
     if scheme == "fp8-tensor":
         weight, scale = inputs
-        return fp8.dequantize_fp8_per_tensor(weight, scale, out,
-                                             layout=_fp8_layout(scale, "modelopt"), device=device)
+        return fp8.dequantize_fp8_per_tensor(weight, scale, out, device=device)
     if scheme == "fp8-block":
         weight, scale_inv = inputs
         return fp8.dequantize_fp8_block(weight, scale_inv, out,
                                         block=tuple(job.param("block") or (128, 128)),
-                                        layout=_fp8_layout(scale_inv, "deepseek"), device=device)
+                                        device=device)
     if scheme == "nvfp4-modelopt":
         return nvfp4.dequantize_nvfp4_modelopt(*inputs, out, device=device)
     if scheme == "nvfp4-compressed-tensors":
         return nvfp4.dequantize_nvfp4_compressed_tensors(*inputs, out, device=device)
+    if scheme == "mxfp4-gpt-oss":
+        return dequantize_mxfp4_gpt_oss(*inputs, out, device=device)
     raise ValueError(f"unknown scheme {scheme!r}")
-
-
-def _fp8_layout(scale: torch.Tensor, float32_layout: str) -> str:
-    """FP8 scales in float32 (ModelOpt, DeepSeek): the product in float32, rounded once. Scales
-    in bfloat16/float16 come from compressed-tensors, which multiplies in the scale's dtype:
-    mirrored, so the result equals its decompression bit for bit."""
-    return float32_layout if scale.dtype == torch.float32 else "compressed-tensors"
 
 
 def _quantize(job: TensorJob, read_inputs, cache: dict, device: str) -> torch.Tensor:

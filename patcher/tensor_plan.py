@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from .errors import InputError, PlanError
 from .model_dir import INDEX_NAME, ModelDir
 from .plan import Action, FilePlan
+from .regex_bound import per_name
 from .safetensors_io import OutputTensor, tensor_nbytes
 from .tensor_schemes import (
     CompanionError,
@@ -27,7 +28,6 @@ from .tensor_schemes import (
 from .tensor_tasks import ShardTask, TensorJob, TensorSource, index_document
 
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
-CAST_TARGETS = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,12 @@ def initial_view(model: ModelDir) -> dict[str, VirtualTensor]:
 
 
 def select(view: dict[str, VirtualTensor], op) -> list[str]:
-    names = [n for n, t in view.items() if op.select.matches(n, t.dtype)]
+    names = []
+    with per_name(f"the selection {_describe_select(op.select)}", op.loc) as clock:
+        for n, t in view.items():
+            clock.start(n)
+            if op.select.matches(n, t.dtype):
+                names.append(n)
     if not names and not op.allow_empty:
         raise PlanError(f"the selection {_describe_select(op.select)} matches no tensor",
                         where=op.loc, hint="fix the pattern, or set allow_empty: true")
@@ -91,26 +96,29 @@ def check_device(device: str | None) -> str:
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError, TypeError):
-        raise InputError(f"--device {device!r} is not a device torch knows",
+        raise InputError(f"device={device!r} is not a device torch knows",
                          hint="use cpu, cuda or cuda:N") from None
     if dev.type == "cpu":
         return device
+    if dev.type == "meta":
+        raise InputError(f"--device {device}: a meta tensor holds no data, so nothing can be "
+                         f"computed on it", hint="use cpu, cuda or cuda:N")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             why = ("this torch build has no CUDA support" if torch.version.cuda is None
                    else "no CUDA GPU is visible")
-            raise InputError(f"--device {device}: CUDA is not available ({why}; torch "
-                             f"{torch.__version__})", hint="use --device cpu")
+            raise InputError(f"device={device!r}: CUDA is not available ({why}; torch "
+                             f"{torch.__version__})", hint="use device='cpu'")
         count = torch.cuda.device_count()
         if dev.index is not None and dev.index >= count:
-            raise InputError(f"--device {device}: there are only {count} CUDA device(s)",
+            raise InputError(f"device={device!r}: there are only {count} CUDA device(s)",
                              hint=f"use cuda:0 to cuda:{count - 1}")
         return device
     try:
         torch.empty(1, device=dev)
     except (RuntimeError, AssertionError) as exc:
-        raise InputError(f"--device {device}: not usable here ({str(exc).splitlines()[0]})",
-                         hint="use --device cpu") from None
+        raise InputError(f"device={device!r}: not usable here ({str(exc).splitlines()[0]})",
+                         hint="use device='cpu'") from None
     return device
 
 
@@ -175,7 +183,11 @@ def _drop(view, names, op, changes) -> None:
 
 def _rename(view, names, op, changes) -> None:
     pattern = re.compile(op.action.pattern)
-    moves = {n: pattern.sub(op.action.to, n) for n in names}
+    moves = {}
+    with per_name(f"the rename pattern {op.action.pattern!r}", op.loc) as clock:
+        for n in names:
+            clock.start(n)
+            moves[n] = pattern.sub(op.action.to, n)
     moves = {a: b for a, b in moves.items() if a != b}
     targets: dict[str, str] = {}
     for old, new in moves.items():
@@ -198,7 +210,7 @@ def _rename(view, names, op, changes) -> None:
 
 
 def _cast(view, names, op, changes) -> None:
-    target = CAST_TARGETS[op.action.to]
+    target = op.action.to
     for name in names:
         t = view[name]
         if t.dtype.startswith("F8"):
@@ -216,7 +228,7 @@ def _cast(view, names, op, changes) -> None:
 
 
 def _dequantize(view, names, op, changes, fp8_block: Fp8Block) -> None:
-    target = CAST_TARGETS[op.action.to]
+    target = op.action.to
     consumed = _companions_of_selected(view, names, op, fp8_block)
     for name in names:
         if name in consumed or name not in view:

@@ -13,6 +13,9 @@ is dequantized (activation scales), and the names and shapes a quantization writ
   ``weight_scale_2`` F32 scalar; ``input_scale`` is dropped.
 - ``nvfp4-compressed-tensors``: ``weight_packed`` U8, ``weight_scale`` F8_E4M3,
   ``weight_global_scale`` F32 [1]; ``input_global_scale`` is dropped; the output is ``weight``.
+- ``mxfp4-gpt-oss``: gpt-oss MoE experts, ``<proj>_blocks`` U8 [experts, rows, G, 16] and
+  ``<proj>_scales`` E8M0 (U8 or F8_E8M0) [experts, rows, G]; the output is ``<proj>``
+  [experts, G * 32, rows] (see ``patcher.quant.mxfp4``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from typing import Mapping, Protocol
 
 NVFP4_GROUP = 16
+MXFP4_BLOCK_BYTES = 16          # 32 e2m1 codes, two per byte, share one E8M0 scale
 
 
 class CompanionError(ValueError):
@@ -134,11 +138,15 @@ class Fp8Block(QuantScheme):
             also = f" (or compressed-tensors' {ct_scale!r})" if ct_scale else ""
             raise CompanionError(f"missing block scale {scale!r}{also}")
         try:
-            _need(view, scale, ("F32", "BF16", "F16"), (expected,), "block scale")
+            accepted = _block_scale_shapes(expected)
+            shapes = accepted if tuple(view[scale].shape) in accepted else (expected,)
+            _need(view, scale, ("F32", "BF16", "F16"), shapes, "block scale")
         except CompanionError as exc:
-            if tuple(view[scale].shape) == expected:
+            if tuple(view[scale].shape) in _block_scale_shapes(expected):
                 raise
             bm, bn = self.block
+            if len(view[scale].shape) == 1 and min(expected) > 1:
+                exc = f"{exc} (a 1-D scale fits only one row or one column of blocks)"
             raise CompanionError(f"{exc} for {bm}x{bn} blocks ({self.origin}); if the weights "
                                  f"use another block size, set it in the recipe: "
                                  f"dequantize: {{scheme: fp8-block, block: [BM, BN]}}") from None
@@ -151,6 +159,15 @@ class Fp8Block(QuantScheme):
         scale = (f"{_stem(name, 'weight')}.weight_scale" if layout == "compressed-tensors"
                  else f"{name}_scale_inv")
         return [(name, "F8_E4M3", tuple(shape), "weight"), (scale, "F32", scale_shape, "scale")]
+
+
+def _block_scale_shapes(grid: tuple[int, int]) -> tuple[tuple[int, ...], ...]:
+    """The grid of block scales, and the grid with its size-1 dimensions squeezed out, which is
+    how transformers 5.x saves MoE expert scales (``[2]`` for a ``[256, 128]`` weight). Only a
+    grid with at most one dimension above 1 has a squeezed form: for any other, a 1-D scale
+    could not say the order of its values (``patcher.quant.fp8.shapes`` is the same rule)."""
+    squeezed = tuple(d for d in grid if d != 1)
+    return (grid,) if squeezed == grid else (grid, squeezed)
 
 
 class _Nvfp4(QuantScheme):
@@ -186,8 +203,32 @@ class Nvfp4CompressedTensors(_Nvfp4):
     dropped_suffix = "input_global_scale"
 
 
+class Mxfp4GptOss(QuantScheme):
+    """gpt-oss MXFP4 experts: ``<proj>_blocks`` and ``<proj>_scales`` give ``<proj>``, transposed
+    to the ``[experts, in, out]`` layout of transformers' ``GptOssExperts``."""
+
+    name = "mxfp4-gpt-oss"
+    weight_suffix = "_blocks"
+
+    def companions(self, name, view):
+        if not name.endswith("_blocks") or name == "_blocks":
+            raise NotThisScheme("expected a tensor name ending in '_blocks'")
+        blocks = view[name]
+        if blocks.dtype != "U8":
+            raise NotThisScheme(f"is {blocks.dtype}, expected U8 for this scheme")
+        if len(blocks.shape) != 4 or blocks.shape[-1] != MXFP4_BLOCK_BYTES:
+            raise CompanionError(f"has shape {list(blocks.shape)}, expected [experts, rows, "
+                                 f"blocks, {MXFP4_BLOCK_BYTES}] (gpt-oss MXFP4: 32 e2m1 codes "
+                                 f"per {MXFP4_BLOCK_BYTES}-byte block)")
+        experts, rows, groups, _ = blocks.shape
+        stem = name[: -len("_blocks")]
+        scales = f"{stem}_scales"
+        _need(view, scales, ("U8", "F8_E8M0"), ((experts, rows, groups),), "E8M0 block scale")
+        return Companions((scales,), (), stem, (experts, groups * 2 * MXFP4_BLOCK_BYTES, rows))
+
+
 SCHEMES: dict[str, QuantScheme] = {s.name: s for s in (
-    Fp8Tensor(), Fp8Block(), Nvfp4ModelOpt(), Nvfp4CompressedTensors())}
+    Fp8Tensor(), Fp8Block(), Nvfp4ModelOpt(), Nvfp4CompressedTensors(), Mxfp4GptOss())}
 
 
 def scheme_named(name: str, fp8_block: Fp8Block | None = None) -> QuantScheme:
@@ -218,7 +259,7 @@ def find_scheme(name: str, view: Mapping[str, _Tensor],
         t = view[name]
         raise CompanionError(f"no quantization scheme stores a weight as {t.dtype} "
                              f"{list(t.shape)} under this name (FP8: F8_E4M3 '.weight'; NVFP4: "
-                             f"U8 '.weight' or '.weight_packed')")
+                             f"U8 '.weight' or '.weight_packed'; MXFP4: U8 '_blocks')")
     raise CompanionError("no quantization scheme fits: " + "; ".join(problems))
 
 

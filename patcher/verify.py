@@ -18,7 +18,7 @@ from . import faults
 from .digest_cache import DigestCache, KnownDigests
 from .errors import InputError, OperationFailed, VerifyMismatch
 from .hashing import hash_files_stat
-from .manifest import MANIFEST_NAME, STATE_DIR, read_manifest
+from .manifest import MANIFEST_NAME, read_manifest
 
 __all__ = ["Mismatch", "VerifyReport", "compare_maps", "list_files", "verify_dir"]
 
@@ -37,6 +37,11 @@ class Mismatch:
     expected_size: int
     actual_sha256: str | None
     actual_size: int | None
+    digest: str = "sha256"
+    """What ``expected_sha256`` holds: a sha256, or (a snapshot's blob name) a git blob sha1."""
+    shared_with: tuple[str, ...] = ()
+    """Other paths that are this same file (hardlinks): they changed with it
+    (``patcher.shared_inodes``)."""
 
     @property
     def reason(self) -> str:
@@ -46,7 +51,7 @@ class Mismatch:
             return f"size {self.actual_size} != {self.expected_size}"
         if self.actual_sha256 is None:
             return "not hashed"
-        return "sha256 differs"
+        return f"{self.digest} differs"
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,8 @@ class VerifyReport:
     hashed_bytes: int = 0
     cached_files: int = 0
     """Files whose digest came from the digest cache (fast mode)."""
+    against: str = "the manifest"
+    """What the files were checked against (a snapshot without a manifest: its blob names)."""
 
     @property
     def ok(self) -> bool:
@@ -94,6 +101,7 @@ class VerifyReport:
             "hashed_files": self.hashed_files,
             "hashed_bytes": self.hashed_bytes,
             "cached_files": self.cached_files,
+            "against": self.against,
         }
 
     def raise_for_mismatch(self, where: str | os.PathLike | None = None) -> None:
@@ -157,10 +165,10 @@ def list_files(directory: str | os.PathLike) -> dict[str, os.stat_result | None]
     inside the directory (or, for a Hugging Face cache snapshot, inside its repository's folder,
     where its ``blobs/`` are); symlinked directories are not descended into. Entries that are not,
     or do not lead to, a regular file there (dangling symlinks, links out of the directory, FIFOs,
-    symlinked directories) map to None. The manifest and everything under ``.modelpatch/`` at the
-    root are left out.
+    symlinked directories) map to None. What ``is_model_path`` leaves out (the manifest,
+    ``.modelpatch/``, ``.git``, ``.cache/``) is not listed.
     """
-    from .model_dir import _hf_cache_repo
+    from .model_dir import _hf_cache_repo, is_model_path
 
     root = os.fspath(directory)
     out: dict[str, os.stat_result | None] = {}
@@ -176,7 +184,7 @@ def list_files(directory: str | os.PathLike) -> dict[str, os.stat_result | None]
             entries = sorted(it, key=lambda e: e.name)
         for entry in entries:
             rel = prefix + entry.name
-            if prefix == "" and entry.name in (MANIFEST_NAME, STATE_DIR):
+            if prefix == "" and not is_model_path(entry.name):
                 continue
             if entry.is_dir(follow_symlinks=False):
                 walk(entry.path, rel + "/")
@@ -199,11 +207,14 @@ def list_files(directory: str | os.PathLike) -> dict[str, os.stat_result | None]
 
 def verify_dir(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool = False,
                on_progress: Callable[[int], None] | None = None,
-               cache: DigestCache | None = None) -> VerifyReport:
-    """Verify ``directory`` against its ``modelpatch.provenance.json``.
+               cache: DigestCache | None = None,
+               on_total: Callable[[int], None] | None = None) -> VerifyReport:
+    """Verify ``directory`` against its ``modelpatch.provenance.json`` (a Hugging Face cache
+    snapshot without one: against its blob names, ``patcher.snapshot_verify``). A modified file
+    that other paths hardlink names them (``patcher.shared_inodes``).
 
     Every present file whose size matches is rehashed in parallel (``jobs`` threads). With
-    ``fast``, a file whose (device, inode, size, mtime_ns) matches a *verified* digest-cache row
+    ``fast``, a file whose (device, inode, size, mtime_ns, ctime_ns) matches a *verified* row
     is not rehashed; rows taken on trust and Hugging Face blob names are never used. Every digest
     computed here is recorded in the cache as verified (it was computed from the bytes), so a
     passing full verification makes the next ``--fast`` one nearly free.
@@ -213,6 +224,7 @@ def verify_dir(directory: str | os.PathLike, *, jobs: int | None = None, fast: b
         jobs: hashing threads (default: the CPUs available).
         fast: trust verified digest-cache rows.
         on_progress: called with byte counts as files are hashed (from worker threads).
+        on_total: called once, before hashing, with the bytes to hash.
         cache: the digest cache (default: the user's).
 
     Returns:
@@ -225,6 +237,13 @@ def verify_dir(directory: str | os.PathLike, *, jobs: int | None = None, fast: b
     root = Path(directory)
     if not root.is_dir():
         raise InputError("not a directory", where=root)
+    if not os.path.lexists(root / MANIFEST_NAME) and _is_snapshot(root):
+        from .snapshot_verify import verify_snapshot
+
+        listing = list_files(root)
+        report = verify_snapshot(root, listing, jobs=jobs, on_progress=on_progress,
+                                 on_total=on_total)
+        return _with_shared_inodes(root, report, listing)
     manifest = read_manifest(root)
     expected = manifest.subjects
     listing = list_files(root)
@@ -235,6 +254,8 @@ def verify_dir(directory: str | os.PathLike, *, jobs: int | None = None, fast: b
     cached = len(digests)
 
     faults.point("verify:hashing")
+    if on_total is not None:
+        on_total(sum(listing[p].st_size for p in to_hash))
     observed = time.time_ns()
     results = hash_files_stat([root / p for p in to_hash], jobs=jobs, on_progress=on_progress)
     for path in to_hash:
@@ -243,10 +264,29 @@ def verify_dir(directory: str | os.PathLike, *, jobs: int | None = None, fast: b
     known.record_results(results.values(), observed_ns=observed)
 
     report = compare_maps(expected, listing.keys(), digests, sizes)
-    return VerifyReport(modified=report.modified, missing=report.missing, extra=report.extra,
+    return _with_shared_inodes(root, listing=listing, report=VerifyReport(
+                        modified=report.modified, missing=report.missing, extra=report.extra,
                         manifest_problems=manifest_problems(root, manifest),
                         checked=report.checked, hashed_files=len(results),
-                        hashed_bytes=sum(r.size for r in results.values()), cached_files=cached)
+                        hashed_bytes=sum(r.size for r in results.values()), cached_files=cached))
+
+
+def _is_snapshot(root: Path) -> bool:
+    from .model_dir import _hf_cache_repo
+
+    return _hf_cache_repo(root) is not None
+
+
+def _with_shared_inodes(root: Path, report: VerifyReport, listing: Mapping) -> VerifyReport:
+    from dataclasses import replace
+
+    from .shared_inodes import shared_with
+
+    twins = shared_with(root, [m.path for m in report.modified], dict(listing))
+    if not twins:
+        return report
+    return replace(report, modified=[replace(m, shared_with=twins.get(m.path, ()))
+                                     for m in report.modified])
 
 
 def manifest_problems(root: Path, manifest) -> list[str]:

@@ -13,6 +13,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from exact_reference import round_exact_product
+
 INDEX = "model.safetensors.index.json"
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -112,24 +114,32 @@ def ref_nvfp4_modelopt(packed: torch.Tensor, scale: torch.Tensor, scale_2: torch
     Code 8 (sign bit, zero magnitude) is +0.0, as in ModelOpt's ``NVFP4QTensor.e2m1_values``
     (``[0, 0.5, ..., 6, 0, -0.5, ...]``); compressed-tensors decodes it to -0.0."""
     codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1).long()
-    lut = torch.tensor(E2M1 + (0.0,) + tuple(-v for v in E2M1[1:]), dtype=torch.float32)
-    w = lut[codes] * scale.float().repeat_interleave(16, dim=1) * scale_2.float().reshape(())
-    return w.to(dtype)
+    lut = torch.tensor(E2M1 + (0.0,) + tuple(-v for v in E2M1[1:]), dtype=torch.float64)
+    w = lut[codes] * scale.double().repeat_interleave(16, dim=1) * scale_2.double().reshape(())
+    return rounded_once(w, dtype)
 
 
 def ref_fp8_block(weight: torch.Tensor, scale_inv: torch.Tensor, dtype: torch.dtype,
                   block: int = 128) -> torch.Tensor:
-    """W = fp8[i, j] * weight_scale_inv[i // 128, j // 128], in float32."""
+    """W = fp8[i, j] * weight_scale_inv[i // 128, j // 128], exact, rounded once."""
     rows, cols = weight.shape
-    full = scale_inv.float().repeat_interleave(block, 0).repeat_interleave(block, 1)
-    return (weight.float() * full[:rows, :cols]).to(dtype)
+    full = scale_inv.double().repeat_interleave(block, 0).repeat_interleave(block, 1)
+    return rounded_once(weight.double() * full[:rows, :cols], dtype)
 
 
 def ref_fp8_tensor(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """W = fp8 * weight_scale (a scalar or one per output row), in float32."""
-    s = scale.float()
+    """W = fp8 * weight_scale (a scalar or one per output row), exact, rounded once."""
+    s = scale.double()
     s = s.reshape(()) if s.numel() == 1 else s.reshape(-1, 1)
-    return (weight.float() * s).to(dtype)
+    return rounded_once(weight.double() * s, dtype)
+
+
+def rounded_once(exact: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Exact float64 values rounded half to even to ``dtype`` by the independent integer
+    reference (tests/exact_reference.py), not by torch's casts (which round float64 to bfloat16
+    through float32: twice)."""
+    fmt = str(dtype).removeprefix("torch.")
+    return torch.from_numpy(round_exact_product(exact.numpy(), fmt)).to(dtype)
 
 
 def random_fp8(shape, gen) -> torch.Tensor:

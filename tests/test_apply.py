@@ -58,7 +58,7 @@ def run(*args: str, ok: bool = True):
     return result
 
 
-def test_sm120_variant_removes_both_keys_and_keeps_everything_else(kimi):
+def test_sm120_variant_nulls_both_keys_and_keeps_everything_else(kimi):
     before = snapshot(kimi)
     result = run("apply", "sm120-fp16-kv", kimi, "-q")
     out = Path(result.stdout.strip())
@@ -66,17 +66,18 @@ def test_sm120_variant_removes_both_keys_and_keeps_everything_else(kimi):
 
     old_cfg = json.loads((kimi / "config.json").read_text())
     new_cfg = json.loads((out / "config.json").read_text())
-    assert "kv_cache_scheme" in old_cfg["quantization_config"]
-    del old_cfg["quantization_config"]["kv_cache_scheme"]
+    assert old_cfg["quantization_config"]["kv_cache_scheme"]["num_bits"] == 8
+    old_cfg["quantization_config"]["kv_cache_scheme"] = None
     assert new_cfg == old_cfg
     old_hq = json.loads((kimi / "hf_quant_config.json").read_text())
     new_hq = json.loads((out / "hf_quant_config.json").read_text())
-    del old_hq["quantization"]["kv_cache_quant_algo"]
+    old_hq["quantization"]["kv_cache_quant_algo"] = None   # vLLM requires the key: null, kept
     assert new_hq == old_hq
-    # Only the patched lines change: the rest of the text is byte-identical.
+    # Only the patched line changes: the rest of the text is byte-identical.
     old_lines = (kimi / "hf_quant_config.json").read_text().splitlines()
     new_lines = (out / "hf_quant_config.json").read_text().splitlines()
-    assert [line for line in old_lines if "kv_cache_quant_algo" not in line] == new_lines
+    assert [(a, b) for a, b in zip(old_lines, new_lines) if a != b] == [
+        ('        "kv_cache_quant_algo": "FP8",', '        "kv_cache_quant_algo": null,')]
 
     for shard in kimi.glob("*.safetensors"):
         assert (out / shard.name).stat().st_ino == shard.stat().st_ino   # hardlinked
@@ -147,9 +148,10 @@ def test_manifest_is_in_toto_with_change_log_and_chained_provenance(kimi, tmp_pa
     manifest = read_manifest(v1)
     assert manifest.recipe["name"] == "sm120-fp16-kv"
     assert manifest.recipe["text"] == (RECIPE_DIR / "sm120-fp16-kv.yaml").read_text()
-    removed = {(c["file"], c["path"]) for c in manifest.changes if c["kind"] == "removed"}
-    assert removed == {("config.json", "/quantization_config/kv_cache_scheme"),
-                       ("hf_quant_config.json", "/quantization/kv_cache_quant_algo")}
+    nulled = {(c["file"], c["path"]) for c in manifest.changes
+              if c["kind"] == "set" and c["after"] is None}
+    assert nulled == {("config.json", "/quantization_config/kv_cache_scheme"),
+                      ("hf_quant_config.json", "/quantization/kv_cache_quant_algo")}
 
     v2 = tmp_path / "v2"
     api.apply("drop-kv-scales", v1, out=v2)

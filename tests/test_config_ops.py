@@ -83,24 +83,49 @@ def test_drop_in_scopes_records_each_removal():
     ]
 
 
-def test_drop_missing_path_is_fine_unless_missing_ok_false():
-    new, changes = apply(KIMI, "- drop: /nope\n- drop: /a/b/c\n")
+def test_drop_of_a_missing_path_is_an_error_naming_the_line_unless_missing_ok():
+    assert plan_error(KIMI, "- drop: /nope\n") == (
+        "recipe.yaml:6:7: config.json: cannot drop /nope: it does not exist (add missing_ok: "
+        "true to the operation if the path is optional)")
+    assert plan_error(KIMI, "- {set: /a, value: 1}\n- drop: /text_config/nope\n").startswith(
+        "recipe.yaml:7:7: config.json: cannot drop /text_config/nope: it does not exist")
+    new, changes = apply(KIMI, "- {drop: /nope, missing_ok: true}\n"
+                               "- {drop: /a/b/c, missing_ok: true}\n")
     assert new == KIMI and changes == []
-    assert plan_error(KIMI, "- drop: /text_config/nope\n  missing_ok: false\n") == (
-        "recipe.yaml:6:7: config.json: cannot drop /text_config/nope: it does not exist "
-        "(missing_ok: false)")
-    # with scopes, missing_ok: false needs the path in every scope that exists
-    assert plan_error(KIMI, "- drop: /rms_norm_eps\n  in: [/text_config, /]\n"
-                            "  missing_ok: false\n") == (
-        "recipe.yaml:6:7: config.json: cannot drop /rms_norm_eps: it does not exist "
-        "(missing_ok: false)")
+
+
+def test_scopes_missing_scope_vs_missing_key():
+    # A key found in some scope is dropped there; scopes lacking it, or missing, are skipped.
+    new, changes = apply(KIMI, "- drop: /rms_norm_eps\n  in: [/text_config, /, /absent]\n")
+    assert "rms_norm_eps" not in new["text_config"] and len(changes) == 1
+    # Found in no existing scope: an error naming the scopes, unless missing_ok.
+    assert plan_error(KIMI, "- drop: /nope\n  in: [/text_config, /, /absent]\n") == (
+        "recipe.yaml:6:7: config.json: cannot drop /nope: it exists in none of the scopes "
+        "/text_config, / (add missing_ok: true to the operation if the path is optional)")
+    assert apply(KIMI, "- {drop: /nope, in: [/text_config, /], missing_ok: true}\n") == (KIMI, [])
 
 
 def test_drop_when_no_scope_exists():
-    assert apply(KIMI, "- {drop: /x, in: [/a, /b]}\n") == (KIMI, [])
-    assert plan_error(KIMI, "- {drop: /x, in: [/a, /b], missing_ok: false}\n") == (
+    assert plan_error(KIMI, "- {drop: /x, in: [/a, /b]}\n") == (
         "recipe.yaml:6:7: config.json: none of the scopes /a, /b exists, so drop /x has nothing "
         "to apply to")
+    assert apply(KIMI, "- {drop: /x, in: [/a, /b], missing_ok: true}\n") == (KIMI, [])
+
+
+def test_rfc6902_ops_with_missing_ok_skip_scopes_without_their_path():
+    doc = {"q": {"kv": "FP8", "k": 1}, "t": {"q": {}}, "h": {"x": 1}}
+    new, changes = apply(doc, "- {op: replace, path: /q/kv, value: null, in: [/, /t], "
+                              "missing_ok: true}\n"
+                              "- {op: remove, path: /nope, missing_ok: true}\n"
+                              "- {op: move, from: /h/x, path: /h/y, in: [/, /t], missing_ok: true}\n"
+                              "- {op: replace, path: /q/k, value: 1, missing_ok: true}\n")
+    assert new == {"q": {"kv": None, "k": 1}, "t": {"q": {}}, "h": {"y": 1}}
+    assert [(c.kind, c.path, c.before, c.after) for c in changes] == [
+        ("set", "/q/kv", "FP8", None), ("renamed", "/h/y", 1, 1)]
+    # without missing_ok, RFC 6902 semantics: every scope must have the path
+    assert plan_error(doc, "- {op: replace, path: /q/kv, value: null, in: [/, /t]}\n") == (
+        "recipe.yaml:6:7: config.json: replace /t/q/kv: /t/q/kv does not exist (/t/q is an "
+        "object without 'kv')")
 
 
 def test_scope_that_is_not_a_container_is_skipped():
@@ -176,7 +201,8 @@ def test_rename_across_objects_and_scopes():
 def test_rename_errors_and_missing_ok():
     doc = {"a": 1, "b": 2}
     assert plan_error(doc, "- {rename: /x, to: /y}\n") == (
-        "recipe.yaml:6:7: config.json: cannot rename /x: it does not exist")
+        "recipe.yaml:6:7: config.json: cannot rename /x: it does not exist (add missing_ok: true "
+        "to the operation if the path is optional)")
     assert apply(doc, "- {rename: /x, to: /y, missing_ok: true}\n") == (doc, [])
     assert plan_error(doc, "- {rename: /a, to: /b}\n") == (
         "recipe.yaml:6:7: config.json: cannot rename /a to /b: /b already exists (drop it "
@@ -273,7 +299,7 @@ def test_failing_test_op():
 ])
 def test_rfc6902_errors_name_file_pointer_and_line(op, message):
     doc = {"a": {"b": 1}, "l": [1]}
-    assert plan_error(doc, f"- drop: /unrelated\n- {op}\n") == (
+    assert plan_error(doc, f"- {{drop: /unrelated, missing_ok: true}}\n- {op}\n") == (
         f"recipe.yaml:7:7: config.json: {message}")
 
 
@@ -301,16 +327,21 @@ def test_sm120_recipe_on_kimi_files():
     assert [c.path for c in changes] == ["/quantization_config/kv_cache_scheme",
                                         "/text_config/quantization_config/kv_cache_scheme"]
     assert new["quantization_config"]["quant_method"] == "modelopt"
+    assert new["quantization_config"]["kv_cache_scheme"] is None
+    assert new["text_config"]["quantization_config"]["kv_cache_scheme"] is None
     nested = {"producer": {"name": "modelopt"},
               "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}}
     flat = {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}
     hf_ops = recipe.config["hf_quant_config.json"]
     new, changes = apply_config_ops(nested, hf_ops, file="hf_quant_config.json")
-    assert new == {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "NVFP4"}}
-    assert [(c.file, c.path, c.before) for c in changes] == [
-        ("hf_quant_config.json", "/quantization/kv_cache_quant_algo", "FP8")]
+    # vLLM's ModelOpt NVFP4/MXFP8 configs require the key: it stays, as null
+    assert new == {"producer": {"name": "modelopt"},
+                   "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None}}
+    assert [(c.file, c.path, c.before, c.after) for c in changes] == [
+        ("hf_quant_config.json", "/quantization/kv_cache_quant_algo", "FP8", None)]
     new, changes = apply_config_ops(flat, hf_ops, file="hf_quant_config.json")
-    assert new == {"quant_algo": "FP8"} and [c.path for c in changes] == ["/kv_cache_quant_algo"]
+    assert new == {"quant_algo": "FP8", "kv_cache_quant_algo": None}
+    assert [c.path for c in changes] == ["/kv_cache_quant_algo"]
 
 
 def test_sm120_recipe_changes_only_the_patched_lines():
@@ -324,10 +355,9 @@ def test_sm120_recipe_changes_only_the_patched_lines():
     changed = [ln for ln in diff.splitlines()[2:] if ln[:1] in "+-"]
     assert changed == [
         '-    "kv_cache_scheme": {', '-      "dynamic": false,', '-      "num_bits": 8,',
-        '-      "type": "float"', '-    },',
-        '-    "quantization_config": {', '-      "kv_cache_scheme": {',
-        '-        "num_bits": 8,', '-        "type": "float"', '-      }', '-    },',
-        '+    "quantization_config": {},',
+        '-      "type": "float"', '-    },', '+    "kv_cache_scheme": null,',
+        '-      "kv_cache_scheme": {', '-        "num_bits": 8,', '-        "type": "float"',
+        '-      }', '+      "kv_cache_scheme": null',
     ]
     assert b'"rms_norm_eps": 1e-06' in after
 

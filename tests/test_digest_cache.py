@@ -61,6 +61,15 @@ def test_hit_and_misses_on_change(cache, tmp_path):
     assert cache.get(os.stat(f)).sha256 == SHA_B
     assert cache.get(st) is None  # the old state no longer answers (one row per inode)
 
+    # the same size and the mtime put back (cp -p, rsync -a --inplace): only the ctime moved
+    cache.put(os.stat(f), SHA_B, verified=True)
+    f.write_bytes(b"HELLO")
+    os.utime(f, ns=(st2.st_mtime_ns, st2.st_mtime_ns))
+    edited = os.stat(f)
+    assert (edited.st_ino, edited.st_size, edited.st_mtime_ns) == \
+        (st2.st_ino, st2.st_size, st2.st_mtime_ns)
+    assert cache.get(edited) is None
+
     # rewrite in place with another size
     f.write_bytes(b"hello world")
     os.utime(f, ns=(st2.st_mtime_ns, st2.st_mtime_ns))
@@ -80,7 +89,7 @@ def test_hit_and_misses_on_change(cache, tmp_path):
 
 
 def test_every_key_field_must_match(cache):
-    base = dict(st_dev=1, st_ino=2, st_size=3, st_mtime_ns=4)
+    base = dict(st_dev=1, st_ino=2, st_size=3, st_mtime_ns=4, st_ctime_ns=4)
     assert cache.put(SimpleNamespace(**base), SHA_A, verified=True, observed_ns=10 * HOUR_NS)
     assert cache.get(SimpleNamespace(**base)).sha256 == SHA_A
     for key in base:
@@ -88,10 +97,12 @@ def test_every_key_field_must_match(cache):
 
 
 def test_unsigned_64bit_device_and_inode(cache):
-    st = SimpleNamespace(st_dev=2**64 - 1, st_ino=2**63 + 5, st_size=1, st_mtime_ns=1)
+    st = SimpleNamespace(st_dev=2**64 - 1, st_ino=2**63 + 5, st_size=1, st_mtime_ns=1,
+                         st_ctime_ns=1)
     assert cache.put(st, SHA_A, verified=True)
     assert cache.get(st).sha256 == SHA_A
-    assert cache.get(SimpleNamespace(st_dev=2**64 - 1, st_ino=5, st_size=1, st_mtime_ns=1)) is None
+    assert cache.get(SimpleNamespace(st_dev=2**64 - 1, st_ino=5, st_size=1, st_mtime_ns=1,
+                                     st_ctime_ns=1)) is None
 
 
 def test_verified_flag(cache, tmp_path):
@@ -129,7 +140,7 @@ def test_put_many_and_bad_digest(cache, tmp_path):
 def test_unopenable_cache_degrades_to_noop(tmp_path, caplog):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
-    st = SimpleNamespace(st_dev=1, st_ino=2, st_size=3, st_mtime_ns=4)
+    st = SimpleNamespace(st_dev=1, st_ino=2, st_size=3, st_mtime_ns=4, st_ctime_ns=4)
     c = DigestCache(blocker / "digests.sqlite3")
     with caplog.at_level(logging.WARNING, logger="patcher.digest_cache"):
         assert c.get(st) is None
@@ -144,7 +155,7 @@ def test_corrupt_cache_degrades_to_noop(tmp_path, caplog):
     path = tmp_path / "digests.sqlite3"
     path.write_bytes(b"this is not a database" * 100)
     c = DigestCache(path)
-    st = SimpleNamespace(st_dev=1, st_ino=2, st_size=3, st_mtime_ns=4)
+    st = SimpleNamespace(st_dev=1, st_ino=2, st_size=3, st_mtime_ns=4, st_ctime_ns=4)
     with caplog.at_level(logging.WARNING):
         assert c.get(st) is None
         assert not c.put(st, SHA_A, verified=True, observed_ns=HOUR_NS)
@@ -160,7 +171,7 @@ def test_no_home_directory_degrades_to_noop(monkeypatch, caplog):
 
     monkeypatch.setattr(digest_cache.Path, "home", staticmethod(no_home))
     c = DigestCache()
-    st = SimpleNamespace(st_dev=1, st_ino=2, st_size=3, st_mtime_ns=4)
+    st = SimpleNamespace(st_dev=1, st_ino=2, st_size=3, st_mtime_ns=4, st_ctime_ns=4)
     with caplog.at_level(logging.WARNING):
         assert c.get(st) is None
     assert not c.enabled and "home directory" in caplog.text
@@ -168,7 +179,7 @@ def test_no_home_directory_degrades_to_noop(monkeypatch, caplog):
 
 def test_disabled_cache():
     c = DigestCache.disabled()
-    st = SimpleNamespace(st_dev=1, st_ino=2, st_size=3, st_mtime_ns=4)
+    st = SimpleNamespace(st_dev=1, st_ino=2, st_size=3, st_mtime_ns=4, st_ctime_ns=4)
     assert not c.put(st, SHA_A, verified=True, observed_ns=HOUR_NS)
     assert c.get(st) is None
 
@@ -180,7 +191,7 @@ from patcher.digest_cache import DigestCache
 c = DigestCache(sys.argv[1])
 worker = int(sys.argv[2])
 for i in range(200):
-    st = SimpleNamespace(st_dev=worker, st_ino=i, st_size=i, st_mtime_ns=1)
+    st = SimpleNamespace(st_dev=worker, st_ino=i, st_size=i, st_mtime_ns=1, st_ctime_ns=1)
     assert c.put(st, format(worker * 1000 + i, "064x"), verified=True, observed_ns=10**18)
     assert c.get(st) is not None
 assert c.enabled
@@ -195,22 +206,23 @@ def test_concurrent_processes(tmp_path):
     c = DigestCache(path)
     for w in range(1, 4):
         for i in (0, 199):
-            st = SimpleNamespace(st_dev=w, st_ino=i, st_size=i, st_mtime_ns=1)
+            st = SimpleNamespace(st_dev=w, st_ino=i, st_size=i, st_mtime_ns=1, st_ctime_ns=1)
             assert c.get(st).sha256 == format(w * 1000 + i, "064x")
 
 
 def test_fork_gets_its_own_connection(cache):
-    st = SimpleNamespace(st_dev=1, st_ino=2, st_size=3, st_mtime_ns=4)
+    st = SimpleNamespace(st_dev=1, st_ino=2, st_size=3, st_mtime_ns=4, st_ctime_ns=4)
     assert cache.put(st, SHA_A, verified=True, observed_ns=HOUR_NS)
     pid = os.fork()
     if pid == 0:  # child: reuse the parent's object
         ok = cache.get(st).sha256 == SHA_A
-        st2 = SimpleNamespace(st_dev=1, st_ino=9, st_size=3, st_mtime_ns=4)
+        st2 = SimpleNamespace(st_dev=1, st_ino=9, st_size=3, st_mtime_ns=4, st_ctime_ns=4)
         ok = ok and cache.put(st2, SHA_B, verified=True, observed_ns=HOUR_NS)
         os._exit(0 if ok and cache.enabled else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert cache.get(SimpleNamespace(st_dev=1, st_ino=9, st_size=3, st_mtime_ns=4)).sha256 == SHA_B
+    assert cache.get(SimpleNamespace(st_dev=1, st_ino=9, st_size=3, st_mtime_ns=4,
+                                     st_ctime_ns=4)).sha256 == SHA_B
     assert cache.get(st).sha256 == SHA_A
 
 

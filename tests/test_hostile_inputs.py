@@ -72,7 +72,9 @@ that can backtrack exponentially: a repeat (``*``, ``+``, ``{m,n}`` with n > 1) 
 pattern that itself holds an unbounded repeat (``(a+)+``, ``(.*a){20}``), or around an
 alternation whose branches can start alike (``(a|aa)+``, ``(ab|a)*``). Possessive and atomic
 forms are allowed. The error names the recipe line. Polynomial patterns (``.*a.*b``) remain
-allowed: they are bounded by the length of tensor names.
+allowed: they are bounded by the length of tensor names. Shapes the check does not recognize
+(``.*.*...Z``, ``^(?:.{0,40}){0,40}Z``, ``(?:\\w?){40}\\w{40}Z``) meet a CPU-time bound per tensor
+name at plan time (``patcher.regex_bound``): exit 2 naming the line and the tensor.
 """
 
 from __future__ import annotations
@@ -538,6 +540,32 @@ def test_catastrophic_regex_is_refused_at_load(tmp_path, pattern):
     assert time.monotonic() - start < 20
 
 
+LONG_NAME = "model." + "x" * 90 + ".weight"
+
+
+@pytest.mark.parametrize("select, op", [
+    ("{regex: '%s'}" % (".*" * 20 + "Z"), "drop: true"),
+    (r"{regex: '^(?:.{0,40}){0,40}Z'}", "drop: true"),
+    (r"{regex: '(?:\w?){40}\w{40}Z'}", "drop: true"),
+    ("{glob: '*'}", r"rename: {pattern: '(?:\w?){40}\w{40}Z', to: y}"),
+], ids=["dot-star-chain", "bounded-nest", "optional-chain", "rename"])
+def test_regexes_the_load_check_misses_are_stopped_by_a_time_bound(tmp_path, monkeypatch,
+                                                                    select, op):
+    """Backtracking shapes the loader does not recognize run under a CPU-time bound per tensor
+    name: exit 2 naming the pattern's line and the tensor, instead of a plan that never ends."""
+    from patcher import regex_bound
+
+    monkeypatch.setattr(regex_bound, "MATCH_CPU_SECONDS", 0.2)
+    shards = {"model.safetensors": {LONG_NAME: ("BF16", [4], 8),
+                                    "lm_head.weight": ("BF16", [4], 8)}}
+    model = make_model(tmp_path / "m", shards=shards, config={"architectures": ["X"]})
+    recipe = write_recipe(tmp_path / "r" / "r.yaml",
+                          "tensors:\n  - select: %s\n    %s\n" % (select, op))
+    line = refuse_apply(model, tmp_path, "r.yaml:5:5", "backtracks", LONG_NAME, recipe=recipe,
+                        timeout=30)
+    assert "Traceback" not in line
+
+
 @pytest.mark.parametrize("pattern", [r"(^|\.)(k_proj\.k_scale|v_proj\.v_scale)$",
                                      r"^model\.layers\.\d+\.mlp\.experts\.\d+\.",
                                      r"(?:\w+\.)?weight$", r"^(a|b)c+$", r"(ab|cd)+",
@@ -663,13 +691,41 @@ def test_manifest_that_is_a_fifo(variant):
 # --------------------------------------------------------------------------- crafted state
 
 
-def _journal(model: Path, **fields) -> None:
-    doc = {"op": "apply", "phase": "switching", "patch_dir": ".modelpatch/patches/0001-x",
-           "staging": ".modelpatch/staging-0001", "trash": ".modelpatch/trash-0001",
-           "steps": [], "remove_patch_dir": False, "done": 0, "version": 1}
+def _journal(model: Path, *, bound: bool = True, **fields) -> None:
+    """A crafted journal; ``bound``: bound to ``model`` as this machine's own (the path checks
+    must hold even then), else as shipped with a downloaded directory."""
+    from patcher.journal import Journal
+
+    Journal(op="apply", phase="switching", patch_dir=".modelpatch/patches/0001-x",
+            staging=".modelpatch/staging-0001", trash=".modelpatch/trash-0001").create(model)
+    path = model / ".modelpatch" / "journal.json"
+    doc = json.loads(path.read_text())
     doc.update(fields)
-    (model / ".modelpatch").mkdir(exist_ok=True)
-    (model / ".modelpatch" / "journal.json").write_text(json.dumps(doc))
+    if not bound:
+        doc["owner"]["ino"] += 1
+    path.write_text(json.dumps(doc))
+
+
+def test_foreign_journal_is_refused_not_replayed(tmp_path):
+    """A directory that arrives with .modelpatch/journal.json (pulled, copied, unpacked) whose
+    steps would swap config.json for a file of the attacker's: refused, nothing moved. Here the
+    journal even carries the owner token file; only the device/inode binding differs."""
+    model = make_model(tmp_path / "m")
+    (model / ".modelpatch" / "staging-0001").mkdir(parents=True)
+    (model / ".modelpatch" / "staging-0001" / "config.json").write_text('{"evil": true}')
+    _journal(model, bound=False, steps=[["discard", "config.json"], ["install", "config.json"]])
+    with Untouched(model):
+        invoke("verify", model, code=2, needles=("not written in this directory",))
+
+
+def test_journal_moved_to_another_directory_is_refused(tmp_path):
+    model = make_model(tmp_path / "m")
+    _journal(model, steps=[["discard", "config.json"]])
+    copy = tmp_path / "copy"
+    import shutil
+    shutil.copytree(model, copy, symlinks=True)
+    with Untouched(copy):
+        invoke("verify", copy, code=2, needles=("not written in this directory",))
 
 
 @pytest.mark.parametrize("fields", [

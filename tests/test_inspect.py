@@ -234,7 +234,7 @@ def test_report_is_exact(kimi: Path):
     specs = [s for items in kimi_specs().values() for s in items]
     report = inspect_model(ModelDir.open(kimi))
 
-    assert report["report_version"] == 1
+    assert report["report_version"] == 2
     assert report["path"] == str(kimi)
     assert report["hf_cache_snapshot"] is False
 
@@ -264,8 +264,8 @@ def test_report_is_exact(kimi: Path):
     expected_kv = sorted(s.name for s in specs if s.name.endswith(("k_proj.k_scale",
                                                                    "v_proj.v_scale")))
     assert len(expected_kv) == 4
-    assert sorted(k["name"] for k in report["kv_scales"]) == expected_kv
-    assert all(k["dtype"] == "F32" and k["shape"] == [] for k in report["kv_scales"])
+    assert sorted(k["name"] for k in report["kv_cache_tensors"]) == expected_kv
+    assert all(k["dtype"] == "F32" and k["shape"] == [] for k in report["kv_cache_tensors"])
 
     assert report["architectures"] == [
         {"path": "/", "architectures": ["KimiK25ForConditionalGeneration"],
@@ -352,8 +352,8 @@ def test_compressed_tensors_nvfp4_model(tmp_path: Path):
     assert report["tensors"]["totals"] == counts(flat)
     assert report["tensors"]["per_group"] == grouped(flat, lambda s: s.group)
     assert report["tensors"]["per_dtype"] == grouped(flat, lambda s: s.dtype)
-    assert sorted(k["name"] for k in report["kv_scales"]) == [f"{p}.self_attn.k_scale",
-                                                             f"{p}.self_attn.v_scale"]
+    assert sorted(k["name"] for k in report["kv_cache_tensors"]) == [f"{p}.self_attn.k_scale",
+                                                                    f"{p}.self_attn.v_scale"]
     assert report["index"]["present"] is False and report["index"]["total_size"] is None
     assert report["architectures"] == [{"path": "/", "architectures": ["Qwen3MoeForCausalLM"],
                                         "model_type": "qwen3_moe"}]
@@ -379,7 +379,7 @@ def test_deepseek_fp8_block_config(tmp_path: Path):
     c = report["quantization"]["config"]
     assert c["quant_method"] == "fp8" and c["kv_cache"] is None and c["group_size"] is None
     assert c["weights"] == {"type": "e4m3", "block_size": [128, 128]}
-    assert report["kv_scales"] == []
+    assert report["kv_cache_tensors"] == []
 
 
 def test_no_config_at_all(tmp_path: Path):
@@ -396,7 +396,7 @@ def test_no_config_at_all(tmp_path: Path):
 # --- the CLI ---------------------------------------------------------------------------------
 
 TOP_KEYS = ["report_version", "path", "hf_cache_snapshot", "architectures", "quantization",
-            "tensors", "shards", "kv_scales", "index", "files"]
+            "tensors", "shards", "kv_cache_tensors", "index", "files"]
 
 
 def test_cli_json_is_the_report_with_stable_keys(kimi: Path):
@@ -433,7 +433,7 @@ def test_cli_human_report(kimi: Path):
                for line in out)
     assert not any(line.startswith("DISAGREE") for line in out)
     assert any(line.startswith(f"tensors    {n}  params ") for line in out)
-    assert any(line.startswith("kv scales  4 (F32), e.g. ") for line in out)
+    assert any(line.startswith("kv cache   4 (4 scales; F32), e.g. ") for line in out)
     total = json.loads((kimi / INDEX_NAME).read_text())["metadata"]["total_size"]
     assert f"index      present, {n} tensors, total_size {total}, ok" in out
 
@@ -476,7 +476,10 @@ def test_bad_json_file(tmp_path: Path, filename: str, content: bytes, message: s
     for args in (["inspect", str(model)], ["inspect", str(model), "--json"]):
         result = invoke(*args)
         assert result.exit_code == 2 and result.exc_info[0] is SystemExit
-        assert result.stdout == ""
+        if "--json" in args:    # the error as JSON on stdout too
+            assert json.loads(result.stdout)["error"]["where"] == str(model / filename)
+        else:
+            assert result.stdout == ""
         lines = result.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith("modelpatch: error: ")
         assert str(model / filename) in lines[0] and message in lines[0]

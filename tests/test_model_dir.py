@@ -667,7 +667,7 @@ def test_hf_cache_snapshot_reads_transparently(tmp_path: Path):
 
     report, base_report = inspect_model(md), inspect_model(base)
     assert report["hf_cache_snapshot"] is True and base_report["hf_cache_snapshot"] is False
-    for key in ("tensors", "architectures", "quantization", "kv_scales", "files"):
+    for key in ("tensors", "architectures", "quantization", "kv_cache_tensors", "files"):
         assert report[key] == base_report[key]
 
     # Also when reached through a user's symlink to the snapshot.

@@ -67,7 +67,7 @@ def test_round_trip_publish_pull_verify(hub, variant, tmp_path, monkeypatch):
     commits = hub.api("write-alice").list_repo_commits("alice/kimi-fixed")
     assert "sm120-fp16-kv" in commits[0].title and "kimi" in commits[0].title
     card = (pulled / ".modelpatch" / "hub" / "README.md").read_text()
-    assert "base_model: kimi" in card and "- modelpatch" in card
+    assert "base_model" not in card and "- modelpatch" in card    # a plain dir: not guessed
     assert "/quantization_config/kv_cache_scheme" in card
 
 

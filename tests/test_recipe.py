@@ -72,7 +72,7 @@ config:
     - model_type: deepseek_v3
     - {op: test, path: /model_type, value: kimi_k25}
     - {op: move, from: /a, path: /b}
-    - {op: remove, path: /c}
+    - {op: remove, path: /c, missing_ok: true}
   sub/dir/hf_quant_config.json:
     - drop: /kv_cache_quant_algo
       missing_ok: false
@@ -118,7 +118,7 @@ def test_full_recipe_types_and_locations():
     assert isinstance(all_of, AllOf)
 
     ops = r.config["config.json"]
-    assert ops[0] == DropOp("/quantization_config/kv_cache_scheme", ("", "/text_config"), True,
+    assert ops[0] == DropOp("/quantization_config/kv_cache_scheme", ("", "/text_config"), False,
                             "recipe.yaml:16:7")
     assert ops[1] == SetOp("/foo/bar", 3, ("",), "recipe.yaml:18:7")
     assert ops[2] == RenameOp("/old_key", "/new_key", ("",), True, "recipe.yaml:20:7")
@@ -127,7 +127,8 @@ def test_full_recipe_types_and_locations():
     assert ops[4].path == "/model_type" and ops[4].label == "model_type"
     assert ops[5] == PatchOp("test", "/model_type", "kimi_k25", None, ("",), "recipe.yaml:25:7")
     assert ops[6].as_json_patch("/t") == {"op": "move", "from": "/t/a", "path": "/t/b"}
-    assert ops[7].as_json_patch() == {"op": "remove", "path": "/c"}
+    assert ops[7].as_json_patch() == {"op": "remove", "path": "/c"} and ops[7].missing_ok
+    assert not ops[6].missing_ok
     assert r.config["sub/dir/hf_quant_config.json"][0].missing_ok is False
     assert list(r.config) == ["config.json", "sub/dir/hf_quant_config.json"]
 
@@ -143,8 +144,8 @@ def test_full_recipe_types_and_locations():
     assert t[1].action == RenameTensors(r"^language_model\.", "model.")
     assert t[2].action == RenameTensors(r"^x(\d+)", r"y\1") and t[2].allow_empty is True
     assert t[2].select.regexes == ("a", "b")
-    assert t[3].action == CastTensors("fp16") and t[3].select.dtypes == ("BF16",)
-    assert t[4].action == DequantizeTensors("auto", "bf16")
+    assert t[3].action == CastTensors("F16") and t[3].select.dtypes == ("BF16",)
+    assert t[4].action == DequantizeTensors("auto", "BF16")
     assert t[4].action.block is None
     assert t[5].action == QuantizeTensors("fp8-block", "deepseek", (128, 128))
     assert t[6].action == QuantizeTensors("fp8-tensor", "modelopt", None)
@@ -254,6 +255,9 @@ ERROR_CASES = [
     (HEAD + "config:\n  config.json:\n    - §set: /x\n", "'set' operation needs 'value'"),
     (HEAD + "config:\n  config.json:\n    - {drop: /x, missing_ok: §'no'}\n",
      "'missing_ok' must be true or false; got a string"),
+    (HEAD + "config:\n  config.json:\n    - {op: add, path: /x, value: 1, §missing_ok: true}\n",
+     "'add' takes no 'missing_ok' (only remove, replace, move, copy read a path that may be "
+     "missing)"),
     (HEAD + "config:\n  config.json:\n    - {model_type: §3}\n",
      "'model_type' must be a string; got an integer"),
     (HEAD + "config:\n  config.json:\n    - {architectures: §[]}\n",
@@ -350,16 +354,18 @@ ERROR_CASES = [
      "rename needs 'pattern' unless select has exactly one regex"),
     (HEAD + "tensors:\n  - select: §{glob: '*', regex: x}\n    drop: true\n",
      "select needs exactly one of 'glob' and 'regex'"),
-    (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§f32]}\n    drop: true\n",
-     "unknown dtype 'f32' (did you mean 'F32'?)"),
-    (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§FP8]}\n    drop: true\n",
-     "unknown dtype 'FP8' (safetensors names: BOOL, U8, I8, U16, I16, U32, I32, U64, I64, F16, "
+    (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§f33]}\n    drop: true\n",
+     "unknown dtype 'f33' (did you mean 'F32'?)"),
+    (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§Q4_K]}\n    drop: true\n",
+     "unknown dtype 'Q4_K' (one of BOOL, U8, I8, U16, I16, U32, I32, U64, I64, F16, "
      "BF16, F32, F64, C64, F8_E4M3, F8_E5M2, F8_E4M3FNUZ, F8_E5M2FNUZ, F8_E8M0, F4, F6_E2M3, "
      "F6_E3M2)"),
-    (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§e4m3]}\n    drop: true\n",
-     "unknown dtype 'e4m3' (did you mean 'F8_E4M3' or 'F8_E4M3FNUZ'?)"),
+    (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§e4m4]}\n    drop: true\n",
+     "unknown dtype 'e4m4' (did you mean 'F8_E4M3'?)"),
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    cast: §bf17\n",
-     "unknown cast 'bf17' (did you mean 'bf16'?)"),
+     "cast: unknown dtype 'bf17' (did you mean 'BF16'?)"),
+    (HEAD + "tensors:\n  - select: {glob: '*'}\n    cast: §fp8\n",
+     "cast: dtype 'fp8' (F8_E4M3) is not allowed here; use one of BF16, F16, F32"),
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    drop: §false\n",
      "drop must be true (leave the item out to keep the tensors)"),
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    drop: true\n    §cast: bf16\n",
@@ -370,7 +376,7 @@ ERROR_CASES = [
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: §nvfp4}\n",
      "unknown scheme 'nvfp4' (did you mean 'nvfp4-modelopt' or 'nvfp4-compressed-tensors'?)"),
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: auto, to: §int8}\n",
-     "unknown to 'int8' (expected one of: bf16, fp16, fp32)"),
+     "to: dtype 'int8' (I8) is not allowed here; use one of BF16, F16, F32"),
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    quantize: {scheme: fp8-block, "
             "layout: §modelopt}\n",
      "layout 'modelopt' has no fp8-block format (use deepseek or compressed-tensors)"),
@@ -666,10 +672,39 @@ def test_resolve_recipe():
         resolve_recipe("some/dir/absent.yaml")
 
 
-def test_resolve_recipe_prefers_an_existing_file(tmp_path, monkeypatch):
+def test_a_file_in_the_current_directory_never_shadows_a_built_in(tmp_path, monkeypatch):
+    """A cloned model repo ships a file named like a built-in recipe: the bare word still runs
+    the built-in; the file runs only when named as a path."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sm120-fp16-kv").write_text(HEAD)
-    assert resolve_recipe("sm120-fp16-kv") == Path("sm120-fp16-kv")
+    (tmp_path / "my-fix").write_text(HEAD)
+    assert resolve_recipe("sm120-fp16-kv") == builtin_recipe_dir() / "sm120-fp16-kv.yaml"
+    assert resolve_recipe("./sm120-fp16-kv") == Path("sm120-fp16-kv")
+    with pytest.raises(InputError, match="write ./my-fix"):
+        resolve_recipe("my-fix")
+    assert resolve_recipe(Path("my-fix")) == Path("my-fix")     # a Path is always a path
+
+
+def test_plan_and_apply_name_the_recipe_file_and_its_digest(tmp_path):
+    from click.testing import CliRunner
+    from test_hostile_inputs import make_model
+
+    from patcher.cli import main
+
+    recipe = builtin_recipe_dir() / "sm120-fp16-kv.yaml"
+    digest = hashlib.sha256(recipe.read_bytes()).hexdigest()
+    model = make_model(tmp_path / "m")
+    plan = CliRunner().invoke(main, ["plan", "sm120-fp16-kv", str(model)])
+    assert plan.exit_code == 0, plan.output
+    assert f"recipe file {recipe.resolve()} sha256 {digest}" in plan.stdout
+    as_json = json.loads(CliRunner().invoke(main, ["plan", "sm120-fp16-kv", str(model),
+                                                   "--json"]).stdout)
+    assert as_json["recipe"]["path"] == str(recipe.resolve())
+    assert as_json["recipe"]["sha256"] == digest
+    applied = CliRunner().invoke(main, ["apply", "sm120-fp16-kv", str(model), "--json",
+                                        "-o", str(tmp_path / "out")])
+    assert applied.exit_code == 0, applied.output
+    assert json.loads(applied.stdout)["recipe"] == as_json["recipe"]
 
 
 SM120 = "sm120-fp16-kv"
@@ -681,6 +716,11 @@ KV = {"dynamic": False, "num_bits": 8, "type": "float"}
     {"config.json": {"text_config": {"quantization_config": {"kv_cache_scheme": KV}}}},
     {"hf_quant_config.json": {"quantization": {"kv_cache_quant_algo": "FP8"}}},
     {"hf_quant_config.json": {"kv_cache_quant_algo": "FP8"}},
+    {"hf_quant_config.json": {"quantization": {"kv_cache_scheme": KV}}},
+    {"config.json": {"quantization_config": {"kv_cache_quant_algo": "fp8"}}},
+    {"config.json": {"quantization_config": {"quantization": {"kv_cache_quant_algo": "FP8"}}}},
+    {"config.json": {"quantization_config": {"quantization": {"kv_cache_scheme": KV}}}},
+    {"config.json": {"text_config": {"quantization_config": {"kv_cache_quant_algo": "FP8"}}}},
 ])
 def test_sm120_guard_accepts_each_fp8_kv_declaration(files):
     recipe = load_recipe(resolve_recipe(SM120))
@@ -697,22 +737,25 @@ def test_sm120_guard_accepts_each_fp8_kv_declaration(files):
 def test_sm120_guard_refuses_models_without_an_fp8_kv_cache(files):
     recipe = load_recipe(resolve_recipe(SM120))
     [failure] = evaluate_guards(recipe, reader(files))
-    assert failure.endswith("the model declares no FP8 KV cache (no quantization_config."
-                            "kv_cache_scheme of 8-bit floats in config.json or its text_config, "
-                            "no kv_cache_quant_algo FP8 in hf_quant_config.json), so this recipe "
-                            "has nothing to do")
+    assert failure.endswith("the model declares no FP8 KV cache (no kv_cache_scheme of 8-bit "
+                            "floats or kv_cache_quant_algo FP8 in config.json's "
+                            "quantization_config, its text_config or hf_quant_config.json), so "
+                            "this recipe has nothing to do")
     assert failure.startswith(f"{resolve_recipe(SM120)}:")
 
 
-def test_sm120_recipe_is_config_only():
+def test_sm120_recipe_is_config_only_and_nulls_every_spelling():
     recipe = load_recipe(resolve_recipe(SM120))
     assert recipe.tensors == () and recipe.files == ()
     assert set(recipe.config) == {"config.json", "hf_quant_config.json"}
     assert [(op.path, op.scopes) for op in recipe.config["config.json"]] == [
-        ("/quantization_config/kv_cache_scheme", ("", "/text_config"))]
-    assert [op.path for op in recipe.config["hf_quant_config.json"]] == [
-        "/quantization/kv_cache_quant_algo", "/kv_cache_quant_algo"]
-    assert all(isinstance(op, DropOp) and op.missing_ok
+        (f"/quantization_config{inner}/{key}", ("", "/text_config"))
+        for inner in ("", "/quantization") for key in ("kv_cache_scheme", "kv_cache_quant_algo")]
+    assert [(op.path, op.scopes) for op in recipe.config["hf_quant_config.json"]] == [
+        ("/kv_cache_scheme", ("", "/quantization")),
+        ("/kv_cache_quant_algo", ("", "/quantization"))]
+    assert all(isinstance(op, PatchOp)
+               and (op.op, op.value, op.missing_ok) == ("replace", None, True)
                for ops in recipe.config.values() for op in ops)
 
 
@@ -745,6 +788,8 @@ SCHEMA_VALID = [
            "    - {set: /a, value: [1, {b: c}], in: /text_config}\n",
     HEAD + "tensors:\n  - select: {glob: '*', dtype: F8_E4M3}\n"
            "    dequantize: {scheme: fp8-block, to: fp32}\n"
+           "  - select: {glob: '*', dtype: [f32, bfloat16, torch.float8_e4m3fn, fp8]}\n"
+           "    cast: float16\n"
            "  - select: {regex: '.*'}\n    quantize: {scheme: fp8-block, layout: "
            "compressed-tensors, block: [64, 32]}\n",
     HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: fp8-block, block: [64, 64]}\n"
@@ -786,7 +831,7 @@ SCHEMA_INVALID = [
     HEAD + "requires:\n  - {any_of: [{file: c.json, path: /x, exists: true}], not: {}}\n",
     HEAD + "tensors:\n  - select: {regex: '('}\n    drop: true\n",
     HEAD + "tensors:\n  - select: {glob: '*', regex: x}\n    drop: true\n",
-    HEAD + "tensors:\n  - select: {glob: '*', dtype: [f32]}\n    drop: true\n",
+    HEAD + "tensors:\n  - select: {glob: '*', dtype: [f33]}\n    drop: true\n",
     HEAD + "tensors:\n  - select: {glob: '*'}\n    drop: false\n",
     HEAD + "tensors:\n  - select: {glob: '*'}\n    drop: true\n    cast: bf16\n",
     HEAD + "tensors:\n  - select: {glob: '*'}\n",
@@ -823,7 +868,7 @@ def test_schema_and_loader_accept(text):
 def test_dequantize_block_is_parsed():
     recipe = load(HEAD + "tensors:\n  - select: {glob: '*'}\n"
                   "    dequantize: {scheme: fp8-block, block: [64, 32]}\n")
-    assert recipe.tensors[0].action == DequantizeTensors("fp8-block", "bf16", (64, 32))
+    assert recipe.tensors[0].action == DequantizeTensors("fp8-block", "BF16", (64, 32))
     with pytest.raises(RecipeError, match="block applies to fp8-block or auto, not fp8-tensor"):
         load(HEAD + "tensors:\n  - select: {glob: '*'}\n"
              "    dequantize: {scheme: fp8-tensor, block: [64, 32]}\n")

@@ -1,9 +1,10 @@
 """Tensor transforms through the whole pipeline (plan, streamed shard rewrite, index, manifest),
 applied with ``patcher.api`` and read back with safetensors.
 
-* Dequantization equals a float32 reference written in this file from the DESIGN.md formulas,
-  bit for bit, in bf16, fp16 and fp32: ModelOpt NVFP4 (the Kimi example), DeepSeek FP8 block (the
-  DeepSeek example, partial edge blocks), FP8 per tensor and per channel (ModelOpt F32 scales).
+* Dequantization equals the DESIGN.md formulas computed exactly and rounded once by the
+  independent reference (tests/exact_reference.py), bit for bit, in bf16, fp16 and fp32:
+  ModelOpt NVFP4 (the Kimi example), DeepSeek FP8 block (the DeepSeek example, partial edge
+  blocks), FP8 per tensor and per channel (ModelOpt F32 scales).
 * Data packed by compressed-tensors' own compressors dequantizes to exactly what
   compressed-tensors' own decompression returns.
 * Companions in another shard than their weight are found and removed there; shards left empty
@@ -169,10 +170,10 @@ def fp8_tensor_model(root: Path, gen) -> Path:
 
 @pytest.mark.parametrize("to", ["bf16", "fp16", "fp32"])
 def test_fp8_per_tensor_and_channel_dequantized_bit_exact(tmp_path, to):
-    """F32 scales (ModelOpt): the float32 formula rounded once. BF16 scales (compressed-tensors):
-    compressed-tensors multiplies in the scale's dtype, fp8.to(bf16) * scale; in bf16 that is the
-    float32 formula too (the product of an e4m3 and a bf16 value is exact in float32), for fp16
-    and fp32 it is the bf16 product converted, which modelpatch mirrors bit for bit."""
+    """F32 scales (ModelOpt) and BF16 scales (compressed-tensors): the exact product rounded
+    once. compressed-tensors multiplies in the scale's dtype, fp8.to(bf16) * scale: in bf16 that
+    is the same (the product of an e4m3 and a bf16 value is exact in float32); for fp16 and fp32
+    its bf16 product is rounded twice or too early, and modelpatch does not copy that."""
     model = fp8_tensor_model(tmp_path / "m", torch.Generator().manual_seed(5))
     recipe = write_recipe(tmp_path / "r.yaml", f"""
         - select: {{glob: "*.weight", dtype: [F8_E4M3]}}
@@ -186,11 +187,10 @@ def test_fp8_per_tensor_and_channel_dequantized_bit_exact(tmp_path, to):
         assert_bits_equal(result[stem + "weight"], expected, stem)
     for stem in ("m.c.", "m.d."):
         w, s = base[stem + "weight"], base[stem + "weight_scale"]
-        as_ct = (w.to(torch.bfloat16) * s.reshape(-1, 1) if s.numel() > 1
-                 else w.to(torch.bfloat16) * s).to(dtype)
-        assert_bits_equal(result[stem + "weight"], as_ct, stem)
+        assert_bits_equal(result[stem + "weight"], ref_fp8_tensor(w, s, dtype), stem)
         if to == "bf16":
-            assert_bits_equal(result[stem + "weight"], ref_fp8_tensor(w, s, dtype), stem)
+            as_ct = w.to(torch.bfloat16) * (s.reshape(-1, 1) if s.numel() > 1 else s)
+            assert_bits_equal(result[stem + "weight"], as_ct, stem)
     assert sorted(result) == ["m.a.weight", "m.b.weight", "m.c.weight", "m.d.weight",
                               "m.norm.weight"]
 
@@ -240,7 +240,10 @@ def test_compressed_tensors_packed_data_equals_its_own_decompression(tmp_path):
     """NVFP4 (weight_packed / weight_scale / weight_global_scale, input_global_scale dropped)
     and FP8 per tensor, per channel and per 128x128 block, each compressed by compressed-tensors
     and dequantized by modelpatch with scheme auto: equal to compressed-tensors' decompression,
-    bit for bit, in bf16 (what it decompresses to)."""
+    bit for bit, in bf16 (what it decompresses to). For FP8 that holds always (its bf16 product
+    is rounded once); for NVFP4 only where its three roundings happen to land on the correctly
+    rounded value, which on this data is every element (test_producer_numerics.py counts the
+    others)."""
     pytest.importorskip("compressed_tensors")
     gen = torch.Generator().manual_seed(11)
 

@@ -238,7 +238,7 @@ def _edit_manifest(variant, old: str, new: str) -> None:
 @pytest.mark.parametrize(("old", "new", "says"), [
     ("Why this recipe exists", "Why this recipe EXISTS", "recipe text does not match"),
     ('"startedOn": "20', '"startedOn": "19', "differs from the"),
-    ('"kind": "removed"', '"kind": "removxd"', "change log does not match"),
+    ('"kind": "set"', '"kind": "sxt"', "change log does not match"),
 ])
 def test_an_edited_manifest_fails_verification(kimi_dir, tmp_path, old, new, says):
     from fs_snapshot import cli

@@ -17,8 +17,10 @@ The endpoint (``endpoint=``, else ``HF_ENDPOINT``) must be an http(s) URL: anyth
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
+import sys
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,10 +30,12 @@ from urllib.parse import urlparse
 from ..errors import HubError, InputError, PatchError, VerifyMismatch
 from ..fsops import remove_tree
 from ..manifest import read_manifest
-from ..model_dir import MANIFEST_NAME
+from ..model_dir import MANIFEST_NAME, SKIPPED_DIRS
 from ..patch_record import patch_dirs, read_record
-from .model_card import CARD_NAME, base_model_id, render_card
+from ..render import human_bytes
+from .model_card import CARD_NAME, render_card
 
+log = logging.getLogger("modelpatch")
 HF_HOSTS = ("huggingface.co", "hf.co")
 # The hub's README.md is the model card publish writes, not the variant's file. The variant's own
 # README.md (when it has one) travels under this name; pull puts it back and keeps the card
@@ -62,6 +66,23 @@ def check_endpoint(endpoint: str | None) -> str | None:
     return value.rstrip("/")
 
 
+REPO_ID_HINT = ("expected NAMESPACE/NAME: letters, digits, '-', '_' and '.', at most 96, "
+                "no '--' or '..'")
+
+
+def check_repo_id(repo_id: str) -> str:
+    """``repo_id`` if huggingface_hub accepts it (``NAME`` or ``NAMESPACE/NAME``); otherwise an
+    ``InputError`` (exit code 2) naming it, before any request."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise InputError(f"invalid repo id {repo_id!r}", hint=REPO_ID_HINT) from None
+    return repo_id
+
+
 def _client(endpoint: str | None):
     """An ``HfApi`` for ``endpoint`` (default ``$HF_ENDPOINT``, then huggingface.co), with Xet
     disabled where the endpoint cannot speak it. A malformed endpoint is an ``InputError``."""
@@ -78,11 +99,15 @@ def _client(endpoint: str | None):
 
 
 def _hub_call(what: str, repo_id: str, fn, *args, **kwargs):
-    """Run a huggingface_hub call, turning its errors into one-line ``HubError``s."""
-    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
+    """Run a huggingface_hub call, turning its errors into one-line ``HubError``s (an argument
+    its validators refuse: an ``InputError``)."""
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
 
     try:
         return fn(*args, **kwargs)
+    except HFValidationError as exc:
+        raise InputError(f"{what}: {str(exc).splitlines()[0] if str(exc) else 'invalid argument'}",
+                         where=repo_id) from None
     except RepositoryNotFoundError:
         raise HubError(f"{what}: repository not found or not visible with this token",
                        where=repo_id, hint="check the name, the endpoint and HF_TOKEN") from None
@@ -107,32 +132,43 @@ _STATUS_HINTS = {
 
 @contextmanager
 def _progress_bars(enabled: bool):
-    """huggingface_hub's progress bars as they are (``enabled``), or off for the block."""
+    """huggingface_hub's output for the block. Its bars only with ``enabled`` and on a terminal
+    (``TQDM_POSITION=-1`` forces them, as in huggingface_hub): elsewhere they are cursor-moving
+    escape codes in a log. Its log lines once, not again through the root logger, and with
+    ``enabled=False`` (``-q``) only its errors."""
     from huggingface_hub.utils import (
         are_progress_bars_disabled,
         disable_progress_bars,
         enable_progress_bars,
     )
 
-    if enabled or are_progress_bars_disabled():
-        yield
-        return
+    from huggingface_hub.utils import logging as hf_logging   # configures its logger on import
+
+    hf_log = hf_logging.get_logger()
+    saved = hf_log.level, hf_log.propagate
+    hf_log.propagate = False
+    if not enabled:
+        hf_log.setLevel(logging.ERROR)
+    bars = enabled and (sys.stderr.isatty() or os.environ.get("TQDM_POSITION") == "-1")
+    turn_off = not bars and not are_progress_bars_disabled()
     with warnings.catch_warnings():       # HF_HUB_DISABLE_PROGRESS_BARS=0 wins: say nothing
         warnings.simplefilter("ignore")
-        disable_progress_bars()
+        if turn_off:
+            disable_progress_bars()
     try:
-        yield
+        yield bars
     finally:
+        hf_log.setLevel(saved[0])
+        hf_log.propagate = saved[1]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            enable_progress_bars()
+            if turn_off:
+                enable_progress_bars()
 
 
 def _transport_errors() -> tuple[type[BaseException], ...]:
     """The network error classes of the HTTP library huggingface_hub uses (httpx2, httpx or
     requests, whichever it imported); they are not OSErrors."""
-    import sys
-
     found = []
     for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"),
                          ("requests", "RequestException")):
@@ -152,29 +188,38 @@ class PublishResult:
 
 def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None = None,
             private: bool = True, revision: str | None = None,
-            message: str | None = None, progress: bool = True) -> PublishResult:
+            message: str | None = None, progress: bool = True,
+            base_model: str | None = None) -> PublishResult:
     """Upload the variant at ``directory`` to ``repo_id`` in one commit (``progress=False``:
-    no progress bars)."""
+    no progress bars). The card's ``base_model`` is ``base_model`` if given, else what the
+    variant records or its base's path says (``patcher.base_identity``), else left out."""
+    from ..base_identity import check_repo_id as check_base_model
     from ..locking import lock_directory
     from ..verify import verify_dir
 
     check_endpoint(endpoint)                      # bad usage, before hashing the variant
+    check_repo_id(repo_id)
+    if base_model is not None:
+        check_base_model(base_model)
     root = Path(directory)
     with lock_directory(root, exclusive=False):   # no in-place patch between verify and upload
         report = verify_dir(root)
         if not report.ok:
             raise VerifyMismatch(f"refusing to publish a variant that does not verify: "
                                  f"{report.summary()}", where=root)
-        with _progress_bars(progress):
-            return _upload(root, repo_id, endpoint, private, revision, message)
+        with _progress_bars(progress) as bars:
+            return _upload(root, repo_id, endpoint, private, revision, message, base_model,
+                           announce=progress and not bars)
 
 
 def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
-            revision: str | None, message: str | None) -> PublishResult:
+            revision: str | None, message: str | None, base_model: str | None,
+            announce: bool) -> PublishResult:
     from huggingface_hub import CommitOperationAdd
 
     manifest = read_manifest(root)
     base = _base_name(root)
+    base_model = base_model or _identified_base_model(base, manifest)
     api = _client(endpoint)
     _hub_call("create_repo", repo_id, api.create_repo, repo_id, private=private, exist_ok=True)
     branch = revision or "main"
@@ -182,7 +227,7 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
         _hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
                   exist_ok=True)
     existing = _existing_card(root, api, repo_id, branch)
-    card = render_card(existing, manifest, base).encode("utf-8")
+    card = render_card(existing, manifest, base_model, base).encode("utf-8")
     ops = [CommitOperationAdd(path_in_repo=ORIGINAL_README if rel == CARD_NAME else rel,
                               path_or_fileobj=str(root / rel))
            for rel in sorted(manifest.subjects)]
@@ -190,16 +235,36 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
                                   path_or_fileobj=str(root / MANIFEST_NAME)))
     ops.append(CommitOperationAdd(path_in_repo=CARD_NAME, path_or_fileobj=card))
     recipe = manifest.recipe["name"]
+    if announce:                               # a plain line where no bars are shown
+        size = sum(size for _, size in manifest.subjects.values())
+        log.info("publish: committing %d files (%s) to %s", len(ops), human_bytes(size), repo_id)
     info = _hub_call("create_commit", repo_id, api.create_commit, repo_id, operations=ops,
                      revision=branch,
                      commit_message=message or f"modelpatch: {recipe} applied to "
-                                               f"{base_model_id(base)}")
+                                               f"{base_model or _label(base)}")
     return PublishResult(repo_id=repo_id, revision=branch, commit=info.oid, files=len(ops))
 
 
+def _identified_base_model(base: str, manifest) -> str | None:
+    """The hub repository the variant's original base is, from its manifest or its path; None,
+    with a warning saying how to set it, when neither tells."""
+    import logging
+
+    from ..base_identity import identify
+
+    identity = identify(base, manifest.statement)
+    if identity.repo_id is None:
+        logging.getLogger("modelpatch").warning("warning: %s", identity.hint(_label(base)))
+    return identity.repo_id
+
+
+def _label(base: str) -> str:
+    """The base directory's name, to name it in messages (never as a hub repository)."""
+    return base.rstrip("/").rsplit("/", 1)[-1]
+
+
 def _base_name(root: Path) -> str:
-    """Where the original base (the first patch's) was; ``base_model_id`` turns it into a hub
-    repo id for a Hugging Face cache snapshot, else into its directory name."""
+    """Where the original base (the first patch's) was."""
     dirs = patch_dirs(root)
     if dirs:
         base_path = read_record(dirs[0]).base_path
@@ -244,6 +309,7 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
     from ..locking import lock_new_path
     from ..output_dir import make_staging_dir, remove_stale_staging
 
+    check_repo_id(repo_id)
     out = Path(os.path.abspath(out or repo_id.split("/")[-1]))
     api = _client(endpoint)
     with lock_new_path(out):
@@ -252,11 +318,18 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
         remove_stale_staging(out)      # left by a killed pull
         info = _hub_call("model_info", repo_id, api.model_info, repo_id, revision=revision,
                          files_metadata=True)
+        _refuse_state_files([s.rfilename for s in info.siblings or []], repo_id)
         staging = make_staging_dir(out)
         try:
-            with _progress_bars(progress):
+            with _progress_bars(progress) as bars:
+                if progress and not bars:
+                    log.info("pull: downloading %d files (%s) of %s@%s",
+                             len(info.siblings or []),
+                             human_bytes(sum(s.size or 0 for s in info.siblings or [])), repo_id,
+                             info.sha[:12])
                 _hub_call("download", repo_id, snapshot_download, repo_id, revision=info.sha,
                           local_dir=staging, endpoint=api.endpoint, token=api.token)
+            _refuse_state_files(os.listdir(staging), repo_id, ignore=(".cache",))
             remove_tree(staging / ".cache")          # huggingface_hub's local-dir bookkeeping
             try:
                 _check_hub_digests(staging, info, repo_id)
@@ -280,6 +353,22 @@ def _git_blob_sha1(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def _refuse_state_files(paths: list[str], repo_id: str, ignore: tuple[str, ...] = ()) -> None:
+    """Refuse a repository holding files in modelpatch's, git's or huggingface_hub's own state
+    directories (``.modelpatch/``, ``.git/``, ``.cache/``): the next command would take them
+    for its own (replay a journal, run a git hook). Compared without case, as a
+    case-insensitive filesystem would. Pull writes its own ``.modelpatch/hub/`` afterwards."""
+    state = {name.lower() for name in SKIPPED_DIRS} - set(ignore)
+    bad = sorted(p for p in paths if p.split("/", 1)[0].lower() in state)
+    if bad:
+        shown = ", ".join(repr(p) for p in bad[:3]) + (f" and {len(bad) - 3} more"
+                                                       if len(bad) > 3 else "")
+        raise InputError(f"refusing to pull: the repository has files in state directories "
+                         f"that only modelpatch, git or huggingface_hub may write: {shown}",
+                         where=repo_id,
+                         hint="a published variant never holds .modelpatch/, .git/ or .cache/")
 
 
 def _name_the_repo(exc: PatchError, staging: Path, repo_id: str) -> None:

@@ -1,27 +1,29 @@
 """The model card (README.md) of a published variant.
 
-An existing card's text and metadata are kept. The metadata gains ``base_model``, the
-``modelpatch`` tag and the recipe name; the body gains (or has replaced) one section between
-markers that lists what the patch changed. Parsing and rendering go through huggingface_hub's
-``ModelCard``, so the front matter stays what the Hub expects.
+An existing card's text and metadata are kept. The metadata gains ``base_model`` (when the
+base's hub repository is known: ``patcher.base_identity``; otherwise any ``base_model`` there is
+removed, as it would name another model), the ``modelpatch`` tag and the recipe name; the body
+gains (or has replaced) one section between markers that lists what the patch changed. The YAML
+front matter is read and written with ruamel.yaml (round-trip: the card's own keys keep their
+order and comments), never assembled from strings, so no name (a directory called ``a: b`` or
+holding a newline) can add metadata.
 """
 
 from __future__ import annotations
 
+import io
 import re
+from typing import Any
 
+from ..errors import InputError
 from ..manifest import CHANGES_BYPRODUCT, Manifest
 
 CARD_NAME = "README.md"
 BEGIN, END = "<!-- modelpatch:begin -->", "<!-- modelpatch:end -->"
 _SECTION = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
-_CACHE_REPO = re.compile(r"(?:^|/)(?:models|datasets|spaces)--([^/]+?)--([^/]+)/snapshots/")
-
-
-def base_model_id(base: str) -> str:
-    """``org/name`` for a base inside a Hugging Face cache, else the directory's name."""
-    match = _CACHE_REPO.search(base)
-    return f"{match.group(1)}/{match.group(2)}" if match else base.rstrip("/").rsplit("/", 1)[-1]
+# Front matter as huggingface_hub's ModelCard finds it: a leading ``---`` line, then up to the
+# next ``---`` line.
+_FRONT_MATTER = re.compile(r"^(\s*---[\r\n]+)([\S\s]*?)([\r\n]+---(\r\n|\n|$))")
 
 
 def recipe_chain(manifest: Manifest) -> list[tuple[dict, list[dict]]]:
@@ -61,26 +63,65 @@ def change_lines(changes: list[dict], limit: int = 40) -> list[str]:
     return lines
 
 
-def render_card(existing: str | None, manifest: Manifest, base: str) -> str:
-    from huggingface_hub import ModelCard
+def _yaml():
+    from ruamel.yaml import YAML
 
-    card = ModelCard(existing or f"---\nbase_model: {base_model_id(base)}\n---\n")
+    yaml = YAML(typ="rt", pure=True)
+    yaml.width = 4096                      # no folded lines in the card
+    return yaml
+
+
+def split_card(text: str) -> tuple[dict[str, Any], str]:
+    """(metadata, body) of a model card; metadata is {} without front matter. Malformed front
+    matter is an ``InputError`` naming README.md."""
+    match = _FRONT_MATTER.search(text)
+    if match is None:
+        return {}, text
+    from ruamel.yaml import YAMLError
+
+    try:
+        metadata = _yaml().load(match.group(2))
+    except YAMLError as exc:
+        problem = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
+        raise InputError(f"the model card's YAML front matter is invalid: {problem}",
+                         where=CARD_NAME) from None
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise InputError("the model card's YAML front matter is not a mapping", where=CARD_NAME)
+    return metadata, text[match.end():]
+
+
+def dump_front_matter(metadata: dict[str, Any]) -> str:
+    out = io.StringIO()
+    _yaml().dump(metadata, out)
+    return f"---\n{out.getvalue()}---\n"
+
+
+def render_card(existing: str | None, manifest: Manifest, base_model: str | None,
+                base: str) -> str:
+    """The card for a variant of ``base`` (its path: named in the text when ``base_model``, the
+    hub repository ``ORG/NAME``, is None)."""
+    metadata, body = split_card(existing or "")
     chain = recipe_chain(manifest)
-    data = card.data
-    data.base_model = base_model_id(base)
-    tags = list(data.tags or [])
+    if base_model:
+        metadata["base_model"] = base_model
+    else:
+        metadata.pop("base_model", None)
+    tags = metadata.get("tags")
+    tags = list(tags) if isinstance(tags, list) else ([tags] if tags else [])
     for tag in ["modelpatch", *(f"modelpatch-recipe:{r['name']}" for r, _ in chain)]:
         if tag not in tags:
             tags.append(tag)
-    data.tags = tags
-    data.modelpatch_recipe = manifest.recipe["name"]
+    metadata["tags"] = tags
+    metadata["modelpatch_recipe"] = manifest.recipe["name"]
     if len(chain) > 1:
-        data.modelpatch_recipes = [r["name"] for r, _ in chain]
+        metadata["modelpatch_recipes"] = [r["name"] for r, _ in chain]
     section = "\n".join([
         BEGIN,
         "## Patched with modelpatch",
         "",
-        f"This is `{data.base_model}` with the modelpatch "
+        f"This is {_base_text(base_model, base)} with the modelpatch "
         f"{'recipe' if len(chain) == 1 else 'recipes'} "
         + ", then ".join(f"`{r['name']}` (sha256 `{r['sha256'][:16]}...`)" for r, _ in chain)
         + " applied. Every file is listed with its sha256 in `modelpatch.provenance.json`; "
@@ -90,11 +131,17 @@ def render_card(existing: str | None, manifest: Manifest, base: str) -> str:
         END,
         "",
     ])
-    body = card.text
-    body = _SECTION.sub(section, body) if _SECTION.search(body) else body.rstrip("\n") + (
-        "\n\n" if body.strip() else "") + section
-    card.text = body
-    return str(card)
+    body = _SECTION.sub(lambda _: section, body) if _SECTION.search(body) else (
+        body.rstrip("\n") + ("\n\n" if body.strip() else "") + section)
+    return dump_front_matter(metadata) + body
+
+
+def _base_text(base_model: str | None, base: str) -> str:
+    """The base as the card's body names it, on one line whatever the name holds."""
+    if base_model:
+        return f"`{base_model}`"
+    name = " ".join(base.rstrip("/").rsplit("/", 1)[-1].split()).replace("`", "'")
+    return f"the model from `{name}` (hub repository not recorded)"
 
 
 def _changes_section(chain: list[tuple[dict, list[dict]]]) -> list[str]:

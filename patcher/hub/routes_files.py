@@ -15,7 +15,7 @@ from starlette.responses import FileResponse, Response
 
 from .naming import check_path
 from .request_errors import EntryNotFound, HubRequestError
-from .web import Hub
+from .web import Hub, in_thread
 
 
 class BlobResponse(FileResponse):
@@ -25,6 +25,10 @@ class BlobResponse(FileResponse):
 
 
 async def resolve(hub: Hub, request: Request, p: dict[str, str]) -> Response:
+    return await in_thread(_blob_response, hub, request, p)   # file reads and a stat
+
+
+def _blob_response(hub: Hub, request: Request, p: dict[str, str]) -> Response:
     meta = hub.readable_repo(request, p["kind"], p["repo_id"])
     commit = hub.store.resolve(meta, p["rev"])
     path = p["path"]

@@ -14,12 +14,14 @@ from starlette.responses import JSONResponse, Response
 from .git_objects import lfs_pointer
 from .naming import DEFAULT_BRANCH, REPO_KINDS, split_repo_id
 from .records import Commit, RepoMeta
-from .request_errors import BadRequest, EntryNotFound, Unauthorized
+from .request_errors import BadRequest, EntryNotFound, PayloadTooLarge, Unauthorized
 from .storage import Store
-from .web import (INVALID_CREDENTIALS, Hub, in_thread, read_form_or_json, read_json_object,
-                  repo_url, require_write, truthy)
+from .web import (INVALID_CREDENTIALS, LIST_BODY_LIMIT, Hub, in_thread, read_form_or_json,
+                  read_json_object, repo_url, require_write, truthy)
 
 TREE_PAGE_SIZE = 1000
+MAX_INFO_PATHS = 1000                   # huggingface_hub asks for at most 500 at a time
+PATHS_INFO_BODY_LIMIT = 2 * 1024 * 1024
 
 
 # -- rendering ---------------------------------------------------------------------------------
@@ -120,7 +122,7 @@ async def whoami(hub: Hub, request: Request, p: dict[str, str]) -> Response:
 
 def _repo_from_payload(payload: dict[str, Any], who_user: str | None) -> tuple[str, str]:
     kind = payload.get("type") or "model"
-    if kind not in REPO_KINDS:
+    if not isinstance(kind, str) or kind not in REPO_KINDS:
         raise BadRequest(f"unsupported repo type {kind!r} (this hub serves models and datasets)")
     name, org = payload.get("name"), payload.get("organization") or who_user
     if not isinstance(name, str) or not isinstance(org, str):
@@ -158,25 +160,51 @@ async def delete_repo(hub: Hub, request: Request, p: dict[str, str]) -> Response
 async def validate_yaml(hub: Hub, request: Request, p: dict[str, str]) -> Response:
     # upload_folder/create_commit call this before committing a README.md. Card metadata is
     # not interpreted here, so there is nothing to reject.
-    await read_json_object(request)
+    await read_json_object(request, LIST_BODY_LIMIT)
     return JSONResponse({"errors": [], "warnings": []})
 
 
 # -- routes of a repo --------------------------------------------------------------------------
 
 
-async def repo_info(hub: Hub, request: Request, p: dict[str, str]) -> Response:
+def _readable_commit(hub: Hub, request: Request, p: dict[str, str],
+                     default_rev: str | None = None) -> tuple[RepoMeta, Commit]:
+    """The repo (if readable) and the commit ``p["rev"]`` names: file reads, so callers run
+    this off the event loop (``in_thread``)."""
     meta = hub.readable_repo(request, p["kind"], p["repo_id"])
-    commit = hub.store.resolve(meta, p.get("rev") or DEFAULT_BRANCH)
-    return JSONResponse(repo_info_json(request, meta, commit,
-                                       truthy(request.query_params.get("blobs"))))
+    return meta, hub.store.resolve(meta, p.get("rev") or default_rev or DEFAULT_BRANCH)
+
+
+async def repo_info(hub: Hub, request: Request, p: dict[str, str]) -> Response:
+    def render() -> dict[str, Any]:
+        meta, commit = _readable_commit(hub, request, p)
+        return repo_info_json(request, meta, commit, truthy(request.query_params.get("blobs")))
+
+    return JSONResponse(await in_thread(render))
 
 
 async def list_tree(hub: Hub, request: Request, p: dict[str, str]) -> Response:
-    meta = hub.readable_repo(request, p["kind"], p["repo_id"])
-    commit = hub.store.resolve(meta, p["rev"])
+    meta, commit = await in_thread(_readable_commit, hub, request, p)
+    entries = await in_thread(_tree_entries, commit, p, truthy(request.query_params.get("recursive")))
+    try:
+        cursor = int(request.query_params.get("cursor", "0"))
+        limit = min(int(request.query_params.get("limit", TREE_PAGE_SIZE)), TREE_PAGE_SIZE)
+    except ValueError:
+        raise BadRequest("cursor and limit must be integers") from None
+    if cursor < 0:
+        raise BadRequest("cursor must not be negative")
+    page = entries[cursor:cursor + max(limit, 1)]
+    if truthy(request.query_params.get("expand")):
+        await in_thread(_with_last_commit, page, hub.store, meta, commit)
+    headers = {}
+    if cursor + len(page) < len(entries):
+        nxt = request.url.include_query_params(cursor=cursor + len(page), limit=limit)
+        headers["Link"] = f'<{nxt}>; rel="next"'
+    return JSONResponse(page, headers=headers)
+
+
+def _tree_entries(commit: Commit, p: dict[str, str], recursive: bool) -> list[dict[str, Any]]:
     base = p.get("path", "").strip("/")
-    recursive = truthy(request.query_params.get("recursive"))
     prefix = base + "/" if base else ""
     under = sorted(path for path in commit.tree if path.startswith(prefix))
     if base and not under:
@@ -192,47 +220,38 @@ async def list_tree(hub: Hub, request: Request, p: dict[str, str]) -> Response:
             files.append(path)
         else:
             folders.add(prefix + parts[0])
-    entries = ([folder_entry(f, commit.tree) for f in sorted(folders)]
-               + [file_entry(f, commit.tree[f]) for f in files])
-
-    try:
-        cursor = int(request.query_params.get("cursor", "0"))
-        limit = min(int(request.query_params.get("limit", TREE_PAGE_SIZE)), TREE_PAGE_SIZE)
-    except ValueError:
-        raise BadRequest("cursor and limit must be integers") from None
-    page = entries[cursor:cursor + max(limit, 1)]
-    if truthy(request.query_params.get("expand")):
-        await in_thread(_with_last_commit, page, hub.store, meta, commit)
-    headers = {}
-    if cursor + len(page) < len(entries):
-        nxt = request.url.include_query_params(cursor=cursor + len(page), limit=limit)
-        headers["Link"] = f'<{nxt}>; rel="next"'
-    return JSONResponse(page, headers=headers)
+    return ([folder_entry(f, commit.tree) for f in sorted(folders)]
+            + [file_entry(f, commit.tree[f]) for f in files])
 
 
 async def paths_info(hub: Hub, request: Request, p: dict[str, str]) -> Response:
-    meta = hub.readable_repo(request, p["kind"], p["repo_id"])
-    form = await read_form_or_json(request)
-    commit = hub.store.resolve(meta, p["rev"])
-    out: list[dict[str, Any]] = []
-    seen = set()
-    for raw in form.get("paths", []):
-        path = raw.strip("/")
-        if not path or path in seen:
-            continue
-        seen.add(path)
-        if path in commit.tree:
-            out.append(file_entry(path, commit.tree[path]))
-        elif any(q.startswith(path + "/") for q in commit.tree):
-            out.append(folder_entry(path, commit.tree))
+    """At most MAX_INFO_PATHS paths in a body of at most PATHS_INFO_BODY_LIMIT bytes; every
+    step that grows with the repo or the request runs off the event loop."""
+    meta, commit = await in_thread(_readable_commit, hub, request, p)
+    form = await read_form_or_json(request, PATHS_INFO_BODY_LIMIT, MAX_INFO_PATHS + 8)
+    paths = form.get("paths", [])
+    if len(paths) > MAX_INFO_PATHS:
+        raise PayloadTooLarge(f"at most {MAX_INFO_PATHS} paths per request")
+    out = await in_thread(_path_entries, commit.tree, paths)
     if truthy((form.get("expand") or ["false"])[0]):
         await in_thread(_with_last_commit, out, hub.store, meta, commit)
     return JSONResponse(out)
 
 
+def _path_entries(tree: dict[str, dict[str, Any]], paths: list[str]) -> list[dict[str, Any]]:
+    folders = {path.rsplit("/", i)[0] for path in tree for i in range(1, path.count("/") + 1)}
+    out: list[dict[str, Any]] = []
+    for path in dict.fromkeys(raw.strip("/") for raw in paths):
+        if path in tree:
+            out.append(file_entry(path, tree[path]))
+        elif path in folders:
+            out.append(folder_entry(path, tree))
+    return out
+
+
 async def list_refs(hub: Hub, request: Request, p: dict[str, str]) -> Response:
-    meta = hub.readable_repo(request, p["kind"], p["repo_id"])
-    refs = hub.store.refs(meta)
+    meta = await in_thread(hub.readable_repo, request, p["kind"], p["repo_id"])
+    refs = await in_thread(hub.store.refs, meta)
 
     def items(kind: str, prefix: str) -> list[dict[str, str]]:
         return [{"name": n, "ref": f"{prefix}{n}", "targetCommit": c}
@@ -243,8 +262,7 @@ async def list_refs(hub: Hub, request: Request, p: dict[str, str]) -> Response:
 
 
 async def list_commits(hub: Hub, request: Request, p: dict[str, str]) -> Response:
-    meta = hub.readable_repo(request, p["kind"], p["repo_id"])
-    head = hub.store.resolve(meta, p["rev"])
+    meta, head = await in_thread(_readable_commit, hub, request, p)
     commits = await in_thread(lambda: list(hub.store.history(meta, head)))
     return JSONResponse([{"id": c.id, "title": c.message, "message": c.description,
                           "authors": [{"user": c.author}], "date": c.time} for c in commits])

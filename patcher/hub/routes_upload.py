@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import json
 from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
@@ -26,11 +25,13 @@ from starlette.responses import JSONResponse, Response
 from .commit_ops import Op
 from .git_objects import lfs_entry, regular_entry, upload_mode
 from .naming import SHA256_HEX, check_path
-from .request_errors import BadRequest, RevisionNotFound
-from .web import Hub, in_thread, ndjson_lines, read_json_object, repo_url
+from .request_errors import BadRequest, PayloadTooLarge, RevisionNotFound
+from .web import (LIST_BODY_LIMIT, Hub, in_thread, json_list, ndjson_lines, parse_json,
+                  read_json_object, repo_url)
 
 LFS_JSON = "application/vnd.git-lfs+json"
 MAX_COMMIT_LINE = 64 * 1024 * 1024  # a regular file (< 10 MiB) base64-encoded fits easily
+MAX_COMMIT_OPS = 100_000
 UPLOAD_FLUSH_BYTES = 4 * 1024 * 1024
 
 
@@ -42,11 +43,14 @@ def _no_pull_requests(request: Request) -> None:
 async def preupload(hub: Hub, request: Request, p: dict[str, str]) -> Response:
     meta, _ = hub.writable_repo(request, p["kind"], p["repo_id"])
     _no_pull_requests(request)
-    payload = await read_json_object(request)
-    head = hub.store.resolve(meta, p["rev"])
-    files = payload.get("files")
-    if not isinstance(files, list):
-        raise BadRequest("expected a 'files' list")
+    payload = await read_json_object(request, LIST_BODY_LIMIT)
+    head = await in_thread(hub.store.resolve, meta, p["rev"])
+    files = json_list(payload, "files")
+    out = await in_thread(_upload_modes, files, head.tree)   # up to MAX_LIST_ITEMS of them
+    return JSONResponse({"files": out, "commitOid": head.id})
+
+
+def _upload_modes(files: list[Any], tree: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for f in files:
         if not isinstance(f, dict) or not isinstance(f.get("path"), str):
@@ -56,15 +60,15 @@ async def preupload(hub: Hub, request: Request, p: dict[str, str]) -> Response:
             raise BadRequest(f"{path}: 'size' must be a non-negative integer")
         try:
             sample = base64.b64decode(f.get("sample") or "", validate=True)
-        except ValueError:
+        except (ValueError, TypeError):
             raise BadRequest(f"{path}: 'sample' is not base64") from None
         mode = upload_mode(path, size, sample)
-        existing = head.tree.get(path)
+        existing = tree.get(path)
         oid = None  # what the client compares with its local oid to skip unchanged files
         if existing is not None and existing["lfs"] == (mode == "lfs"):
             oid = existing["sha256"] if existing["lfs"] else existing["git_oid"]
         out.append({"path": path, "uploadMode": mode, "shouldIgnore": False, "oid": oid})
-    return JSONResponse({"files": out, "commitOid": head.id})
+    return out
 
 
 def _lfs_error(oid: Any, size: Any, code: int, message: str) -> dict[str, Any]:
@@ -75,18 +79,23 @@ def _lfs_error(oid: Any, size: Any, code: int, message: str) -> dict[str, Any]:
 async def lfs_batch(hub: Hub, request: Request, p: dict[str, str]) -> Response:
     kind, repo_id = p["kind"], p["repo_id"]
     meta, _ = hub.writable_repo(request, kind, repo_id)
-    payload = await read_json_object(request)
+    payload = await read_json_object(request, LIST_BODY_LIMIT)
     if payload.get("operation") != "upload":
         raise BadRequest("only the 'upload' operation is supported (download via /resolve)")
     transfers = payload.get("transfers") or ["basic"]
-    if "basic" not in transfers:
+    if not isinstance(transfers, list) or "basic" not in transfers:
         raise BadRequest("only the 'basic' transfer is supported")
     if payload.get("hash_algo", "sha256") != "sha256":
         raise BadRequest("only sha256 object ids are supported")
-    objects = payload.get("objects")
-    if not isinstance(objects, list):
-        raise BadRequest("expected an 'objects' list")
+    objects = json_list(payload, "objects")
     base = repo_url(request, kind, repo_id) + ".git/info/lfs/objects"
+    out = await in_thread(_lfs_actions, hub, meta, kind, repo_id, objects, base)  # stats
+    return JSONResponse({"transfer": "basic", "objects": out, "hash_algo": "sha256"},
+                        media_type=LFS_JSON)
+
+
+def _lfs_actions(hub: Hub, meta: Any, kind: str, repo_id: str, objects: list[Any],
+                 base: str) -> list[dict[str, Any]]:
     out = []
     for obj in objects:
         oid, size = (obj.get("oid"), obj.get("size")) if isinstance(obj, dict) else (None, None)
@@ -102,8 +111,7 @@ async def lfs_batch(hub: Hub, request: Request, p: dict[str, str]) -> Response:
                 "upload": {"href": f"{base}/upload/{oid}/{size}?{query}"},
                 "verify": {"href": f"{base}/verify"},
             }})
-    return JSONResponse({"transfer": "basic", "objects": out, "hash_algo": "sha256"},
-                        media_type=LFS_JSON)
+    return out
 
 
 async def lfs_upload(hub: Hub, request: Request, p: dict[str, str]) -> Response:
@@ -176,10 +184,12 @@ async def commit(hub: Hub, request: Request, p: dict[str, str]) -> Response:
     header: dict[str, Any] | None = None
     ops: list[Op] = []
     async for line in ndjson_lines(request, MAX_COMMIT_LINE):
+        if len(ops) >= MAX_COMMIT_OPS:
+            raise PayloadTooLarge(f"at most {MAX_COMMIT_OPS} files per commit")
+        item = await in_thread(parse_json, line) if len(line) > 64 * 1024 else parse_json(line)
         try:
-            item = json.loads(line)
             key, value = item["key"], item["value"]
-        except (ValueError, KeyError, TypeError):
+        except (KeyError, TypeError, IndexError):
             raise BadRequest("each commit line must be a JSON object with 'key' and 'value'") \
                 from None
         if not isinstance(value, dict):
@@ -191,7 +201,7 @@ async def commit(hub: Hub, request: Request, p: dict[str, str]) -> Response:
         if not isinstance(path, str):
             raise BadRequest(f"'{key}' line without a 'path'")
         if key == "file":
-            data = decode_content(value)
+            data = await in_thread(decode_content, value)
             sha = await in_thread(hub.store.put_bytes, data)
             ops.append(Op("add", check_path(path), regular_entry(sha, data)))
         elif key == "lfsFile":

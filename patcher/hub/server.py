@@ -50,13 +50,13 @@ try:
     from starlette.routing import Route
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise HubError("the embedded hub needs Starlette and uvicorn",
-                   hint="pip install 'modelpatch[hub]'") from exc
+                   hint="pip install -e '.[hub]' in the modelpatch checkout") from exc
 
 from . import routes_files, routes_repo, routes_upload
-from .request_errors import HubRequestError
+from .request_errors import BadRequest, HubRequestError
 from .storage import Store
 from .tokens import TokenTable
-from .web import Hub, UrlSigner, error_response, new_signing_key
+from .web import Hub, UrlSigner, error_response, escape_controls, new_signing_key
 
 log = logging.getLogger("modelpatch.hub")
 
@@ -96,7 +96,9 @@ _COMPILED = [(methods, re.compile(pattern), handler) for methods, pattern, handl
 
 
 def _params(m: re.Match[str]) -> dict[str, str]:
-    groups = {k: unquote(v) for k, v in m.groupdict().items() if v is not None}
+    groups = {k: unquote(v, errors="strict") for k, v in m.groupdict().items() if v is not None}
+    if any("\0" in v for v in groups.values()):
+        raise BadRequest("a NUL character in the URL path")
     out = {k: v for k, v in groups.items() if k not in ("ns", "name", "kinds", "prefix")}
     if "ns" in groups:
         out["repo_id"] = f"{groups['ns']}/{groups['name']}"
@@ -119,12 +121,15 @@ async def _dispatch(request: Request) -> Response:
             continue
         try:
             return await handler(hub, request, _params(m))
+        except UnicodeDecodeError:
+            return error_response(BadRequest("the URL path is not percent-encoded UTF-8"))
         except HubRequestError as err:
             return error_response(err)
         except ClientDisconnect:
             return Response(status_code=400)
         except Exception:
-            log.exception("internal error on %s %s", request.method, request.url.path)
+            log.exception("internal error on %s %s", request.method,
+                          escape_controls(request.url.path))
             return error_response(HubRequestError("internal server error", status=500))
     if allowed:
         return error_response(HubRequestError(f"method {request.method} not allowed", status=405,
@@ -132,9 +137,19 @@ async def _dispatch(request: Request) -> Response:
     return error_response(HubRequestError(f"no such endpoint: {request.url.path}", status=404))
 
 
+class _EveryMethod:
+    """``_dispatch`` as an ASGI endpoint for every HTTP method (a plain function route would
+    answer unknown methods itself, in plain text); ``_dispatch`` answers its own JSON 405s."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        response = await _dispatch(Request(scope, receive))
+        await response(scope, receive, send)
+
+
 class _AccessLog:
     """One log line per request: method, path (never the query: it carries upload signatures;
-    never headers: they carry tokens), status, duration."""
+    never headers: they carry tokens), status, duration. Control characters a request put in
+    its method or path are escaped, so no request can forge a line."""
 
     def __init__(self, app: Any):
         self.app = app
@@ -155,7 +170,8 @@ class _AccessLog:
         try:
             await self.app(scope, receive, _send)
         finally:
-            log.info("%s %s %d %.0fms", scope["method"], scope["path"], status,
+            log.info("%s %s %d %.0fms", escape_controls(scope["method"]),
+                     escape_controls(scope["path"]), status,
                      (time.monotonic() - start) * 1000)
 
 
@@ -199,8 +215,7 @@ def create_app(root: Path) -> Starlette:
         log.warning("no tokens in %s: public repos are readable, nothing is writable",
                     root / "tokens.json")
     app = Starlette(
-        routes=[Route("/{path:path}", _dispatch,
-                      methods=["GET", "HEAD", "POST", "PUT", "DELETE"])],
+        routes=[Route("/{path:path}", _EveryMethod())],
         middleware=[Middleware(_AccessLog)],
     )
     app.state.hub = Hub(store=store, tokens=tokens, signer=UrlSigner(key))
@@ -215,11 +230,16 @@ def build_server(root: Path, host: str = "127.0.0.1", port: int = 8080, *,
 
     app = create_app(root)
     try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:   # not an address, nor a name that resolves
+        raise InputError(f"cannot listen on {host!r}: {getattr(exc, 'strerror', None) or exc}",
+                         hint="--host takes an IP address or a resolvable host name") from None
+    try:
         sock = socket.create_server((host, port))
     except OSError as exc:
         reason = os.strerror(exc.errno) if exc.errno else str(exc)
         raise HubError(f"cannot listen on {host}:{port}: {reason}",
-                       hint="pick another --port or --host") from None
+                       hint="pick another port= or host=") from None
     # proxy_headers: a TLS proxy on 127.0.0.1 may set X-Forwarded-Proto, so that the upload URLs
     # handed to clients say https (uvicorn trusts only 127.0.0.1 for this by default).
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",

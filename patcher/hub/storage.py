@@ -7,6 +7,7 @@ Layout under ROOT::
     tokens.json                       bearer tokens (see ``tokens.py``)
     secret.key                        HMAC key signing LFS upload URLs (0600, made on first start)
     tmp/                              every write starts here, then is renamed into place
+    tmp/session-*/                    one per Store (server process), flock'ed while it lives
     blobs/sha256/ab/abcdef...         file contents, read-only, one file per distinct content
     repos/<models|datasets>/<namespace>/<name>/
         repo.json                     {"id", "type", "private", "created_at"}
@@ -24,7 +25,11 @@ of the record, so the same record always gets the same id.
 Crash safety: a blob is written to ``tmp/``, hashed while written, fsynced, checked against the
 expected digest and only then renamed to its final name; a JSON file is written the same way.
 A crash leaves at most a stray file in ``tmp/`` (cleaned at the next start), never a partial blob,
-commit or ref. Blobs are never garbage-collected (deleting a repo keeps them).
+commit or ref. Each Store writes under its own ``tmp/session-*`` directory, which it holds an
+exclusive ``flock`` on while it lives: ``clean_tmp`` at start-up removes everything in ``tmp/``
+that no live Store holds, however recent (a crashed upload's staging included), and never the
+files of another server process sharing the root. Blobs are never garbage-collected (deleting a
+repo keeps them).
 
 This module holds ``Store``: repos, their lock, refs, commits and LFS markers. The blob store is
 ``blob_store.py``, the records ``records.py``, commit operations ``commit_ops.py``, atomic JSON
@@ -40,7 +45,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -62,24 +66,28 @@ class Store(BlobStore):
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        super().__init__(blobs=self.root / "blobs" / "sha256", tmp=self.root / "tmp")
+        self.tmp_root = self.root / "tmp"
+        self.tmp_root.mkdir(parents=True, exist_ok=True)
+        session, self._session_fd = _locked_session_dir(self.tmp_root)
+        super().__init__(blobs=self.root / "blobs" / "sha256", tmp=session)
         self.repos = self.root / "repos"
         self.repos.mkdir(parents=True, exist_ok=True)
         self._commits: dict[str, Commit] = {}  # commit id -> record; ids are content hashes
 
-    def clean_tmp(self, older_than_s: float = 3600) -> int:
-        """Remove leftovers of interrupted writes (nothing recent: a live upload keeps its mtime
-        fresh). Returns the number of entries removed."""
+    def clean_tmp(self) -> int:
+        """Remove what interrupted writes left in ``tmp/``: every entry but the session
+        directories of live Stores (this one, or another process's on the same root). Returns the
+        number of entries removed."""
         removed = 0
-        cutoff = time.time() - older_than_s
-        for entry in self.tmp.iterdir():
-            with contextlib.suppress(FileNotFoundError):
-                if entry.lstat().st_mtime < cutoff:
-                    if entry.is_dir() and not entry.is_symlink():
-                        shutil.rmtree(entry, ignore_errors=True)
-                    else:
-                        entry.unlink()
-                    removed += 1
+        for entry in self.tmp_root.iterdir():
+            if entry != self.tmp:
+                with _unless_held(entry) as free, contextlib.suppress(FileNotFoundError):
+                    if free:
+                        if entry.is_dir() and not entry.is_symlink():
+                            shutil.rmtree(entry, ignore_errors=True)
+                        else:
+                            entry.unlink()
+                        removed += 1
         return removed
 
     # -- small JSON files ------------------------------------------------------------------
@@ -300,3 +308,47 @@ class Store(BlobStore):
         """True if ``sha256`` was uploaded to this repo and is in the blob store. A blob stored
         for another repo does not count: referencing it needs proof of possession (an upload)."""
         return (meta.dir / "lfs" / sha256).exists() and self.blob_path(sha256).exists()
+
+
+def _locked_session_dir(tmp_root: Path) -> tuple[Path, int]:
+    """A new ``session-*`` directory under ``tmp_root`` and an open descriptor holding its
+    ``flock`` (released when the process ends). Another process starting at the same instant
+    may remove the directory before the lock is taken: then make another."""
+    for _ in range(5):
+        session = Path(tempfile.mkdtemp(dir=tmp_root, prefix="session-"))
+        try:
+            fd = os.open(session, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            continue
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.path.samestat(os.fstat(fd), os.stat(session)):
+                return session, fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    raise OSError(f"cannot keep a session directory in {tmp_root}")
+
+
+@contextlib.contextmanager
+def _unless_held(entry: Path) -> Iterator[bool]:
+    """For the block: False if ``entry`` is the session directory of a live Store; otherwise
+    True, holding the entry's lock (if it is a session directory) so that no Store starting now
+    can take it while it is removed."""
+    if not entry.name.startswith("session-") or entry.is_symlink() or not entry.is_dir():
+        yield True
+        return
+    try:
+        fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)

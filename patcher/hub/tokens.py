@@ -10,7 +10,8 @@ Format::
     }
 
 - A key is the token itself, or ``sha256:`` + the hex sha256 of the token (so the file need not
-  hold the secret).
+  hold the secret). A hashed key is never a token itself: only a secret whose sha256 it is
+  authenticates against it. Every comparison takes constant time (``hmac.compare_digest``).
 - ``user`` (required) is the name ``whoami`` returns and the user's own namespace.
 - ``write`` (default false): the token may create repos, commit, upload and manage branches.
 - ``orgs`` (default []): further namespaces the token acts in; ``"*"`` means every namespace.
@@ -24,6 +25,7 @@ malformed file denies every token until it is fixed (and fails ``create_app`` at
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -37,6 +39,8 @@ from ..errors import InputError
 log = logging.getLogger("modelpatch.hub")
 
 _USER = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?")
+HASHED_PREFIX = "sha256:"
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,9 @@ def parse_tokens(data: bytes, where: Path) -> dict[str, Identity]:
         what = f"token #{n}"  # never the token itself: messages end up in logs
         if not token or not isinstance(entry, dict):
             raise InputError(f"{what}: expected a non-empty token mapped to an object", where=where)
+        if token.startswith(HASHED_PREFIX) and not _SHA256_HEX.fullmatch(
+                token[len(HASHED_PREFIX):]):
+            raise InputError(f"{what}: a 'sha256:' key needs 64 lowercase hex digits", where=where)
         user, write, orgs = entry.get("user"), entry.get("write", False), entry.get("orgs", [])
         if not isinstance(user, str) or not _USER.fullmatch(user):
             raise InputError(f"{what}: 'user' must be a valid user name", where=where)
@@ -104,12 +111,20 @@ class TokenTable:
         self._stamp, self._table = stamp, table
 
     def lookup(self, token: str) -> Identity | None:
+        """The identity ``token`` authenticates as: a plain key equal to it, or a hashed key
+        holding its sha256. A hashed key sent verbatim matches nothing. Every key is compared,
+        each in constant time, so the answer's timing says nothing about the keys."""
         with self._lock:
             self._load(strict=False)
             table = self._table
-        found = table.get(token)
-        if found is None:
-            found = table.get("sha256:" + hashlib.sha256(token.encode()).hexdigest())
+        secret = token.encode("utf-8", "surrogatepass")
+        hashed = (HASHED_PREFIX + hashlib.sha256(secret).hexdigest()).encode()
+        found = None
+        for key, identity in table.items():
+            candidate = hashed if key.startswith(HASHED_PREFIX) else secret
+            if hmac.compare_digest(candidate, key.encode("utf-8", "surrogatepass")) \
+                    and found is None:
+                found = identity
         return found
 
     def __len__(self) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -23,7 +24,9 @@ from .request_errors import (BadRequest, Forbidden, HubRequestError, PayloadTooL
 from .storage import Store
 from .tokens import Identity, TokenTable
 
-JSON_BODY_LIMIT = 16 * 1024 * 1024
+JSON_BODY_LIMIT = 1024 * 1024          # control requests: repo create/delete, refs, settings
+LIST_BODY_LIMIT = 8 * 1024 * 1024      # preupload and LFS batch requests, validate-yaml
+MAX_LIST_ITEMS = 10_000                # files of a preupload, objects of an LFS batch
 INVALID_CREDENTIALS = "Invalid credentials in Authorization header"  # the Hub's exact message
 
 
@@ -114,8 +117,17 @@ def new_signing_key() -> bytes:
 # -- responses ---------------------------------------------------------------------------------
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character written as ``\\xNN``: safe in one log line or
+    header, whatever a request put in it."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def error_response(err: HubRequestError) -> JSONResponse:
-    message = err.message.replace("\r", " ").replace("\n", " ")
+    message = escape_controls(err.message).strip()      # a header value: no edge spaces
     headers = {"X-Error-Message": message.encode("latin-1", "replace").decode("latin-1")}
     if err.code:
         headers["X-Error-Code"] = err.code
@@ -151,34 +163,58 @@ async def read_json(request: Request, limit: int = JSON_BODY_LIMIT) -> Any:
     body = await read_body(request, limit)
     if not body.strip():
         return {}
+    return await in_thread(parse_json, body) if len(body) > 64 * 1024 else parse_json(body)
+
+
+def parse_json(data: bytes) -> Any:
+    """``data`` as JSON; 400 for invalid or too deeply nested JSON."""
     try:
-        return json.loads(body)
-    except ValueError:
-        raise BadRequest("request body is not valid JSON") from None
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        raise BadRequest("request body is not valid JSON (or nested too deeply)") from None
 
 
-async def read_json_object(request: Request) -> dict[str, Any]:
-    value = await read_json(request)
+async def read_json_object(request: Request, limit: int = JSON_BODY_LIMIT) -> dict[str, Any]:
+    value = await read_json(request, limit)
     if not isinstance(value, dict):
         raise BadRequest("expected a JSON object")
     return value
 
 
-async def read_form_or_json(request: Request) -> dict[str, list[str]]:
-    """A urlencoded form (what ``get_paths_info`` sends) or a JSON object, as lists of values."""
-    body = await read_body(request)
-    if request.headers.get("content-type", "").startswith("application/json"):
-        try:
-            value = json.loads(body or b"{}")
-        except ValueError:
-            raise BadRequest("request body is not valid JSON") from None
+def json_list(payload: dict[str, Any], key: str, limit: int = MAX_LIST_ITEMS) -> list[Any]:
+    """``payload[key]``, a list of at most ``limit`` items (400 / 413 otherwise)."""
+    value = payload.get(key)
+    if not isinstance(value, list):
+        raise BadRequest(f"expected a {key!r} list")
+    if len(value) > limit:
+        raise PayloadTooLarge(f"at most {limit} {key} per request")
+    return value
+
+
+async def read_form_or_json(request: Request, limit: int, max_fields: int
+                            ) -> dict[str, list[str]]:
+    """A urlencoded form (what ``get_paths_info`` sends) or a JSON object, as lists of values;
+    at most ``limit`` bytes and ``max_fields`` values (413 beyond). Parsed off the event loop."""
+    body = await read_body(request, limit)
+    as_json = request.headers.get("content-type", "").startswith("application/json")
+    return await in_thread(_parse_form, body, as_json, max_fields)
+
+
+def _parse_form(body: bytes, as_json: bool, max_fields: int) -> dict[str, list[str]]:
+    if as_json:
+        value = parse_json(body or b"{}")
         if not isinstance(value, dict):
             raise BadRequest("expected a JSON object")
-        return {k: [str(x) for x in (v if isinstance(v, list) else [v])] for k, v in value.items()}
+        form = {k: [str(x) for x in (v if isinstance(v, list) else [v])] for k, v in value.items()}
+        if sum(len(v) for v in form.values()) > max_fields:
+            raise PayloadTooLarge(f"at most {max_fields} values per request")
+        return form
     try:
-        return parse_qs(body.decode("utf-8"), keep_blank_values=True)
+        return parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=max_fields)
     except UnicodeDecodeError:
         raise BadRequest("request body is not UTF-8") from None
+    except ValueError:
+        raise PayloadTooLarge(f"at most {max_fields} values per request") from None
 
 
 async def ndjson_lines(request: Request, max_line: int) -> AsyncIterator[bytes]:

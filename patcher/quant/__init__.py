@@ -1,10 +1,11 @@
 """Numeric kernels for quantized weights: FP8 (per tensor, per channel, per block) and NVFP4.
 
 Pure functions on torch tensors. Each takes ``device`` (where the arithmetic runs) and returns
-CPU tensors. Dequantizers compute in float32 and round once to the output dtype
-(bfloat16, float16 or float32), except the compressed-tensors paths, which mirror
-compressed-tensors' own order of operations so their results are bit-identical to its
-decompression. Weights are processed in row chunks, so memory stays near the size of the output.
+CPU tensors. Every dequantizer returns, in every element and output dtype (bfloat16, float16
+or float32), on every device, the exact value of its format's formula rounded once, half to even
+(``patcher.quant.rounding``; where producers' own dequantizers round differently is in
+docs/numerics.md). Weights are processed in row chunks, so memory stays near the size of the
+output.
 
 A weight to quantize that holds inf or NaN raises ``NonFiniteInput`` (a ``ValueError``).
 Shape problems raise ``ValueError`` with a message that names expected and actual shapes; the

@@ -26,11 +26,28 @@ def shape_tuple(t: torch.Tensor | Sequence[int]) -> tuple[int, ...]:
     return tuple(t.shape) if isinstance(t, torch.Tensor) else tuple(int(d) for d in t)
 
 
-def scalar_f32(t: torch.Tensor, what: str, dev: torch.device) -> torch.Tensor:
-    """The one value of ``t`` as a 0-dim float32 tensor on ``dev``; ``what`` names it in errors."""
+# Scale dtypes whose products with FP8/e2m1 values are exact in float64 (at most 24 bits).
+_EXACT_SCALE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn,
+                       torch.float8_e5m2)
+
+
+def scale_f64(t: torch.Tensor, what: str, dev: torch.device) -> torch.Tensor:
+    """``t`` as float64 on ``dev``, for exact products; ``what`` names it in errors.
+
+    Raises:
+        ValueError: ``t`` is wider than float32 (a float64 scale times an FP8 value can need
+            more than float64's 53 bits, so no product would be exact).
+    """
+    if t.dtype not in _EXACT_SCALE_DTYPES:
+        raise ValueError(f"{what} must be float32, bfloat16, float16 or float8, got {t.dtype}")
+    return t.detach().to(device=dev, dtype=torch.float64)
+
+
+def scalar_f64(t: torch.Tensor, what: str, dev: torch.device) -> torch.Tensor:
+    """The one value of ``t`` as a 0-dim float64 tensor on ``dev`` (see ``scale_f64``)."""
     if t.numel() != 1:
         raise ValueError(f"{what} must hold exactly one value, got shape {list(t.shape)}")
-    return t.detach().reshape(()).to(device=dev, dtype=torch.float32)
+    return scale_f64(t.reshape(()), what, dev)
 
 
 class NonFiniteInput(ValueError):

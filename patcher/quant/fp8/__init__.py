@@ -9,15 +9,16 @@ Formats (confirmed against the producers' code; see DESIGN.md section 1):
 * compressed-tensors ``float-quantized`` (schemes ``FP8``, ``FP8_DYNAMIC``, ``FP8_BLOCK``):
   ``weight`` float8_e4m3fn and ``weight_scale`` in the model dtype (usually bfloat16), shaped
   ``[1]`` (tensor), ``[out, 1]`` (channel) or ``[ceil(M/bm), ceil(N/bn)]`` (block). Also a
-  multiply, but computed **in the scale's dtype**: ``_dequantize`` does
-  ``x_q.to(scale.dtype) * scale``.
+  multiply; compressed-tensors' ``_dequantize`` computes it in the scale's dtype
+  (``x_q.to(scale.dtype) * scale``).
 * DeepSeek-V3 block FP8: ``weight`` float8_e4m3fn and ``weight_scale_inv`` float32
   ``[ceil(M/128), ceil(N/128)]``; ``W[i, j] = fp8[i, j] * weight_scale_inv[i // 128, j // 128]``
   (a multiply despite the name), computed in float32 and stored in bfloat16.
 
-Every function computes in float32 and rounds once to the output dtype, except
-``layout="compressed-tensors"``, which mirrors compressed-tensors' own order of operations and
-intermediate dtype so the result is bit-identical to its decompression.
+Every dequantizer computes the exact product in float64 and rounds it once, half to even, to the
+output dtype (``patcher.quant.rounding``). That equals compressed-tensors' decompression
+whenever the output dtype is the scale's dtype, and DeepSeek's whenever the output is float32;
+docs/numerics.md says where the producers' own results differ.
 
 Large weights are processed in row chunks, so the extra memory is the output tensor plus a few
 chunk-sized temporaries, never whole-tensor float32 copies (see ``patcher.quant.chunks``).

@@ -25,6 +25,18 @@ def fp8_block_scale_shape(weight_shape: Sequence[int],
     return (math.ceil(m / bm), math.ceil(n / bn))
 
 
+def squeezed_block_scale_shape(grid: tuple[int, int]) -> tuple[int, ...]:
+    """The shape of a ``grid`` of block scales with its size-1 dimensions dropped.
+
+    transformers 5.x saves the ``weight_scale_inv`` of MoE expert weights that way (``[2]`` for
+    a ``[256, 128]`` weight in 128 x 128 blocks, not ``[2, 1]``). A squeezed scale is read
+    unambiguously only when the grid has at most one dimension larger than 1: then the values
+    are in the grid's order. For a grid with two, squeezing changes nothing, and a 1-D scale
+    cannot say which order its values are in.
+    """
+    return tuple(d for d in grid if d != 1)
+
+
 def check_fp8_block_shapes(weight_shape: Sequence[int], scale_shape: Sequence[int],
                            block: tuple[int, int] = (128, 128)) -> None:
     """Validate a block-FP8 weight/scale pair by shape.
@@ -32,20 +44,28 @@ def check_fp8_block_shapes(weight_shape: Sequence[int], scale_shape: Sequence[in
     Args:
         weight_shape: shape of the FP8 weight; must be 2-D.
         scale_shape: shape of its ``weight_scale_inv`` (or compressed-tensors block
-            ``weight_scale``).
+            ``weight_scale``): the grid ``(ceil(M/bm), ceil(N/bn))``, or that grid squeezed
+            (see ``squeezed_block_scale_shape``).
         block: ``(bm, bn)`` block size.
 
     Raises:
-        ValueError: the weight is not 2-D, or the scale is not ``(ceil(M/bm), ceil(N/bn))``.
+        ValueError: the weight is not 2-D, or the scale is neither shape.
     """
     ws, ss = shape_tuple(weight_shape), shape_tuple(scale_shape)
     if len(ws) != 2:
         raise ValueError(f"block-FP8 weight must be 2-D, got shape {list(ws)}")
     expected = fp8_block_scale_shape(ws, block)
-    if ss != expected:
+    if ss not in (expected, squeezed_block_scale_shape(expected)):
         raise ValueError(
             f"block scale has shape {list(ss)}, expected {list(expected)} "
-            f"(ceil of weight shape {list(ws)} / block {list(block)})")
+            f"(ceil of weight shape {list(ws)} / block {list(block)}){_squeeze_note(expected)}")
+
+
+def _squeeze_note(grid: tuple[int, int]) -> str:
+    squeezed = squeezed_block_scale_shape(grid)
+    if squeezed == grid:
+        return ""
+    return f" or {list(squeezed)} (squeezed)"
 
 
 def check_fp8_scale_shape(weight_shape: Sequence[int], scale_shape: Sequence[int]) -> str:

@@ -1,15 +1,28 @@
-"""NVFP4 dequantization, as ModelOpt and compressed-tensors each define it."""
+"""NVFP4 dequantization, as ModelOpt and compressed-tensors each define it.
+
+Both round the exact value once, half to even, to the output dtype: computed in float32 (the
+code times the group scale is exact there, the global scale adds one rounding), and in float64
+for the rows where that float32 value could round wrongly again
+(``patcher.quant.rounding.round_via_f32``). ModelOpt's product is exact in float64;
+compressed-tensors' quotient is rounded to float64 first, which provably changes nothing (see
+that module)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
 from ..chunks import row_chunks
-from ..kernel_args import check_out_dtype, scalar_f32, torch_device
-from .e2m1 import E2M1_VALUES, E2M1_VALUES_CT, packed_to_f32
+from ..kernel_args import check_out_dtype, scalar_f64, scale_f64, torch_device
+from ..rounding import round_via_f32
+from .e2m1 import (E2M1_VALUES, E2M1_VALUES_CT, E2M1_VALUES_CT_F64, E2M1_VALUES_F64,
+                   decode_packed)
 from .shapes import NVFP4_GROUP_SIZE, check_nvfp4_shapes
+
+
+_GROUP_SCALE_DTYPES = (torch.float8_e4m3fn, torch.bfloat16, torch.float16)
 
 
 class _Operands(NamedTuple):
@@ -30,8 +43,8 @@ def _operands(weight: torch.Tensor, scale: torch.Tensor, global_scale: torch.Ten
     if weight.dtype != torch.uint8:
         raise ValueError(f"NVFP4 {names[0]} must be uint8 (two e2m1 codes per byte), "
                          f"got {weight.dtype}")
-    if not scale.is_floating_point():
-        raise ValueError(f"NVFP4 {names[1]} must be a float tensor (float8_e4m3fn), "
+    if scale.dtype not in _GROUP_SCALE_DTYPES:   # times an e2m1 value: exact in float32
+        raise ValueError(f"NVFP4 {names[1]} must be float8_e4m3fn (or bfloat16/float16), "
                          f"got {scale.dtype}")
     full = check_nvfp4_shapes(weight.shape, scale.shape, global_scale.shape, names=names)
     k = full[-1]
@@ -46,11 +59,10 @@ def dequantize_nvfp4_modelopt(weight_u8: torch.Tensor, weight_scale_e4m3: torch.
                               device: str = "cpu") -> torch.Tensor:
     """Dequantize a ModelOpt NVFP4 weight.
 
-    ``W[r, c] = LUT[code[r, c]] * float(weight_scale[r, c // 16]) * weight_scale_2``, evaluated
-    left to right in float32 and rounded once to ``out_dtype``. ``LUT * weight_scale`` is exact
-    in float32, so the result is the correctly rounded product. (ModelOpt's own
-    ``NVFP4QTensor.dequantize`` multiplies the two scales first, which rounds twice and can
-    differ in the last float32 bit.)
+    ``W[r, c] = LUT[code[r, c]] * float(weight_scale[r, c // 16]) * weight_scale_2``: the
+    exact product, rounded once, half to even, to ``out_dtype``. (ModelOpt's own
+    ``NVFP4QTensor.dequantize`` multiplies the two scales first, in float32, and rounds the
+    product to float32 before any cast; see docs/numerics.md for where that differs.)
 
     Args:
         weight_u8: ``weight``, uint8 ``[out, in/2]`` (leading batch dimensions allowed).
@@ -65,43 +77,25 @@ def dequantize_nvfp4_modelopt(weight_u8: torch.Tensor, weight_scale_e4m3: torch.
     Raises:
         ValueError: wrong dtypes or shapes (the message gives expected and actual shapes).
     """
-    full, dev, k, groups, packed, scale = _operands(
+    full, dev, _, _, packed, scale = _operands(
         weight_u8, weight_scale_e4m3, weight_scale_2,
         ("weight", "weight_scale", "weight_scale_2"), out_dtype, device)
-    s2 = scalar_f32(weight_scale_2, "weight_scale_2", dev)
-    lut = E2M1_VALUES.to(dev)
-    out = torch.empty(full, dtype=out_dtype)
-    out2 = out.view(-1, k)
-    for r0, r1 in row_chunks(packed.shape[0], k):
-        v = packed_to_f32(packed[r0:r1].to(dev), lut)
-        s = scale[r0:r1].to(dev).to(torch.float32)
-        v.view(r1 - r0, groups, NVFP4_GROUP_SIZE).mul_(s.unsqueeze(-1))
-        v.mul_(s2)
-        out2[r0:r1].copy_(v.to(out_dtype))
-    return out
+    s2 = scalar_f64(weight_scale_2, "weight_scale_2", dev)
+    return _dequantize(packed, scale, full, dev, out_dtype, (E2M1_VALUES, E2M1_VALUES_F64),
+                       lambda v, s2=s2: v.mul_(s2.to(v.dtype)))
 
 
 def dequantize_nvfp4_compressed_tensors(weight_packed: torch.Tensor, weight_scale: torch.Tensor,
                                         weight_global_scale: torch.Tensor,
                                         out_dtype: torch.dtype = torch.bfloat16, *,
                                         device: str = "cpu") -> torch.Tensor:
-    """Dequantize a compressed-tensors NVFP4 weight, bit for bit as compressed-tensors does.
+    """Dequantize a compressed-tensors NVFP4 weight.
 
-    This mirrors ``NVFP4PackedCompressor.decompress`` -> ``dequantize`` -> ``_process_group`` ->
-    ``_dequantize`` with the unpacked dtype set to ``out_dtype``:
-
-    1. ``x_q = (kE2M1[code & 7] * where(sign, -1, 1)).to(out_dtype)`` (float32 table, so code 8
-       is -0.0);
-    2. ``s = weight_scale.to(out_dtype)``;
-    3. ``s = s / weight_global_scale``: the **scale** is divided first. With the usual ``[1]``
-       float32 global scale, type promotion makes this a float32 division; with a 0-dim global
-       scale it stays in ``out_dtype``. Both are reproduced, because the same ops run on the
-       same dtypes and dimensions;
-    4. ``x_q.to(s.dtype) * s``, then cast to ``out_dtype``.
-
-    For bfloat16 this is exactly ``NVFP4PackedCompressor.decompress`` (which always unpacks to
-    bfloat16). For float16/float32 it is compressed-tensors' ``dequantize`` fed an unpacked
-    tensor of that dtype, which keeps the extra precision instead of rounding through bfloat16.
+    ``W[r, c] = LUT[code[r, c]] * weight_scale[r, c // 16] / weight_global_scale`` (compressed-
+    tensors divides by its global scale, ``6 * 448 / amax``): the exact quotient, rounded once,
+    half to even, to ``out_dtype``. compressed-tensors' own ``NVFP4PackedCompressor.decompress``
+    divides the group scale by the global scale first and rounds through float32 and bfloat16;
+    see docs/numerics.md for where that differs.
 
     Args:
         weight_packed: uint8 ``[out, in/2]`` (leading batch dimensions allowed).
@@ -116,16 +110,38 @@ def dequantize_nvfp4_compressed_tensors(weight_packed: torch.Tensor, weight_scal
     Raises:
         ValueError: wrong dtypes or shapes (the message gives expected and actual shapes).
     """
-    full, dev, k, groups, packed, scale = _operands(
+    full, dev, _, _, packed, scale = _operands(
         weight_packed, weight_scale, weight_global_scale,
         ("weight_packed", "weight_scale", "weight_global_scale"), out_dtype, device)
-    gs = weight_global_scale.detach().to(dev)          # same dtype and dims as the caller's
-    lut = E2M1_VALUES_CT.to(dev)
+    gs = scalar_f64(weight_global_scale, "weight_global_scale", dev)
+    return _dequantize(packed, scale, full, dev, out_dtype, (E2M1_VALUES_CT, E2M1_VALUES_CT_F64),
+                       lambda v, gs=gs: v.div_(gs.to(v.dtype)))
+
+
+def _dequantize(packed: torch.Tensor, scale: torch.Tensor, full: tuple[int, ...],
+                dev: torch.device, out_dtype: torch.dtype,
+                luts: tuple[torch.Tensor, torch.Tensor],
+                apply_global: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """``apply_global(LUT[code] * group scale)`` row chunk by row chunk: in float32 (the
+    product with the group scale exact, ``apply_global`` one rounding), and in float64 for the
+    rows ``round_via_f32`` asks for. ``luts``: the code table in float32 and float64."""
+    k = full[-1]
+    groups = k // NVFP4_GROUP_SIZE
     out = torch.empty(full, dtype=out_dtype)
     out2 = out.view(-1, k)
+
+    def values(p: torch.Tensor, s: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+        v = decode_packed(p.to(dev), lut.to(dev))
+        v.view(p.shape[0], groups, NVFP4_GROUP_SIZE).mul_(
+            scale_f64(s, "weight_scale", dev).to(lut.dtype).unsqueeze(-1))   # exact
+        return apply_global(v)
+
     for r0, r1 in row_chunks(packed.shape[0], k):
-        x_q = packed_to_f32(packed[r0:r1].to(dev), lut).to(out_dtype)
-        s = scale[r0:r1].to(dev).to(out_dtype).unsqueeze(-1) / gs
-        y = x_q.view(r1 - r0, groups, NVFP4_GROUP_SIZE).to(s.dtype) * s
-        out2[r0:r1].copy_(y.view(r1 - r0, k).to(out_dtype))
+        p, s = packed[r0:r1], scale[r0:r1]
+
+        def exact_rows(rows, p=p, s=s):
+            rows = rows.to(p.device)
+            return values(p[rows], s[rows], luts[1])
+
+        out2[r0:r1].copy_(round_via_f32(values(p, s, luts[0]), out_dtype, exact_rows))
     return out

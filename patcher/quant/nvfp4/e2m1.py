@@ -1,5 +1,5 @@
 """The 4-bit e2m1 codec of NVFP4: code values, packing two codes per byte, decoding packed bytes
-to float32 and rounding float32 values to codes.
+to values and rounding float32 values to codes.
 
 Packing (both producers): two e2m1 codes per byte, the even element in the LOW nibble. Codes
 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6 and bit 3 is the sign.
@@ -25,6 +25,11 @@ E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
 #: so code 8 is -0.0 there.
 E2M1_VALUES_CT = E2M1_VALUES.clone()
 E2M1_VALUES_CT[8] = -0.0
+
+# The two tables in float64, the dtype the dequantizers compute in (module constants: the
+# decoding caches a byte table per table object).
+E2M1_VALUES_F64 = E2M1_VALUES.to(torch.float64)
+E2M1_VALUES_CT_F64 = E2M1_VALUES_CT.to(torch.float64)
 
 
 def unpack_fp4(packed_u8: torch.Tensor, *, device: str = "cpu") -> torch.Tensor:
@@ -77,7 +82,7 @@ _PAIR_TABLES: dict[int, np.ndarray] = {}
 
 
 def _pair_table(lut: torch.Tensor) -> np.ndarray:
-    """[256, 2] float32: the values of a byte's low and high nibble."""
+    """[256, 2] in the dtype of ``lut``: the values of a byte's low and high nibble."""
     key = id(lut)
     if key not in _PAIR_TABLES:
         codes = torch.arange(256)
@@ -86,9 +91,10 @@ def _pair_table(lut: torch.Tensor) -> np.ndarray:
     return _PAIR_TABLES[key]
 
 
-def packed_to_f32(packed: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
-    """Decode packed rows ``[rows, n/2]`` straight to float32 ``[rows, n]`` values. On the CPU one
-    numpy lookup per byte in a 256 x 2 table (~10x faster than torch's gather)."""
+def decode_packed(packed: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+    """Decode packed rows ``[rows, n/2]`` straight to ``[rows, n]`` values of ``lut`` (in its
+    dtype). On the CPU one numpy lookup per byte in a 256 x 2 table (~10x faster than torch's
+    gather)."""
     if packed.device.type == "cpu" and lut.device.type == "cpu":
         table = _pair_table(lut)
         pairs = np.take(table, packed.contiguous().numpy(), axis=0)

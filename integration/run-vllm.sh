@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Check sm120-fp16-kv against vLLM's own engine configuration (integration/vllm_config.py).
+#
+#   integration/run-vllm.sh [ARGS for vllm_config.py]      e.g. --only kimi-k25-nvfp4
+#
+# Creates integration/.venv-vllm (git-ignored) on first use: `pip install vllm` (a CUDA torch of
+# several GB; the check itself runs on CPU with VLLM_TARGET_DEVICE=cpu), then this project with
+# --no-deps (pyproject's torch pin would replace vLLM's torch) plus its two small dependencies
+# vLLM does not bring. VLLM_SPEC overrides the requirement (default: vllm, the newest release).
+# The work directory is a fresh temporary one unless --work is given; it is kept for inspection.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(dirname "$here")"
+venv="$here/.venv-vllm"
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import vllm, patcher" 2>/dev/null; then
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install -q "${VLLM_SPEC:-vllm}"
+    "$venv/bin/pip" install -q "jsonpatch>=1.33" "ruamel.yaml>=0.18"
+    "$venv/bin/pip" install -q --no-deps -e "$repo"
+fi
+case " $* " in
+    *" --work "*) exec "$venv/bin/python" "$here/vllm_config.py" "$@" ;;
+    *) exec "$venv/bin/python" "$here/vllm_config.py" --work "$(mktemp -d)" "$@" ;;
+esac

@@ -1,0 +1,92 @@
+"""The README's runnable blocks run as written after its first command (issue 13, item 2).
+
+A fenced block whose info string is ``bash runnable`` or ``python runnable`` is run, in README
+order, in one temporary clone-like directory: ``examples/out/kimi-k25-nvfp4`` as the first command
+generates it, and a ``.venv`` whose ``bin/`` holds this test environment's python and modelpatch
+(nothing is installed; ``bin/pip`` does nothing). The first command's own modelpatch step is run
+too, so later blocks meet the state it leaves.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BLOCK = re.compile(r"^```(bash|python) runnable\n(.*?)^```$", re.M | re.S)
+
+
+def runnable_blocks(text: str) -> list[tuple[str, str]]:
+    return BLOCK.findall(text)
+
+
+def first_command_modelpatch_steps(text: str) -> list[str]:
+    """The ``.venv/bin/modelpatch ...`` steps of the README's first command."""
+    first = text[text.index("```bash\n") + 8:].splitlines()[0]
+    return [step.strip() for step in first.split("&&")
+            if step.strip().startswith(".venv/bin/modelpatch ")]
+
+
+def _fake_venv(root: Path) -> None:
+    """``.venv/bin`` with this environment's interpreter and modelpatch; ``activate`` puts it
+    first on PATH and this checkout first on PYTHONPATH."""
+    bin_dir = root / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    scripts = {"python": f'exec {sys.executable} "$@"',
+               "modelpatch": f'exec {sys.executable} -c "import sys; from patcher.cli import '
+                             f'main; sys.argv[0] = \'modelpatch\'; sys.exit(main())" "$@"',
+               "pip": "exit 0"}
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    (bin_dir / "python3").symlink_to("python")
+    (bin_dir / "activate").write_text(f'export PATH="{bin_dir}:$PATH"\n')
+
+
+def test_the_readme_marks_its_runnable_blocks():
+    blocks = runnable_blocks((REPO / "README.md").read_text())
+    languages = [lang for lang, _ in blocks]
+    assert languages.count("bash") >= 2 and languages.count("python") >= 1
+    commands = "\n".join(body for _, body in blocks)
+    for command in ("inspect", "plan", "apply", "verify", "revert", "--in-place"):
+        assert f" {command} " in commands or f" {command}\n" in commands, command
+
+
+def test_the_readme_runs_as_written(kimi_dir, tmp_path):
+    text = (REPO / "README.md").read_text()
+    root = tmp_path / "clone"
+    shutil.copytree(kimi_dir, root / "examples" / "out" / "kimi-k25-nvfp4")
+    _fake_venv(root)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    steps = first_command_modelpatch_steps(text)
+    assert steps, "the first command no longer applies a recipe"
+    script = ["set -euo pipefail", *steps]
+    for n, (lang, body) in enumerate(runnable_blocks(text)):
+        if lang == "python":
+            (root / f"block{n}.py").write_text(body)
+            script.append(f".venv/bin/python block{n}.py")
+        else:
+            script.append(body)
+    result = subprocess.run(["bash", "-c", "\n".join(script)], cwd=root, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert "not on PATH" not in result.stderr and "command not found" not in result.stderr
+    assert "OK " in result.stdout                         # verify's verdict
+    assert (root / "examples/out/kimi-k25-nvfp4-sm120-fp16-kv").is_dir()
+    assert not (root / "examples/out/kimi-in-place/.modelpatch").exists()   # reverted
+
+
+@pytest.mark.parametrize("needle", ["pip install 'modelpatch[hub]'", "modelpatch[hub]'"])
+def test_no_install_from_an_index_that_has_no_modelpatch(needle):
+    """The package is not on an index: the README and the runtime hint say ``-e '.[hub]'``."""
+    texts = [(REPO / "README.md").read_text()]
+    texts += [p.read_text() for p in (REPO / "patcher").rglob("*.py")]
+    assert not any(needle in t for t in texts)

@@ -17,6 +17,7 @@ from . import __version__
 from .cli_errors import FlagWording
 from .cli_group import (DEBUG_HELP, JSON_HELP, QUIET_HELP, ModelpatchGroup, add_shared_options,
                         set_debug, set_json, set_quiet)
+from .thread_budget import quiet_openmp
 
 
 quiet_option = click.option("-q", "--quiet", is_flag=True, expose_value=False,
@@ -38,6 +39,7 @@ def _emit_json(data) -> None:
 def main(ctx: click.Context) -> None:
     """Declarative, verifiable, reversible patches for model checkpoints."""
     quiet = ctx.ensure_object(dict).get("quiet")
+    quiet_openmp()          # before anything imports torch (patcher.thread_budget)
     logging.basicConfig(level=logging.ERROR if quiet else logging.WARNING,
                         format="modelpatch: %(message)s", stream=sys.stderr)
     for handler in logging.getLogger().handlers:
@@ -147,7 +149,9 @@ def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: in
 @click.option("--copy", "force_copy", is_flag=True, help="Same as --link copy.")
 @link_option
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
-              help="Parallel hashing/rewrite workers (default: all cores).")
+              help="Worker processes for rewritten shards, each with cores/N torch threads "
+                   "(default: half the cores when tensors are computed, all for copies); "
+                   "hashing threads.")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
 @max_shard_size_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")

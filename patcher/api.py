@@ -217,15 +217,15 @@ def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
 
 
 def publish(directory: str | os.PathLike, repo_id: str, **kwargs):
-    """Verify and upload a variant in one commit (see ``hub.client.publish``)."""
-    from .hub.client import publish as run
+    """Verify and upload a variant in one commit (see ``hub.publish.publish``)."""
+    from .hub.publish import publish as run
 
     _recovered(directory)
     return run(directory, repo_id, **kwargs)
 
 
 def pull(repo_id: str, out: str | os.PathLike | None = None, **kwargs):
-    """Download and verify a published variant (see ``hub.client.pull``)."""
-    from .hub.client import pull as run
+    """Download and verify a published variant (see ``hub.pull.pull``)."""
+    from .hub.pull import pull as run
 
     return run(repo_id, out, **kwargs)

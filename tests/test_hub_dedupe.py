@@ -148,3 +148,66 @@ def _pull_and_verify(world, repo_id: str, token: str = "write-alice") -> None:
                  token=token)
     assert result.exit_code == 0, result.output
     assert api.verify(out).ok
+
+
+def _published_variant(world) -> str:
+    """``alice/base-kv``, published (with copies) once for the pull tests."""
+    if not world["hub"].api("write-alice").repo_exists("alice/base-kv"):
+        world["mp"].setenv("HF_TOKEN", "write-alice")
+        api.publish(world["variant"], "alice/base-kv", endpoint=world["hub"].endpoint,
+                    progress=False)
+    return "alice/base-kv"
+
+
+def test_pull_reuses_a_reuse_dir_without_the_cache(world, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    repo = _published_variant(world)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    out = tmp_path / "pulled"
+    r, _, received = measured(world, lambda: api.pull(repo, out, endpoint=world["hub"].endpoint,
+                                                      progress=False, reuse=[world["base"]]))
+    assert r.reused_bytes == world["shard_bytes"] and received < 0.01 * world["model_bytes"]
+    assert api.verify(out).ok
+
+
+def test_pull_never_trusts_a_name_or_a_size(world, tmp_path, monkeypatch, caplog):
+    """A cache blob named by a shard's sha256 but holding other bytes, and a --reuse file of the
+    right size with other bytes: both are downloaded instead, and the pull verifies."""
+    from huggingface_hub import constants
+
+    from patcher.manifest import read_manifest
+
+    repo = _published_variant(world)
+    shards = sorted((rel, entry) for rel, entry in read_manifest(world["variant"]).subjects.items()
+                    if rel.endswith(".safetensors"))
+    (rel0, (sha0, size0)), (rel1, (_, size1)) = shards[0], shards[1]
+    blobs = tmp_path / "cache" / "models--mallory--fake" / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / sha0).write_bytes(b"\0" * size0)
+    decoys = tmp_path / "decoys"
+    decoys.mkdir()
+    (decoys / rel1).write_bytes(b"\1" * size1)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "pulled"
+    with caplog.at_level(logging.WARNING, logger="modelpatch"):
+        r = api.pull(repo, out, endpoint=world["hub"].endpoint, progress=False, reuse=[decoys])
+    assert f"does not hold the bytes of {rel0}" in caplog.text
+    assert r.reused_bytes == 0 and r.downloaded_bytes > world["shard_bytes"]
+    assert api.verify(out).ok
+
+
+def test_variant_of_a_pulled_variant_copies_from_the_pulled_repository(world, tmp_path):
+    repo = _published_variant(world)
+    pulled = api.pull(repo, tmp_path / "pulled", endpoint=world["hub"].endpoint,
+                      progress=False).output
+    recipe = tmp_path / "ctx.yaml"
+    recipe.write_text("modelpatch: 1\nname: longer-context\ndescription: d\nconfig:\n"
+                      "  config.json:\n    - set: /max_position_embeddings\n      value: 8192\n")
+    variant = api.apply(str(recipe), pulled, out=tmp_path / "v2").output
+    world["mp"].setenv("HF_TOKEN", "write-alice")
+    r, sent, _ = measured(world, lambda: api.publish(variant, "alice/base-kv-ctx",
+                                                     endpoint=world["hub"].endpoint,
+                                                     progress=False))
+    assert r.plan.source.repo_id == repo and r.plan.copy_bytes == world["shard_bytes"]
+    assert sent < 0.01 * world["model_bytes"]

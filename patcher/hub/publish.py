@@ -71,7 +71,7 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
     api = _client(endpoint)
     names = {rel: ORIGINAL_README if rel == CARD_NAME else rel for rel in manifest.subjects}
     plan = _hub_call("check the base repository", repo_id, plan_transfer, api, manifest, base,
-                     names)
+                     base_model, names)
     for note in plan.notes:
         log.warning("publish: %s", note)
     branch = revision or "main"

@@ -10,9 +10,9 @@ Where the base repository and revision come from (``base_source``), in order:
 1. the base directory was a Hugging Face cache snapshot ``models--ORG--NAME/snapshots/<commit>``
    (also what ``apply hf://ORG/NAME`` resolves to): that repository at that commit;
 2. the base was a variant ``pull`` fetched: the repository and commit ``pull`` recorded in it;
-3. the manifest records the base's hub repository (``--base-model``, or a base that is itself a
-   variant): that repository at the commit a ``--local-dir`` download of the base records, else
-   at ``main``.
+3. the base's hub repository is known otherwise (``--base-model`` given to ``apply`` and recorded
+   in the manifest, or to ``publish``; a base that is itself a variant): that repository at the
+   commit a ``--local-dir`` download of the base records, else at ``main``.
 
 Nothing is trusted by name: before copying, the base repository's file at that revision must be
 an LFS file with the sha256 the variant's manifest records (``paths-info``). Each file that
@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..base_identity import from_cache_path, identify, local_dir_commit
+from ..base_identity import from_cache_path, local_dir_commit
 from ..render import human_bytes
 from .pulled_source import read_pulled_source
 
@@ -72,8 +72,9 @@ class TransferPlan:
         self.notes.append(note)
 
 
-def base_source(base: str, manifest) -> BaseSource | None:
-    """The hub repository and revision the variant's original base came from, if known."""
+def base_source(base: str, base_model: str | None) -> BaseSource | None:
+    """The hub repository and revision the variant's original base (at path ``base``) came
+    from, if known; ``base_model``: its hub repository as the manifest or the user says."""
     repo_id = from_cache_path(base)
     if repo_id:
         return BaseSource(repo_id, os.path.basename(os.path.realpath(base)),
@@ -81,16 +82,16 @@ def base_source(base: str, manifest) -> BaseSource | None:
     pulled = read_pulled_source(Path(base))
     if pulled is not None:
         return BaseSource(pulled[0], pulled[1], "the repository it was pulled from")
-    repo_id = identify(base, manifest.statement).repo_id
-    if repo_id:
+    if base_model:
         commit = local_dir_commit(Path(base)) if os.path.isdir(base) else None
-        return BaseSource(repo_id, commit or "main", "the manifest's base_model")
+        return BaseSource(base_model, commit or "main", "the base_model")
     return None
 
 
-def plan_transfer(api, manifest, base: str, names: dict[str, str]) -> TransferPlan:
+def plan_transfer(api, manifest, base: str, base_model: str | None,
+                  names: dict[str, str]) -> TransferPlan:
     """The plan for the variant's files (``names``: local path -> path in the repository)."""
-    plan = TransferPlan(source=base_source(base, manifest))
+    plan = TransferPlan(source=base_source(base, base_model))
     by_sha = {sha: rel for rel, (sha, _) in sorted(manifest.base_files.items())}
     for rel, (sha, size) in manifest.subjects.items():
         if sha in by_sha and size > 0 and plan.source is not None:

@@ -48,12 +48,15 @@ def world(tmp_path_factory):
             variant = api.apply(RECIPE, snapshot, out=tmp / "variant").output
             model_bytes = sum(p.stat().st_size for p in base.iterdir())
             shard_bytes = sum(p.stat().st_size for p in base.glob("*.safetensors"))
-            yield {"shard_bytes": shard_bytes, "hub": hub, "tmp": tmp, "base": base, "snapshot": snapshot,
-                   "variant": variant, "model_bytes": model_bytes, "mp": mp}
+            yield {"hub": hub, "tmp": tmp, "base": base, "snapshot": snapshot, "variant": variant,
+                   "model_bytes": model_bytes, "shard_bytes": shard_bytes, "mp": mp}
 
 
 def cli(world, *args, token: str | None = "write-alice"):
-    world["mp"].setenv("HF_TOKEN", token) if token else world["mp"].delenv("HF_TOKEN", False)
+    if token:
+        world["mp"].setenv("HF_TOKEN", token)
+    else:
+        world["mp"].delenv("HF_TOKEN", raising=False)
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
@@ -89,7 +92,8 @@ def test_plan_shows_copies_and_uploads_and_changes_nothing(world):
                  hub.endpoint, "--plan")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("plan: 8 files") and "copied server-side from alice/base@" in lines[0]
+    assert lines[0].startswith("plan: 8 files")
+    assert "copied server-side from alice/base@" in lines[0]
     assert sum(line.startswith("  copy ") for line in lines) == 8
     assert any(line.startswith("  upload  config.json") for line in lines)
     assert not hub.api("write-alice").repo_exists("alice/plan-only")

@@ -19,7 +19,8 @@ from ..errors import VerifyMismatch
 from ..manifest import read_manifest
 from ..model_dir import MANIFEST_NAME
 from ..patch_record import patch_dirs, read_record
-from .client import ORIGINAL_README, _client, _hub_call, _progress_bars, check_endpoint, check_repo_id
+from .client import (ORIGINAL_README, _client, _hub_call, _progress_bars, check_endpoint,
+                     check_repo_id)
 from .model_card import CARD_NAME, render_card
 from .server_copies import TransferPlan, plan_transfer
 

@@ -237,6 +237,25 @@ def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
                               token=client.token))
 
 
+def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | None = None,
+           rules: tuple[str, ...] = (), endpoint: str | None = None) -> dict:
+    """The ``doctor`` report of ``model`` (a directory or ``hf://org/name[@rev]``, read without
+    its tensor data) for ``engine`` (``vllm==0.15.1``; no version: the installed one) on ``gpu``
+    (``sm120``, ``auto``), with the built-in rules and those in the directories ``rules``."""
+    from .doctor.diagnose import diagnose
+    from .doctor.rules import load_rules
+    from .doctor.target import Target, parse_engine, parse_gpu
+
+    name, version = parse_engine(engine)
+    target = Target(name, version, parse_gpu(gpu))
+    loaded = load_rules(tuple(rules))
+    opened = open_model(model, endpoint=endpoint)
+    report = diagnose(opened, target, loaded)
+    if hasattr(opened, "transfer_report"):
+        report["remote"] = opened.transfer_report()
+    return report
+
+
 def publish(directory: str | os.PathLike, repo_id: str, **kwargs):
     """Verify and upload a variant in one commit (see ``hub.client.publish``)."""
     from .hub.client import publish as run

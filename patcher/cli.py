@@ -370,6 +370,10 @@ def recipes_show(name: str) -> None:
     click.echo(resolve_recipe(name).read_text(encoding="utf-8"), nl=False)
 
 
+from .doctor.command import doctor  # noqa: E402  (its own module; click only)
+
+main.add_command(doctor)
+
 add_shared_options(main)     # after every command: --debug, -q and --json after the subcommand
 
 if __name__ == "__main__":

@@ -14,6 +14,17 @@ from patcher.errors import HubError, SafetensorsFormatError, ShardIndexError
 from patcher.remote.model import RemoteModel
 
 BIG = "alice/big"
+KIMI = "alice/Kimi-K2.5-NVFP4"
+
+
+def _kimi_with_real_vocab_share(path):
+    """The Kimi-K2.5-NVFP4 look-alike with a vocabulary of 8192 (real: 163840) instead of 1024:
+    at 4.4 MB its JSON files alone would be 1.6% of it; the real repo's headers are ~0.01%."""
+    from examples import generate
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(generate.KIMI_TEXT, "vocab_size", 8192)
+        return generate.make_kimi_nvfp4(path)
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +34,7 @@ def served(tmp_path_factory):
     model = big_sharded_model(base / "big")
     hub_root = base / "hub"
     store_model(hub_root, BIG, model)
+    store_model(hub_root, KIMI, _kimi_with_real_vocab_share(base / "kimi"))
     with pytest.MonkeyPatch.context() as mp:
         configure_hf_client(mp, base / "hf-home")
         with running_hub(hub_root, TOKENS) as hub:
@@ -137,3 +149,31 @@ def test_remote_index_is_checked_against_the_headers(served):
 def test_unknown_remote_repo_is_a_one_line_hub_error(served):
     with pytest.raises(HubError, match="not found"):
         RemoteModel.open("hf://alice/nothing-here", endpoint=served[0].endpoint)
+
+
+def test_doctor_on_the_hub_finds_the_fp8_kv_blocker_before_any_download(served, tmp_path):
+    """The issue's case: Kimi-K2.5-NVFP4 for vLLM 0.15.1 on SM120, known before the download."""
+    from click.testing import CliRunner
+
+    from patcher.cli import main
+
+    hub, _ = served
+    args = ["doctor", f"hf://{KIMI}", "--endpoint", hub.endpoint, "--engine", "vllm==0.15.1",
+            "--gpu", "sm120"]
+    result = CliRunner().invoke(main, [*args, "--json"])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.output)
+    (finding,) = report["findings"]
+    assert (finding["rule"], finding["severity"]) == ("fp8-kv-mla-vllm-sm120", "blocker")
+    assert finding["fix"] == {"recipe": "sm120-fp16-kv"}
+    assert finding["evidence"][0] == {"source": "https://github.com/vllm-project/vllm/pull/34597",
+                                      "versions": "vllm < 0.18.0 (fixed in v0.18.0)"}
+    remote = report["remote"]
+    assert 0 < remote["bytes_transferred"] < remote["repo_bytes"] / 100
+    assert not list((hub.root.parent / "hf-home").glob("**/*.safetensors"))   # nothing cached
+
+    fixed = CliRunner().invoke(main, [*args, "--fix", "-o", str(tmp_path / "fixed")])
+    assert fixed.exit_code == 0, fixed.output
+    assert fixed.output.splitlines()[-1] == "no findings"        # the second diagnosis
+    assert list((hub.root.parent / "hf-home").glob("**/*.safetensors"))     # apply hf:// path
+    assert api.verify(tmp_path / "fixed").ok

@@ -177,3 +177,11 @@ def test_doctor_on_the_hub_finds_the_fp8_kv_blocker_before_any_download(served, 
     assert fixed.output.splitlines()[-1] == "no findings"        # the second diagnosis
     assert list((hub.root.parent / "hf-home").glob("**/*.safetensors"))     # apply hf:// path
     assert api.verify(tmp_path / "fixed").ok
+
+
+def test_oversized_remote_json_is_refused_not_fetched(served, monkeypatch):
+    from patcher.remote import model as remote_model
+
+    monkeypatch.setattr(remote_model, "MAX_FETCHED_FILE", 100)      # config.json is larger
+    with pytest.raises(remote_model.ModelDirError, match="not fetched for a remote model"):
+        RemoteModel.open(f"hf://{BIG}", endpoint=served[0].endpoint)

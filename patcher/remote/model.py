@@ -20,6 +20,9 @@ from .hub_files import HF_SCHEME, HubFiles, parse_hf_url
 
 #: Header fetches in flight at once (each is two small requests).
 MAX_PARALLEL_FETCHES = 16
+#: The largest non-shard file fetched whole (tokenizer.json is ~10 MB at most; a hub listing a
+#: multi-gigabyte "config.json" is refused, not read).
+MAX_FETCHED_FILE = 64 * 1024 * 1024
 #: Small JSON files every command reads, fetched along with the headers.
 PREFETCHED = ("config.json", "hf_quant_config.json", "generation_config.json",
               "tokenizer_config.json")
@@ -54,7 +57,7 @@ class RemoteModel(ModelDir):
         wanted = [rel for rel in (INDEX_NAME, *PREFETCHED) if rel in files]
         with ThreadPoolExecutor(max_workers=MAX_PARALLEL_FETCHES) as pool:
             raw = list(pool.map(lambda rel: _raw_header(hub, root, rel), shard_names))
-            fetched = dict(zip(wanted, pool.map(hub.read, wanted)))
+            fetched = dict(zip(wanted, pool.map(lambda rel: _fetch_whole(hub, root, rel), wanted)))
         with _gc_paused():
             shards = {rel: parse_header(root / rel, hub.sizes[rel], header, str(root / rel))
                       for rel, header in zip(shard_names, raw)}
@@ -71,7 +74,7 @@ class RemoteModel(ModelDir):
                 raise ModelDirError("tensor data of a remote model is not fetched",
                                     where=str(self.root / relpath),
                                     hint="apply hf://... downloads the model")
-            self._fetched[relpath] = self.hub.read(relpath)
+            self._fetched[relpath] = _fetch_whole(self.hub, self.root, relpath)
         return self._fetched[relpath]
 
     @property
@@ -85,6 +88,13 @@ class RemoteModel(ModelDir):
                 "endpoint": self.hub.endpoint, "requests": t.requests,
                 "bytes_transferred": t.bytes, "repo_bytes": total,
                 "fraction": t.bytes / total if total else 0.0}
+
+
+def _fetch_whole(hub: HubFiles, root: HubRoot, rel: str) -> bytes:
+    if hub.sizes[rel] > MAX_FETCHED_FILE:
+        raise ModelDirError(f"is {hub.sizes[rel]} bytes; files over {MAX_FETCHED_FILE} bytes "
+                            f"are not fetched for a remote model", where=str(root / rel))
+    return hub.read(rel)
 
 
 def _raw_header(hub: HubFiles, root: HubRoot, rel: str) -> bytes:

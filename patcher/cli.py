@@ -46,19 +46,34 @@ def main(ctx: click.Context) -> None:
     logging.getLogger("modelpatch").setLevel(logging.ERROR if quiet else logging.INFO)
 
 
+endpoint_option = click.option(
+    "--endpoint", default=None, envvar="HF_ENDPOINT",
+    help="Hub URL for hf://ORG/NAME[@REV] models (default: huggingface.co, or $HF_ENDPOINT).")
+
+
 @main.command()
 @click.argument("model", type=click.Path(file_okay=False, path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
-def inspect(model: str, as_json: bool) -> None:
-    """Report architectures, quantization, tensors, shards and index health of MODEL."""
+@endpoint_option
+def inspect(model: str, as_json: bool, endpoint: str | None) -> None:
+    """Report architectures, quantization, tensors, shards and index health of MODEL (a
+    directory, or hf://ORG/NAME[@REV]: only its JSON files and safetensors headers are fetched)."""
     from . import api
     from .render import render_inspect
 
-    report = api.inspect(model)
+    report = api.inspect(model, endpoint=endpoint)
     if as_json:
         _emit_json(report)
     else:
         click.echo(render_inspect(report))
+        _echo_transfer(report.get("remote"))
+
+
+def _echo_transfer(remote: dict | None) -> None:
+    if remote is not None:
+        from .remote.model import describe_transfer
+
+        click.echo(describe_transfer(remote))
 
 
 def _plan_options(in_place: bool, link: str, jobs: int | None, device: str,
@@ -111,7 +126,12 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
     from .render import render_plan
 
     data = the_plan.to_json()
+    remote = the_plan.options.get("remote")
+    if remote is not None and as_json:
+        data["remote"] = remote
     click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
+    if not as_json:
+        _echo_transfer(remote)
     require_change(the_plan, allow_noop)
 
 
@@ -125,13 +145,16 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
               help="Where apply would write the variant (predicts linking vs copying there).")
 @link_option
+@endpoint_option
 def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: int | None,
-         allow_noop: bool, out: str | None, link: str | None) -> None:
-    """Show what applying RECIPE to MODEL would do (same as apply --dry-run)."""
+         allow_noop: bool, out: str | None, link: str | None, endpoint: str | None) -> None:
+    """Show what applying RECIPE to MODEL would do (same as apply --dry-run). MODEL may be
+    hf://ORG/NAME[@REV]: planned from its JSON files and safetensors headers alone."""
     from . import api
 
     options = _plan_options(False, link or "auto", None, device, max_shard_size)
-    _show_plan(api.plan(recipe, model, options=options, out=out), as_json, allow_noop)
+    the_plan = api.plan(recipe, model, options=options, out=out, endpoint=endpoint)
+    _show_plan(the_plan, as_json, allow_noop)
 
 
 @main.command()
@@ -363,6 +386,10 @@ def recipes_show(name: str) -> None:
 
     click.echo(resolve_recipe(name).read_text(encoding="utf-8"), nl=False)
 
+
+from .doctor.command import doctor  # noqa: E402  (its own module; click only)
+
+main.add_command(doctor)
 
 add_shared_options(main)     # after every command: --debug, -q and --json after the subcommand
 

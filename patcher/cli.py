@@ -176,22 +176,30 @@ def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: in
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 @allow_noop_option
 @base_model_option
+@click.option("--publish", "publish_to", default=None, metavar="REPO_ID",
+              help="With MODEL hf://ORG/NAME and a config-only recipe: publish the variant to "
+                   "REPO_ID without downloading the shards (they are copied server-side).")
+@endpoint_option
 @quiet_option
 @click.pass_context
 def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, jobs, device,
-          max_shard_size, as_json, allow_noop, base_model):
+          max_shard_size, as_json, allow_noop, base_model, publish_to, endpoint):
     """Apply RECIPE (a path or a built-in name) to MODEL and write a verified variant."""
     from . import api
     from .render import recipe_source
 
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")
+    if publish_to is not None:
+        _apply_and_publish(recipe, model, publish_to, endpoint, as_json, allow_noop, base_model,
+                           conflicting=in_place or out or dry_run or max_shard_size)
+        return
     if force_copy and link not in (None, "copy"):
         raise click.UsageError(f"--copy is --link copy; it excludes --link {link}")
     link = "copy" if force_copy else link or "auto"
     recipe = api.load(recipe)
     if model.startswith(api.HF_SCHEME):
-        resolved = api.resolve_model(model, progress=not ctx.obj.get("quiet"))
+        resolved = api.resolve_model(model, endpoint=endpoint, progress=not ctx.obj.get("quiet"))
         if out is None and not in_place:       # never write beside a cache snapshot
             out = f"{model[len(api.HF_SCHEME):].split('@')[0].split('/')[-1]}-" \
                   f"{recipe.name}"
@@ -224,6 +232,27 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                     "link_method": result.link_method})
     else:
         click.echo(str(result.output))
+
+
+def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, base_model,
+                       conflicting) -> None:
+    from .hub.remote_apply import apply_and_publish
+
+    if not model.startswith("hf://"):
+        raise click.UsageError("--publish needs MODEL as hf://ORG/NAME[@REV]; for a local "
+                               "variant run `modelpatch publish`")
+    if conflicting:
+        raise click.UsageError("--publish excludes --in-place, -o/--output, --dry-run and "
+                               "--max-shard-size")
+    r = apply_and_publish(recipe, model, repo_id, endpoint=endpoint, base_model=base_model,
+                          allow_noop=allow_noop)
+    if as_json:
+        _emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
+                    "fetched": r.fetched, "copied_bytes": r.plan.copy_bytes,
+                    "uploaded_bytes": r.plan.upload_bytes})
+    else:
+        click.echo(f"fetched: {', '.join(r.fetched) or 'nothing'}")
+        click.echo(f"{r.repo_id}@{r.revision} {r.commit}")
 
 
 @main.command()

@@ -215,3 +215,39 @@ def test_variant_of_a_pulled_variant_copies_from_the_pulled_repository(world, tm
                                                      progress=False))
     assert r.plan.source.repo_id == repo and r.plan.copy_bytes == world["shard_bytes"]
     assert sent < 0.01 * world["model_bytes"]
+
+
+def test_apply_hf_publish_downloads_no_shard(world, tmp_path, monkeypatch):
+    """``apply RECIPE hf://... --publish``: no shard crosses the network either way, the output
+    names the files fetched, and the published variant pulls (into an empty cache) and verifies
+    with the same files as a local apply of the same recipe."""
+    from huggingface_hub import constants
+
+    from patcher.manifest import read_manifest
+
+    hub = world["hub"]
+    result, sent, received = measured(world, lambda: cli(
+        world, "apply", RECIPE, "hf://alice/base", "--publish", "alice/remote-kv",
+        "--endpoint", hub.endpoint, "--json"))
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert not any(name.endswith(".safetensors") for name in out["fetched"])
+    assert "config.json" in out["fetched"] and out["copied_bytes"] == world["shard_bytes"]
+    # received: the shards' safetensors headers and the regular files (the 290 KB index above
+    # all), 1.3% of this small synthetic model, far less of a real one; never a shard's data
+    smallest_shard = min(p.stat().st_size for p in world["base"].glob("*.safetensors"))
+    assert sent < 0.01 * world["model_bytes"] and received < 0.02 * world["model_bytes"]
+    assert received < smallest_shard / 4
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    pulled = api.pull("alice/remote-kv", tmp_path / "pulled", endpoint=hub.endpoint,
+                      progress=False).output
+    assert api.verify(pulled).ok
+    assert read_manifest(pulled).subjects == read_manifest(world["variant"]).subjects
+
+
+def test_apply_hf_publish_refuses_a_tensor_recipe(world):
+    result = cli(world, "apply", "fp8-block-to-bf16", "hf://alice/base", "--publish",
+                 "alice/remote-bf16", "--endpoint", world["hub"].endpoint)
+    assert result.exit_code == 2
+    assert "--publish from hf:// needs a config-only recipe" in result.stderr
+    assert not world["hub"].api("write-alice").repo_exists("alice/remote-bf16")

@@ -9,7 +9,9 @@ that snapshot. Then, each measured by the hub's body byte counters and the wall 
 - ``publish, plain``: every file uploaded (the transfer plan forced to upload everything);
 - ``publish, server-side copies``: what ``modelpatch publish`` does;
 - ``pull, plain``: into a machine with an empty Hugging Face cache;
-- ``pull, reusing the cache``: on the machine whose cache holds the base.
+- ``pull, reusing the cache``: on the machine whose cache holds the base;
+- ``apply hf:// --publish``: the same variant made from the hub repository's headers and small
+  files and published with server-side copies, no shard downloaded (bytes both ways).
 
 Each pulled directory is verified. Usage::
 
@@ -104,6 +106,10 @@ def run(size_gb: float, shards: int, work: Path) -> dict:
         constants.HF_HUB_CACHE = cache
     results["pull, reusing the cache"] = _measure(traffic, lambda: api.pull(
         "alice/variant", work / "pulled-reuse", endpoint=endpoint, progress=False))
+    from patcher.hub.remote_apply import apply_and_publish
+
+    results["apply hf:// --publish"] = _measure(traffic, lambda: apply_and_publish(
+        "sm120-fp16-kv", "hf://alice/base", "alice/remote-variant", endpoint=endpoint))
     for name in ("pulled-plain", "pulled-reuse"):
         assert api.verify(work / name).ok, name
     server.should_exit = True
@@ -112,14 +118,21 @@ def run(size_gb: float, shards: int, work: Path) -> dict:
             "results": results}
 
 
+def _moved(name: str, r: dict) -> int:
+    """The bytes that matter: uploaded by a publish, downloaded by a pull, both for apply."""
+    if name.startswith("apply"):
+        return r["client_to_hub"] + r["hub_to_client"]
+    return r["client_to_hub"] if name.startswith("publish") else r["hub_to_client"]
+
+
 def markdown(report: dict) -> str:
     total = report["model"]["bytes"]
     lines = [f"# Publish and pull of a config-only variant: {report['model']['shards']}-shard "
              f"base, {total / 1e9:.2f} GB", "",
-             "| command | bytes client->hub | bytes hub->client | % of the model | seconds |",
+             "| command | bytes client->hub | bytes hub->client | % of the model moved | seconds |",
              "|---|---:|---:|---:|---:|"]
     for name, r in report["results"].items():
-        moved = r["client_to_hub"] if name.startswith("publish") else r["hub_to_client"]
+        moved = _moved(name, r)
         lines.append(f"| {name} | {r['client_to_hub']:,} | {r['hub_to_client']:,} | "
                      f"{100 * moved / total:.2f} | {r['wall_s']:.2f} |")
     return "\n".join(lines) + "\n"
@@ -132,8 +145,7 @@ def plot(report: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = list(report["results"])
-    moved = [r["client_to_hub"] if n.startswith("publish") else r["hub_to_client"]
-             for n, r in report["results"].items()]
+    moved = [_moved(n, r) for n, r in report["results"].items()]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     a.barh(names, [m / 1e6 for m in moved])
     a.set_xscale("log")

@@ -251,3 +251,34 @@ def test_apply_hf_publish_refuses_a_tensor_recipe(world):
     assert result.exit_code == 2
     assert "--publish from hf:// needs a config-only recipe" in result.stderr
     assert not world["hub"].api("write-alice").repo_exists("alice/remote-bf16")
+
+
+def test_pull_skips_a_reuse_file_it_cannot_read(world, tmp_path, monkeypatch, caplog):
+    """A --reuse candidate that cannot be read (as for a file without read permission, which
+    root cannot be shown) is left out with a warning; the others are still reused."""
+    from huggingface_hub import constants
+
+    from patcher.errors import OperationFailed
+    from patcher.hub import reuse
+
+    repo = _published_variant(world)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    unreadable = sorted(world["base"].glob("*.safetensors"))[0]
+    real = reuse.sha256_file
+
+    def refuse(paths, **_):
+        raise OperationFailed("cannot read: Permission denied", where=str(unreadable))
+
+    def sha256_file(path, **kw):
+        if Path(path) == unreadable:
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, **kw)
+
+    monkeypatch.setattr(reuse, "hash_files", refuse)
+    monkeypatch.setattr(reuse, "sha256_file", sha256_file)
+    with caplog.at_level(logging.WARNING, logger="modelpatch"):
+        r = api.pull(repo, tmp_path / "pulled", endpoint=world["hub"].endpoint, progress=False,
+                     reuse=[world["base"]])
+    assert f"cannot read {unreadable} to compare it (Permission denied)" in caplog.text
+    assert r.reused_bytes == world["shard_bytes"] - unreadable.stat().st_size
+    assert api.verify(r.output).ok

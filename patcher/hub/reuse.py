@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import PatchError
 from ..fsops import link_or_copy
 from ..hashing import hash_files, sha256_file
 
@@ -66,10 +67,27 @@ def find_local(wanted: dict[str, tuple[str, int]], reuse_dirs: list[Path]) -> di
     missing = {size for sha, size in sizes.items() if sha not in found}
     if missing:
         by_size = [p for d in reuse_dirs for p in _files(d) if _size(p) in missing]
-        for path, sha in hash_files(by_size).items() if by_size else ():
+        for path, sha in _hash_readable(by_size).items():
             if sha in sizes and sha not in found:
                 found[sha] = path
     return found
+
+
+def _hash_readable(paths: list[Path]) -> dict[Path, str]:
+    """sha256 of ``paths`` (in parallel); a file that cannot be read is left out, with a
+    warning, rather than failing the pull: it was only a candidate."""
+    try:
+        return hash_files(paths) if paths else {}
+    except (OSError, PatchError):
+        pass
+    out = {}
+    for path in paths:
+        try:
+            out[path] = sha256_file(path)
+        except (OSError, PatchError) as exc:
+            log.warning("pull: cannot read %s to compare it (%s): not reused", path,
+                        getattr(exc, "strerror", None) or exc)
+    return out
 
 
 def link_into(staging: Path, wanted: dict[str, tuple[str, int]], found: dict[str, Path]) -> Reuse:

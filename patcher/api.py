@@ -47,29 +47,50 @@ def load(recipe: str | os.PathLike | Recipe) -> Recipe:
     return recipe if isinstance(recipe, Recipe) else load_recipe(resolve_recipe(recipe))
 
 
-def inspect(model: str | os.PathLike) -> dict:
+def inspect(model: str | os.PathLike, *, endpoint: str | None = None) -> dict:
     """The report of ``inspect``. Raises ModelDirError for a directory with neither a
-    config.json nor a safetensors file: that is not a model (an empty report would pass)."""
+    config.json nor a safetensors file: that is not a model (an empty report would pass).
+    ``hf://org/name[@rev]`` is read from the hub (``endpoint``) without its tensor data; the
+    report's ``remote`` then says what that transferred."""
     from .inspect_model import inspect_model
 
-    opened = _open(model)
+    opened = open_model(model, endpoint=endpoint)
     if not opened.has("config.json") and not opened.shards:
         raise ModelDirError("not a model directory (no config.json, no *.safetensors)",
                             where=opened.root)
-    return inspect_model(opened)
+    report = inspect_model(opened)
+    if hasattr(opened, "transfer_report"):
+        report["remote"] = opened.transfer_report()
+    return report
+
+
+def open_model(model: str | os.PathLike, *, endpoint: str | None = None) -> ModelDir:
+    """A local model directory, or ``hf://org/name[@rev]`` read from the hub (``endpoint``)
+    without its tensor data (``patcher.remote.model.RemoteModel``)."""
+    from .remote.model import RemoteModel, is_remote
+
+    if is_remote(model):
+        return RemoteModel.open(str(model), endpoint=endpoint)
+    return _open(model)
 
 
 def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
-         *, options: dict | None = None, out: str | os.PathLike | None = None) -> Plan:
+         *, options: dict | None = None, out: str | os.PathLike | None = None,
+         endpoint: str | None = None) -> Plan:
     """The plan for applying ``recipe`` to ``model``; nothing is written. Unless
     ``options["in_place"]``, it predicts how the base's files will be carried into ``out``
-    (default: where ``apply`` would write) in ``options["link"]`` mode (default ``auto``)."""
+    (default: where ``apply`` would write) in ``options["link"]`` mode (default ``auto``).
+    For ``hf://org/name[@rev]`` (read without its tensor data) there is no such prediction, and
+    ``plan.options["remote"]`` says what reading it transferred."""
     from .engine import default_output
     from .linking import predict_for_plan
     from .plan import plan as make_plan
 
-    loaded, base = load(recipe), _open(model)
+    loaded, base = load(recipe), open_model(model, endpoint=endpoint)
     the_plan = make_plan(loaded, base, options=options)
+    if hasattr(base, "transfer_report"):
+        the_plan.options["remote"] = base.transfer_report()
+        return the_plan
     if the_plan.options.get("in_place"):
         return the_plan
     target = Path(out) if out is not None else default_output(base.root, loaded.name)
@@ -216,16 +237,35 @@ def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
                               token=client.token))
 
 
+def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | None = None,
+           rules: tuple[str, ...] = (), endpoint: str | None = None) -> dict:
+    """The ``doctor`` report of ``model`` (a directory or ``hf://org/name[@rev]``, read without
+    its tensor data) for ``engine`` (``vllm==0.15.1``; no version: the installed one) on ``gpu``
+    (``sm120``, ``auto``), with the built-in rules and those in the directories ``rules``."""
+    from .doctor.diagnose import diagnose
+    from .doctor.rules import load_rules
+    from .doctor.target import Target, parse_engine, parse_gpu
+
+    name, version = parse_engine(engine)
+    target = Target(name, version, parse_gpu(gpu))
+    loaded = load_rules(tuple(rules))
+    opened = open_model(model, endpoint=endpoint)
+    report = diagnose(opened, target, loaded)
+    if hasattr(opened, "transfer_report"):
+        report["remote"] = opened.transfer_report()
+    return report
+
+
 def publish(directory: str | os.PathLike, repo_id: str, **kwargs):
-    """Verify and upload a variant in one commit (see ``hub.client.publish``)."""
-    from .hub.client import publish as run
+    """Verify and upload a variant in one commit (see ``hub.publish.publish``)."""
+    from .hub.publish import publish as run
 
     _recovered(directory)
     return run(directory, repo_id, **kwargs)
 
 
 def pull(repo_id: str, out: str | os.PathLike | None = None, **kwargs):
-    """Download and verify a published variant (see ``hub.client.pull``)."""
-    from .hub.client import pull as run
+    """Download and verify a published variant (see ``hub.pull.pull``)."""
+    from .hub.pull import pull as run
 
     return run(repo_id, out, **kwargs)

@@ -279,8 +279,12 @@ def _gc_paused() -> Iterator[None]:
 def _read_index(root: Path, files: dict[str, ModelFile]) -> ShardIndex | None:
     if INDEX_NAME not in files:
         return None
-    where = str(root / INDEX_NAME)
-    doc = parse_json(files[INDEX_NAME].path.read_bytes(), where)
+    return parse_index(files[INDEX_NAME].path.read_bytes(), str(root / INDEX_NAME))
+
+
+def parse_index(raw: bytes, where: str) -> ShardIndex:
+    """The shard index from the bytes of ``model.safetensors.index.json`` (``where``: its name)."""
+    doc = parse_json(raw, where)
     if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
         raise ShardIndexError("no weight_map object", where=where)
     weight_map = doc["weight_map"]

@@ -15,6 +15,7 @@ from .git_objects import lfs_pointer
 from .naming import DEFAULT_BRANCH, REPO_KINDS, split_repo_id
 from .records import Commit, RepoMeta
 from .request_errors import BadRequest, EntryNotFound, PayloadTooLarge, Unauthorized
+from .routes_copy import copy_handle
 from .storage import Store
 from .web import (INVALID_CREDENTIALS, LIST_BODY_LIMIT, Hub, in_thread, read_form_or_json,
                   read_json_object, repo_url, require_write, truthy)
@@ -244,6 +245,8 @@ def _path_entries(tree: dict[str, dict[str, Any]], paths: list[str]) -> list[dic
     for path in dict.fromkeys(raw.strip("/") for raw in paths):
         if path in tree:
             out.append(file_entry(path, tree[path]))
+            if tree[path]["lfs"]:      # the handle a cross-repo copy names it by (routes_copy)
+                out[-1]["xetHash"] = copy_handle(tree[path]["sha256"])
         elif path in folders:
             out.append(folder_entry(path, tree))
     return out

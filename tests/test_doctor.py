@@ -178,8 +178,21 @@ def test_cli_exit_codes_and_json(kimi, tmp_path):
                                 "--json"])
     assert fine.exit_code == 0
     assert json.loads(fine.output)["blockers"] == 0
-    usage = runner.invoke(main, ["doctor", model, "--in-place"])
-    assert usage.exit_code == 2
+    for bad in (["--in-place"], ["--fix", "--in-place", "-o", "x"]):
+        assert runner.invoke(main, ["doctor", model, *bad]).exit_code == 2
+    hub_in_place = runner.invoke(main, ["doctor", "hf://a/b", "--fix", "--in-place"])
+    assert hub_in_place.exit_code == 2 and "cannot patch a hub model" in hub_in_place.output
+
+
+def test_fix_in_place_is_revertible(kimi, tmp_path):
+    model = tmp_path / "kimi"
+    shutil.copytree(kimi, model)
+    result = CliRunner().invoke(main, ["doctor", str(model), "--engine", "vllm==0.33.0",
+                                       "--gpu", "sm86", "--fix", "--in-place"])
+    assert result.exit_code == 0, result.output
+    assert "fixed with sm120-fp16-kv" in result.output
+    api.revert(model)
+    assert (model / "config.json").read_bytes() == (kimi / "config.json").read_bytes()
 
 
 def test_fix_writes_a_verified_variant_that_doctor_finds_clean(kimi, tmp_path):

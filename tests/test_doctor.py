@@ -55,7 +55,8 @@ def _not_mla(docs):
 def test_every_builtin_rule_loads_and_is_tested():
     ids = {r.id for r in load_rules()}
     assert ids == {"fp8-kv-mla-vllm-sm120", "fp8-kv-mla-vllm-below-sm89",
-                   "quant-config-disagreement", "remote-code-with-native-class"}
+                   "quant-config-disagreement", "remote-code-with-native-class",
+                   "tied-lm-head-ignored", "untied-lm-head-missing"}
     assert len(list(builtin_rules_dir().glob("*.yaml"))) == len(ids)
 
 
@@ -105,6 +106,31 @@ def test_remote_code_rule(kimi, tmp_path, model_type, fires):
     found = _rules_found(_configs(kimi, tmp_path / "m", remote_code))
     assert (found.get("remote-code-with-native-class") == "warning") is fires
     assert "remote-code-with-native-class" not in _rules_found(_configs(kimi, tmp_path / "n"))
+
+
+def _llama(path: Path, tie: bool, lm_head: bool) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": "llama",
+                                                  "tie_word_embeddings": tie}))
+    tensors = {"model.embed_tokens.weight": torch.zeros(8, 4),
+               "model.norm.weight": torch.ones(4)}
+    if lm_head:
+        tensors["lm_head.weight"] = torch.zeros(8, 4)
+    save_file(tensors, path / "model.safetensors")
+    return path
+
+
+@pytest.mark.parametrize("tie, lm_head, expected", [
+    (True, True, {"tied-lm-head-ignored": "warning"}),
+    (True, False, {}),
+    (False, False, {"untied-lm-head-missing": "blocker"}),
+    (False, True, {}),
+])
+def test_lm_head_and_tie_word_embeddings_rules(tmp_path, tie, lm_head, expected):
+    assert _rules_found(_llama(tmp_path / "m", tie, lm_head)) == expected
 
 
 def test_rules_needing_missing_facts_are_reported_not_run(kimi, tmp_path):

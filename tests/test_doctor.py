@@ -56,7 +56,8 @@ def test_every_builtin_rule_loads_and_is_tested():
     ids = {r.id for r in load_rules()}
     assert ids == {"fp8-kv-mla-vllm-sm120", "fp8-kv-mla-vllm-below-sm89",
                    "quant-config-disagreement", "remote-code-with-native-class",
-                   "tied-lm-head-ignored", "untied-lm-head-missing"}
+                   "tied-lm-head-ignored", "untied-lm-head-missing",
+                   "duplicate-consolidated-safetensors"}
     assert len(list(builtin_rules_dir().glob("*.yaml"))) == len(ids)
 
 
@@ -131,6 +132,20 @@ def _llama(path: Path, tie: bool, lm_head: bool) -> Path:
 ])
 def test_lm_head_and_tie_word_embeddings_rules(tmp_path, tie, lm_head, expected):
     assert _rules_found(_llama(tmp_path / "m", tie, lm_head)) == expected
+
+
+@pytest.mark.parametrize("consolidated, fires", [(True, True), (False, False)])
+def test_duplicate_consolidated_rule(tmp_path, consolidated, fires):
+    model = _llama(tmp_path / "m", tie=False, lm_head=True)
+    shard = model / "model-00001-of-00001.safetensors"
+    (model / "model.safetensors").rename(shard)
+    (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {
+        n: shard.name for n in ("model.embed_tokens.weight", "model.norm.weight",
+                                "lm_head.weight")}}))
+    if consolidated:
+        (model / "consolidated.safetensors").write_bytes(shard.read_bytes())
+    assert _rules_found(model) == ({"duplicate-consolidated-safetensors": "warning"}
+                                   if fires else {})
 
 
 def test_rules_needing_missing_facts_are_reported_not_run(kimi, tmp_path):

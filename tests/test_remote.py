@@ -79,8 +79,9 @@ def test_remote_headers_agree_with_huggingface_hub_metadata(served):
     assert meta.weight_map == model.tensor_shards
     for shard, info in meta.files_metadata.items():
         ours = model.shards[shard].tensors
-        assert {n: (t.dtype, list(t.shape), list(t.data_offsets)) for n, t in info.tensors.items()} \
-            == {n: (t.dtype, list(t.shape), [t.start, t.end]) for n, t in ours.items()}
+        theirs = {n: (t.dtype, list(t.shape), list(t.data_offsets))
+                  for n, t in info.tensors.items()}
+        assert theirs == {n: (t.dtype, list(t.shape), [t.start, t.end]) for n, t in ours.items()}
 
 
 def test_embedded_hub_serves_exact_byte_ranges(served):

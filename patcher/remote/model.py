@@ -47,7 +47,8 @@ class RemoteModel(ModelDir):
     _fetched: dict[str, bytes]
 
     @classmethod
-    def open(cls, url: str, endpoint: str | None = None) -> "RemoteModel":   # type: ignore[override]
+    def open(cls, url: str,  # type: ignore[override]
+             endpoint: str | None = None) -> "RemoteModel":
         repo_id, revision = parse_hf_url(url)
         hub = HubFiles(repo_id, revision, endpoint)
         root = HubRoot("hf:/" + repo_id + (f"@{revision}" if revision else ""))

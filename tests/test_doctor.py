@@ -57,7 +57,7 @@ def test_every_builtin_rule_loads_and_is_tested():
     assert ids == {"fp8-kv-mla-vllm-sm120", "fp8-kv-mla-vllm-below-sm89",
                    "quant-config-disagreement", "remote-code-with-native-class",
                    "tied-lm-head-ignored", "untied-lm-head-missing",
-                   "duplicate-consolidated-safetensors"}
+                   "duplicate-consolidated-safetensors", "quantized-weights-below-vllm-minimum"}
     assert len(list(builtin_rules_dir().glob("*.yaml"))) == len(ids)
 
 
@@ -146,6 +146,34 @@ def test_duplicate_consolidated_rule(tmp_path, consolidated, fires):
         (model / "consolidated.safetensors").write_bytes(shard.read_bytes())
     assert _rules_found(model) == ({"duplicate-consolidated-safetensors": "warning"}
                                    if fires else {})
+
+
+def _modelopt_fp8(docs):
+    docs["config.json"]["quantization_config"]["quant_algo"] = "FP8"
+    docs["hf_quant_config.json"]["quantization"]["quant_algo"] = "FP8"
+
+
+@pytest.mark.parametrize("gpu, edit, fires", [
+    ("sm70", None, True),              # NVFP4: minimum 7.5
+    ("sm75", None, False),
+    ("sm75", _modelopt_fp8, True),     # ModelOpt FP8: minimum 8.0
+    ("sm80", _modelopt_fp8, False),
+    ("sm70", _no_fp8_kv, True),
+])
+def test_quantized_weights_below_vllm_minimum_rule(kimi, tmp_path, gpu, edit, fires):
+    found = _rules_found(_configs(kimi, tmp_path / "m", edit), engine="vllm==0.33.0", gpu=gpu)
+    assert (found.get("quantized-weights-below-vllm-minimum") == "blocker") is fires
+
+
+def test_quantized_block_fp8_rule_and_bf16_non_trigger(tmp_path):
+    model = _llama(tmp_path / "m", tie=False, lm_head=True)
+    config = json.loads((model / "config.json").read_text())
+    assert "quantized-weights-below-vllm-minimum" not in _rules_found(
+        model, engine="vllm==0.33.0", gpu="sm70")
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (model / "config.json").write_text(json.dumps(config))
+    assert _rules_found(model, engine="vllm==0.33.0", gpu="sm70") == {
+        "quantized-weights-below-vllm-minimum": "blocker"}
 
 
 def test_rules_needing_missing_facts_are_reported_not_run(kimi, tmp_path):
@@ -249,3 +277,25 @@ def test_fix_writes_a_verified_variant_that_doctor_finds_clean(kimi, tmp_path):
     again = CliRunner().invoke(main, ["doctor", str(out), "--engine", "vllm==0.15.1",
                                       "--gpu", "sm120"])
     assert again.exit_code == 0 and "no findings" in again.output
+
+
+def test_fix_stacks_several_recipes_on_one_variant(kimi, tmp_path):
+    """On SM70 the NVFP4 weights and the FP8 KV cache both block: sm120-fp16-kv, then to-bf16
+    stacked in place on the variant; the base is untouched and the result is clean."""
+    import hashlib
+
+    def digest(path):
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    shard = kimi / "model-00001-of-00004.safetensors"
+    before = digest(shard)
+    out = tmp_path / "fixed"
+    result = CliRunner().invoke(main, ["doctor", str(kimi), "--engine", "vllm==0.33.0",
+                                       "--gpu", "sm70", "--fix", "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["fix"]["recipes"] == ["sm120-fp16-kv", "to-bf16"]
+    assert report["fix"]["after"]["findings"] == []
+    assert api.verify(out).ok
+    assert digest(shard) == before
+    assert not (out / "hf_quant_config.json").exists()

@@ -14,8 +14,7 @@ from pathlib import PosixPath
 
 from ..errors import ModelDirError
 from ..model_dir import INDEX_NAME, SKIPPED_DIRS, ModelDir, ModelFile, _gc_paused, parse_index
-from ..safetensors_io import (SafetensorsFormatError, ShardHeader, header_length,
-                              parse_header)
+from ..safetensors_io import SafetensorsFormatError, header_length, parse_header
 from .hub_files import HF_SCHEME, HubFiles, parse_hf_url
 
 #: Header fetches in flight at once (each is two small requests).

@@ -55,7 +55,9 @@ def _not_mla(docs):
 def test_every_builtin_rule_loads_and_is_tested():
     ids = {r.id for r in load_rules()}
     assert ids == {"fp8-kv-mla-vllm-sm120", "fp8-kv-mla-vllm-below-sm89",
-                   "quant-config-disagreement", "remote-code-with-native-class"}
+                   "quant-config-disagreement", "remote-code-with-native-class",
+                   "tied-lm-head-ignored", "untied-lm-head-missing",
+                   "duplicate-consolidated-safetensors", "quantized-weights-below-vllm-minimum"}
     assert len(list(builtin_rules_dir().glob("*.yaml"))) == len(ids)
 
 
@@ -105,6 +107,73 @@ def test_remote_code_rule(kimi, tmp_path, model_type, fires):
     found = _rules_found(_configs(kimi, tmp_path / "m", remote_code))
     assert (found.get("remote-code-with-native-class") == "warning") is fires
     assert "remote-code-with-native-class" not in _rules_found(_configs(kimi, tmp_path / "n"))
+
+
+def _llama(path: Path, tie: bool, lm_head: bool) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": "llama",
+                                                  "tie_word_embeddings": tie}))
+    tensors = {"model.embed_tokens.weight": torch.zeros(8, 4),
+               "model.norm.weight": torch.ones(4)}
+    if lm_head:
+        tensors["lm_head.weight"] = torch.zeros(8, 4)
+    save_file(tensors, path / "model.safetensors")
+    return path
+
+
+@pytest.mark.parametrize("tie, lm_head, expected", [
+    (True, True, {"tied-lm-head-ignored": "warning"}),
+    (True, False, {}),
+    (False, False, {"untied-lm-head-missing": "blocker"}),
+    (False, True, {}),
+])
+def test_lm_head_and_tie_word_embeddings_rules(tmp_path, tie, lm_head, expected):
+    assert _rules_found(_llama(tmp_path / "m", tie, lm_head)) == expected
+
+
+@pytest.mark.parametrize("consolidated, fires", [(True, True), (False, False)])
+def test_duplicate_consolidated_rule(tmp_path, consolidated, fires):
+    model = _llama(tmp_path / "m", tie=False, lm_head=True)
+    shard = model / "model-00001-of-00001.safetensors"
+    (model / "model.safetensors").rename(shard)
+    (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {
+        n: shard.name for n in ("model.embed_tokens.weight", "model.norm.weight",
+                                "lm_head.weight")}}))
+    if consolidated:
+        (model / "consolidated.safetensors").write_bytes(shard.read_bytes())
+    assert _rules_found(model) == ({"duplicate-consolidated-safetensors": "warning"}
+                                   if fires else {})
+
+
+def _modelopt_fp8(docs):
+    docs["config.json"]["quantization_config"]["quant_algo"] = "FP8"
+    docs["hf_quant_config.json"]["quantization"]["quant_algo"] = "FP8"
+
+
+@pytest.mark.parametrize("gpu, edit, fires", [
+    ("sm70", None, True),              # NVFP4: minimum 7.5
+    ("sm75", None, False),
+    ("sm75", _modelopt_fp8, True),     # ModelOpt FP8: minimum 8.0
+    ("sm80", _modelopt_fp8, False),
+    ("sm70", _no_fp8_kv, True),
+])
+def test_quantized_weights_below_vllm_minimum_rule(kimi, tmp_path, gpu, edit, fires):
+    found = _rules_found(_configs(kimi, tmp_path / "m", edit), engine="vllm==0.33.0", gpu=gpu)
+    assert (found.get("quantized-weights-below-vllm-minimum") == "blocker") is fires
+
+
+def test_quantized_block_fp8_rule_and_bf16_non_trigger(tmp_path):
+    model = _llama(tmp_path / "m", tie=False, lm_head=True)
+    config = json.loads((model / "config.json").read_text())
+    assert "quantized-weights-below-vllm-minimum" not in _rules_found(
+        model, engine="vllm==0.33.0", gpu="sm70")
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    (model / "config.json").write_text(json.dumps(config))
+    assert _rules_found(model, engine="vllm==0.33.0", gpu="sm70") == {
+        "quantized-weights-below-vllm-minimum": "blocker"}
 
 
 def test_rules_needing_missing_facts_are_reported_not_run(kimi, tmp_path):
@@ -178,8 +247,21 @@ def test_cli_exit_codes_and_json(kimi, tmp_path):
                                 "--json"])
     assert fine.exit_code == 0
     assert json.loads(fine.output)["blockers"] == 0
-    usage = runner.invoke(main, ["doctor", model, "--in-place"])
-    assert usage.exit_code == 2
+    for bad in (["--in-place"], ["--fix", "--in-place", "-o", "x"]):
+        assert runner.invoke(main, ["doctor", model, *bad]).exit_code == 2
+    hub_in_place = runner.invoke(main, ["doctor", "hf://a/b", "--fix", "--in-place"])
+    assert hub_in_place.exit_code == 2 and "cannot patch a hub model" in hub_in_place.output
+
+
+def test_fix_in_place_is_revertible(kimi, tmp_path):
+    model = tmp_path / "kimi"
+    shutil.copytree(kimi, model)
+    result = CliRunner().invoke(main, ["doctor", str(model), "--engine", "vllm==0.33.0",
+                                       "--gpu", "sm86", "--fix", "--in-place"])
+    assert result.exit_code == 0, result.output
+    assert "fixed with sm120-fp16-kv" in result.output
+    api.revert(model)
+    assert (model / "config.json").read_bytes() == (kimi / "config.json").read_bytes()
 
 
 def test_fix_writes_a_verified_variant_that_doctor_finds_clean(kimi, tmp_path):
@@ -195,3 +277,25 @@ def test_fix_writes_a_verified_variant_that_doctor_finds_clean(kimi, tmp_path):
     again = CliRunner().invoke(main, ["doctor", str(out), "--engine", "vllm==0.15.1",
                                       "--gpu", "sm120"])
     assert again.exit_code == 0 and "no findings" in again.output
+
+
+def test_fix_stacks_several_recipes_on_one_variant(kimi, tmp_path):
+    """On SM70 the NVFP4 weights and the FP8 KV cache both block: sm120-fp16-kv, then to-bf16
+    stacked in place on the variant; the base is untouched and the result is clean."""
+    import hashlib
+
+    def digest(path):
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    shard = kimi / "model-00001-of-00004.safetensors"
+    before = digest(shard)
+    out = tmp_path / "fixed"
+    result = CliRunner().invoke(main, ["doctor", str(kimi), "--engine", "vllm==0.33.0",
+                                       "--gpu", "sm70", "--fix", "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["fix"]["recipes"] == ["sm120-fp16-kv", "to-bf16"]
+    assert report["fix"]["after"]["findings"] == []
+    assert api.verify(out).ok
+    assert digest(shard) == before
+    assert not (out / "hf_quant_config.json").exists()

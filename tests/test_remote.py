@@ -79,8 +79,9 @@ def test_remote_headers_agree_with_huggingface_hub_metadata(served):
     assert meta.weight_map == model.tensor_shards
     for shard, info in meta.files_metadata.items():
         ours = model.shards[shard].tensors
-        assert {n: (t.dtype, list(t.shape), list(t.data_offsets)) for n, t in info.tensors.items()} \
-            == {n: (t.dtype, list(t.shape), [t.start, t.end]) for n, t in ours.items()}
+        theirs = {n: (t.dtype, list(t.shape), list(t.data_offsets))
+                  for n, t in info.tensors.items()}
+        assert theirs == {n: (t.dtype, list(t.shape), [t.start, t.end]) for n, t in ours.items()}
 
 
 def test_embedded_hub_serves_exact_byte_ranges(served):
@@ -185,3 +186,16 @@ def test_oversized_remote_json_is_refused_not_fetched(served, monkeypatch):
     monkeypatch.setattr(remote_model, "MAX_FETCHED_FILE", 100)      # config.json is larger
     with pytest.raises(remote_model.ModelDirError, match="not fetched for a remote model"):
         RemoteModel.open(f"hf://{BIG}", endpoint=served[0].endpoint)
+
+
+def test_a_range_answer_for_another_file_size_is_refused(served):
+    """The listing said one size, the hub's Content-Range another: the file is not the one
+    listed, and nothing read from it is trusted."""
+    from patcher.remote.hub_files import HubFiles
+
+    files = HubFiles(BIG, None, served[0].endpoint)
+    name = "model-00001-of-00004.safetensors"
+    assert len(files.read(name, 0, 8)) == 8
+    files.sizes[name] += 1
+    with pytest.raises(HubError, match="the hub sent Content-Range"):
+        files.read(name, 0, 8)

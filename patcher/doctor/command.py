@@ -35,6 +35,9 @@ def doctor(ctx, model, engine, gpu, rules_dirs, fix, out, in_place, endpoint, as
         raise click.UsageError("-o/--output and --in-place go with --fix")
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")
+    if in_place and model.startswith(api.HF_SCHEME):
+        raise click.UsageError("--in-place cannot patch a hub model (it would change the "
+                               "download cache); give -o OUT or nothing")
     report = api.doctor(model, engine=engine, gpu=gpu, rules=rules_dirs, endpoint=endpoint)
     final = report
     recipes = fixing_recipes(report) if fix else []

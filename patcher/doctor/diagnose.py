@@ -37,13 +37,25 @@ def model_facts(model: ModelDir) -> dict:
     ``quantization``: inspect's summary (``disagreements`` between config.json and
     hf_quant_config.json among it); ``native_model_type``: whether the installed transformers
     has a native class for config.json's model_type (None without transformers);
-    ``tensor_count``: tensors the model loads."""
+    ``tensor_count``: tensors the model loads; ``tensor_groups``: their count per module group
+    of ``inspect`` (only groups that have tensors: ``/tensor_groups/lm_head`` exists or not);
+    ``unloaded_shards``: safetensors files the model does not load (not in its index)."""
     from ..inspect_model import quantization_summary
 
     return _LazyFacts({
         "quantization": lambda: quantization_summary(model),
         "native_model_type": lambda: _transformers_knows(model.config.get("model_type")),
-        "tensor_count": lambda: len(model.tensor_shards)})
+        "tensor_count": lambda: len(model.tensor_shards),
+        "tensor_groups": lambda: _tensor_groups(model),
+        "unloaded_shards": lambda: sorted(set(model.shards) - set(model.model_shards))})
+
+
+def _tensor_groups(model: ModelDir) -> dict[str, int]:
+    from collections import Counter
+
+    from ..inspect_model import module_group
+
+    return dict(Counter(module_group(name) for name in model.tensor_shards))
 
 
 def _transformers_knows(model_type: Any) -> bool | None:

@@ -19,7 +19,8 @@ HF_SCHEME = "hf://"
 
 @dataclass
 class Transfer:
-    """What crossed the network: HTTP requests made and response body bytes received."""
+    """What crossed the network: HTTP requests made (the repository listing included) and the
+    file bytes received (the listing's own JSON is not counted)."""
 
     requests: int = 0
     bytes: int = 0
@@ -85,6 +86,11 @@ class HubFiles:
             if answer.status_code != 206 and not (whole and answer.status_code == 200):
                 raise HubError(f"{path}: the hub answered HTTP {answer.status_code} to a Range "
                                f"request (it must serve byte ranges)", where=self.repo_id)
+            expected = f"bytes {start}-{end - 1}/{size}"
+            if answer.status_code == 206 and answer.headers.get("Content-Range") != expected:
+                raise HubError(f"{path}: asked for {expected}, the hub sent Content-Range "
+                               f"{answer.headers.get('Content-Range')!r}", where=self.repo_id,
+                               hint="the file changed, or the hub's listing is wrong")
             body = bytearray()
             for chunk in answer.iter_bytes():
                 body += chunk

@@ -14,8 +14,7 @@ from pathlib import PosixPath
 
 from ..errors import ModelDirError
 from ..model_dir import INDEX_NAME, SKIPPED_DIRS, ModelDir, ModelFile, _gc_paused, parse_index
-from ..safetensors_io import (SafetensorsFormatError, ShardHeader, header_length,
-                              parse_header)
+from ..safetensors_io import SafetensorsFormatError, header_length, parse_header
 from .hub_files import HF_SCHEME, HubFiles, parse_hf_url
 
 #: Header fetches in flight at once (each is two small requests).
@@ -47,7 +46,8 @@ class RemoteModel(ModelDir):
     _fetched: dict[str, bytes]
 
     @classmethod
-    def open(cls, url: str, endpoint: str | None = None) -> "RemoteModel":   # type: ignore[override]
+    def open(cls, url: str,  # type: ignore[override]
+             endpoint: str | None = None) -> "RemoteModel":
         repo_id, revision = parse_hf_url(url)
         hub = HubFiles(repo_id, revision, endpoint)
         root = HubRoot("hf:/" + repo_id + (f"@{revision}" if revision else ""))

@@ -23,8 +23,8 @@ from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from patcher import manifest  # noqa: E402
-from patcher.canonical_json import reference_canonical_json  # noqa: E402
+from patcher.integrity import manifest  # noqa: E402
+from patcher.integrity.canonical_json import reference_canonical_json  # noqa: E402
 
 _SHARDS = 119
 
@@ -85,7 +85,7 @@ def main() -> None:
         for _ in range(args.repeat):
             fast_s, fast = timed(lambda: build_and_write(changes, d))
             with mock.patch.object(manifest, "_canonical_json", reference_canonical_json), \
-                    mock.patch("patcher.manifest.encode_array",
+                    mock.patch("patcher.integrity.manifest.encode_array",
                                lambda items: (list(items), reference_canonical_json(list(items)))):
                 slow_s, slow = timed(lambda: build_and_write(changes, d))
             runs["fast"].append(fast_s)

@@ -24,10 +24,10 @@ from pathlib import Path
 os.environ["HF_HUB_DISABLE_XET"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from patcher.hub.commit_ops import Op  # noqa: E402
-from patcher.hub.git_objects import lfs_entry, regular_entry  # noqa: E402
-from patcher.hub.storage import Store  # noqa: E402
-from patcher.safetensors_io import OutputTensor, encode_header  # noqa: E402
+from patcher.hub.store.commit_ops import Op  # noqa: E402
+from patcher.hub.store.git_objects import lfs_entry, regular_entry  # noqa: E402
+from patcher.hub.store.storage import Store  # noqa: E402
+from patcher.model.safetensors_io import OutputTensor, encode_header  # noqa: E402
 
 REPO = "bench/kimi-shaped"
 _PROJ = ("gate_proj", "up_proj", "down_proj")

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from patcher.hub.commit_ops import Op
-from patcher.hub.git_objects import lfs_entry, regular_entry
-from patcher.hub.storage import Store
+from patcher.hub.store.commit_ops import Op
+from patcher.hub.store.git_objects import lfs_entry, regular_entry
+from patcher.hub.store.storage import Store
 
 
 def store_model(hub_root: Path, repo_id: str, directory: Path, *, private: bool = False) -> None:

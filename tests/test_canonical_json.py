@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from patcher.canonical_json import (EncodedArray, canonical_json, encode_array,
+from patcher.integrity.canonical_json import (EncodedArray, canonical_json, encode_array,
                                     reference_canonical_json)
 
 _scalars = (st.none() | st.booleans() | st.integers() | st.text()
@@ -48,7 +48,7 @@ class _Float(float):
 
 
 def test_scalar_subclasses_encode_as_the_standard_library_on_the_fast_path(monkeypatch):
-    import patcher.canonical_json as cj
+    import patcher.integrity.canonical_json as cj
     value = {"v": _Str("2.13.0+cpu"), "i": _Int(7), "f": _Float(0.5), "k": [_Str("é")]}
     monkeypatch.setattr(cj, "reference_canonical_json", None)    # never falls back
     assert canonical_json(value) == reference_canonical_json(value)

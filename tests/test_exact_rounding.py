@@ -28,15 +28,15 @@ import numpy as np
 import pytest
 import torch
 
-import patcher.quant.chunks as chunks_mod
-from patcher.quant import (
+import patcher.tensors.quant.chunks as chunks_mod
+from patcher.tensors.quant import (
     dequantize_fp8_block,
     dequantize_fp8_per_tensor,
     dequantize_nvfp4_compressed_tensors,
     dequantize_nvfp4_modelopt,
     pack_fp4,
 )
-from patcher.quant.rounding import round_exact, round_via_f32
+from patcher.tensors.quant.rounding import round_exact, round_via_f32
 from exact_reference import round_exact_product, round_exact_quotient
 
 OUT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

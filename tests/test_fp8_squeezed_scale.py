@@ -21,7 +21,7 @@ from click.testing import CliRunner
 
 from patcher import api
 from patcher.cli import main
-from patcher.quant import dequantize_fp8_block
+from patcher.tensors.quant import dequantize_fp8_block
 from tensor_helpers import random_fp8, read_tensors, ref_fp8_block, write_model
 
 TRANSFORMERS_FP8 = Path(__file__).parent / "fixtures" / "transformers_fp8_moe"

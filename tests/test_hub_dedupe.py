@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from hub_fixtures import TOKENS, configure_hf_client, running_hub  # noqa: F401
 
 from patcher import api
-from patcher.cli import main
+from patcher.cli.commands import main
 
 RECIPE = "sm120-fp16-kv"          # config-only: every shard is linked into the variant
 
@@ -180,7 +180,7 @@ def test_pull_never_trusts_a_name_or_a_size(world, tmp_path, monkeypatch, caplog
     right size with other bytes: both are downloaded instead, and the pull verifies."""
     from huggingface_hub import constants
 
-    from patcher.manifest import read_manifest
+    from patcher.integrity.manifest import read_manifest
 
     repo = _published_variant(world)
     shards = sorted((rel, entry) for rel, entry in read_manifest(world["variant"]).subjects.items()
@@ -223,7 +223,7 @@ def test_apply_hf_publish_downloads_no_shard(world, tmp_path, monkeypatch):
     with the same files as a local apply of the same recipe."""
     from huggingface_hub import constants
 
-    from patcher.manifest import read_manifest
+    from patcher.integrity.manifest import read_manifest
 
     hub = world["hub"]
     result, sent, received = measured(world, lambda: cli(

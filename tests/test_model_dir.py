@@ -24,9 +24,9 @@ from safetensors.torch import save_file
 from patcher.cli import main
 from patcher.errors import (InputError, ModelDirError, PatchError, SafetensorsFormatError,
                             ShardIndexError)
-from patcher.model_dir import INDEX_NAME, ModelDir
-from patcher.safetensors_io import (MAX_HEADER_SIZE, OutputTensor, encode_header, read_header,
-                                    tensor_nbytes)
+from patcher.model.model_dir import INDEX_NAME, ModelDir
+from patcher.model.safetensors_io import (MAX_HEADER_SIZE, OutputTensor, encode_header,
+                                          read_header, tensor_nbytes)
 
 # --- helpers ---------------------------------------------------------------------------------
 
@@ -649,7 +649,7 @@ def hf_cache_snapshot(plain: Path, cache_root: Path, repo: str = "models--org--n
 
 
 def test_hf_cache_snapshot_reads_transparently(tmp_path: Path):
-    from patcher.inspect_model import inspect_model
+    from patcher.model.inspect_model import inspect_model
 
     plain, _ = sharded_model(tmp_path)
     (plain / "sub").mkdir()

@@ -12,8 +12,8 @@ import torch
 from test_model_dir import invoke, save_shard
 
 from patcher.errors import ModelDirError
-from patcher.inspect_model import inspect_model
-from patcher.model_dir import ModelDir
+from patcher.model.inspect_model import inspect_model
+from patcher.model.model_dir import ModelDir
 
 NOT_OBJECTS = [("array", "[1]", "an array"), ("empty-array", "[]", "an array"),
                ("string", '"x"', "a string"), ("null", "null", "null"),

@@ -10,12 +10,12 @@ import json
 import pytest
 import torch
 
-from patcher import shard_writer
-from patcher.hash_writer import HashingWriter
-from patcher.safetensors_io import OutputTensor
-from patcher.tensor_compute import _cannot_overflow
-from patcher.tensor_tasks import ShardTask, TensorJob, TensorSource
-from patcher.thread_budget import quiet_openmp, split
+from patcher.tensors import shard_writer
+from patcher.integrity.hash_writer import HashingWriter
+from patcher.model.safetensors_io import OutputTensor
+from patcher.tensors.compute import _cannot_overflow
+from patcher.tensors.tasks import ShardTask, TensorJob, TensorSource
+from patcher.tensors.thread_budget import quiet_openmp, split
 from tensor_helpers import read_tensors, write_model
 
 from test_tensor_cli import run

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..json_pointer import MISSING, resolve
-from ..model_dir import ModelDir
+from ..config.json_pointer import MISSING, resolve
+from ..model.model_dir import ModelDir
 from .rules import Rule, evaluate
 from .target import Target
 
@@ -40,7 +40,7 @@ def model_facts(model: ModelDir) -> dict:
     ``tensor_count``: tensors the model loads; ``tensor_groups``: their count per module group
     of ``inspect`` (only groups that have tensors: ``/tensor_groups/lm_head`` exists or not);
     ``unloaded_shards``: safetensors files the model does not load (not in its index)."""
-    from ..inspect_model import quantization_summary
+    from ..model.inspect_model import quantization_summary
 
     return _LazyFacts({
         "quantization": lambda: quantization_summary(model),
@@ -53,7 +53,7 @@ def model_facts(model: ModelDir) -> dict:
 def _tensor_groups(model: ModelDir) -> dict[str, int]:
     from collections import Counter
 
-    from ..inspect_model import module_group
+    from ..model.inspect_model import module_group
 
     return dict(Counter(module_group(name) for name in model.tensor_shards))
 

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import recipe as recipe_module
-from .. import recipe_checks as rc
+from ..recipe import checks as rc
 from ..errors import RecipeError
 from ..fsops import NotRegularFile, TooLarge, read_capped
-from ..guards import _evaluate
-from ..recipe_yaml import YamlProblems, compose_recipe
+from ..recipe.guards import _evaluate
+from ..recipe.yaml_safe import YamlProblems, compose_recipe
 from .target import _GPU, Target
 
 FACT_KEYS = ("engine", "engine_version", "gpu")

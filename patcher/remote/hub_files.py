@@ -34,7 +34,7 @@ class Transfer:
 
 def parse_hf_url(text: str) -> tuple[str, str | None]:
     """(repo id, revision or None) of ``hf://ORG/NAME[@REVISION]``; an ``InputError`` else."""
-    from ..hub.client import check_repo_id
+    from ..hub.client.transfer import check_repo_id
 
     repo_id, at, revision = text[len(HF_SCHEME):].partition("@")
     if not text.startswith(HF_SCHEME) or repo_id.count("/") != 1 or (at and not revision):
@@ -48,7 +48,7 @@ class HubFiles:
     def __init__(self, repo_id: str, revision: str | None, endpoint: str | None):
         from huggingface_hub.utils import build_hf_headers
 
-        from ..hub.client import _client, _hub_call
+        from ..hub.client.transfer import _client, _hub_call
 
         api = _client(endpoint)
         self.repo_id, self.endpoint = repo_id, api.endpoint
@@ -66,7 +66,7 @@ class HubFiles:
 
     def read(self, path: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes ``start`` to ``end - 1`` of ``path`` (default: to its end), by one request."""
-        from ..hub.client import _hub_call
+        from ..hub.client.transfer import _hub_call
 
         size = self.sizes[path]
         end = size if end is None else end

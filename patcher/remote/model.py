@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import PosixPath
 
 from ..errors import ModelDirError
-from ..model_dir import INDEX_NAME, SKIPPED_DIRS, ModelDir, ModelFile, _gc_paused, parse_index
-from ..safetensors_io import SafetensorsFormatError, header_length, parse_header
+from ..model.model_dir import INDEX_NAME, SKIPPED_DIRS, ModelDir, ModelFile, _gc_paused, parse_index
+from ..model.safetensors_io import SafetensorsFormatError, header_length, parse_header
 from .hub_files import HF_SCHEME, HubFiles, parse_hf_url
 
 #: Header fetches in flight at once (each is two small requests).
@@ -108,7 +108,7 @@ def _raw_header(hub: HubFiles, root: HubRoot, rel: str) -> bytes:
 
 def describe_transfer(report: dict) -> str:
     """One line: ``fetched 71.2 KB in 9 requests: 0.45% of the repository's 15.6 MB``."""
-    from ..render import human_bytes
+    from ..cli.render import human_bytes
 
     return (f"fetched {human_bytes(report['bytes_transferred'])} in {report['requests']} "
             f"requests: {report['fraction']:.2%} of the repository's "

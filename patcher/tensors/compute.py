@@ -1,0 +1,168 @@
+"""The computations behind ``TensorJob``s: cast, dequantize, quantize (torch, CPU or CUDA).
+
+No computation damages values silently: a cast or a dequantization whose finite values
+overflow the output dtype to inf, and a quantization of a weight holding inf or NaN, raise
+``NumericError`` naming the tensor (the apply fails and writes nothing). A NaN or inf already in
+the source of a cast or a dequantization is carried through: that damage is not ours.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..errors import InputError
+from .quant import fp8, nvfp4
+from .quant.mxfp4 import dequantize_mxfp4_gpt_oss
+from .quant.chunks import CHUNK_ELEMENTS
+from .quant.kernel_args import NonFiniteInput
+from .tasks import TensorJob
+
+_OUT = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+_WIDER = {"F16": "BF16 or F32", "BF16": "F32"}
+
+
+class NumericError(InputError):
+    """A tensor's values cannot be computed without damage (overflow to inf, non-finite input)."""
+
+
+def compute(job: TensorJob, read_inputs: Callable[[], list[torch.Tensor]], cache: dict,
+            device: str) -> torch.Tensor:
+    """The output tensor of ``job``. ``read_inputs`` reads its source tensors, in order.
+
+    A quantization yields a weight and its scale from one computation: the weight job computes
+    both and leaves the scale in ``cache`` for the scale job that follows it in the same shard.
+
+    Raises:
+        NumericError: the values would be damaged (see the module docstring).
+    """
+    try:
+        if job.op == "cast":
+            (source,) = read_inputs()
+            out = source.to(device).to(_OUT[job.param("to")]).cpu()
+            _check_overflow(job, out, [source])
+            return out
+        if job.op == "dequantize":
+            inputs = read_inputs()
+            out = _dequantize(job, inputs, device)
+            _check_overflow(job, out, inputs)
+            return out
+        if job.op == "quantize":
+            return _quantize(job, read_inputs, cache, device)
+    except NonFiniteInput as exc:
+        raise NumericError(str(exc), where=job.inputs[0].shard, tensor=job.inputs[0].name,
+                           hint="fix or restore the source weight, or leave it out of the "
+                                "selection") from None
+    raise ValueError(f"unknown tensor job {job.op!r}")
+
+
+def _check_overflow(job: TensorJob, out: torch.Tensor, inputs: list[torch.Tensor]) -> None:
+    """Refuse an output holding inf where the source values were finite: one pass over the
+    output, chunk by chunk; the rest only when an inf turns up."""
+    if not out.is_floating_point():
+        return
+    if job.op == "dequantize" and _cannot_overflow(job, inputs, out.dtype):
+        return
+    flat = out.reshape(-1)
+    chunks = range(0, flat.numel(), CHUNK_ELEMENTS)
+    if not any(bool(torch.isinf(flat[i:i + CHUNK_ELEMENTS]).any()) for i in chunks):
+        return
+    if job.op == "dequantize":
+        if any(not bool(torch.isfinite(t).all()) for t in inputs[1:] if t.is_floating_point()):
+            return              # an inf scale: the source is damaged already
+        count = sum(int(torch.isinf(flat[i:i + CHUNK_ELEMENTS]).sum()) for i in chunks)
+        detail = ""
+    else:
+        src = inputs[0].reshape(-1)
+        count, peak = 0, 0.0
+        for i in chunks:
+            part = src[i:i + CHUNK_ELEMENTS]
+            bad = torch.isinf(flat[i:i + CHUNK_ELEMENTS]) & torch.isfinite(part)
+            if bool(bad.any()):
+                count += int(bad.sum())
+                peak = max(peak, float(part[bad].abs().max()))
+        if not count:
+            return              # infs of the source, kept as they were
+        detail = f" (max |x| = {peak:.6g})"
+    target = job.param("to")
+    raise NumericError(f"{job.op} to {target} would overflow: {count} finite value(s) become inf"
+                       f"{detail}; {target} holds at most {torch.finfo(_OUT[target]).max:.6g}",
+                       where=job.inputs[0].shard, tensor=job.inputs[0].name,
+                       hint=f"{job.op} to {_WIDER[target]} instead" if target in _WIDER else None)
+
+
+# Largest magnitude of a code of each quantized weight dtype (e4m3fn has no inf; NVFP4 codes are
+# uint8 pairs of e2m1 values, at most 6).
+_CODE_MAX = {torch.float8_e4m3fn: 448.0, torch.uint8: 6.0}
+
+
+def _cannot_overflow(job: TensorJob, inputs: list[torch.Tensor], out: torch.dtype) -> bool:
+    """True when no output value can be inf: the largest code times the largest scale (and the
+    second-level scale, or divided by the global scale), in float64, is under half the range of
+    the output and of every scale dtype the product may be computed in (half: room for the
+    rounding of the steps). A bound from the small scale tensors, instead of a pass over the
+    whole output."""
+    code_max = _CODE_MAX.get(inputs[0].dtype)
+    if code_max is None:
+        return False
+    limit, bound = torch.finfo(out).max, code_max
+    for i, scale in enumerate(inputs[1:], start=1):
+        if not scale.is_floating_point() or not scale.numel():
+            return False
+        if scale.element_size() >= 2:            # float8 scales are widened before any product
+            limit = min(limit, torch.finfo(scale.dtype).max)
+        if job.param("scheme") == "nvfp4-compressed-tensors" and i == 2:
+            low = float(scale.abs().min())
+            bound = bound / low if low > 0 else float("inf")      # the global scale divides
+        else:
+            bound *= _abs_max(scale)
+        if not bound < float("inf"):              # inf or NaN
+            return False
+    return bound <= limit / 2
+
+
+def _abs_max(t: torch.Tensor) -> float:
+    """max |t| as a float (inf or NaN if ``t`` holds one). float8 has no max kernel on the CPU,
+    and its magnitudes order as their 7 low bits, NaN codes above infinities above finite."""
+    if t.element_size() == 1:
+        code = (t.reshape(-1).view(torch.uint8) & 0x7F).max().reshape(1).cpu()
+        return float(code.view(t.dtype).to(torch.float32))
+    return float(t.abs().max())
+
+
+def _dequantize(job: TensorJob, inputs: list[torch.Tensor], device: str) -> torch.Tensor:
+    scheme, out = job.param("scheme"), _OUT[job.param("to")]
+    if scheme == "fp8-tensor":
+        weight, scale = inputs
+        return fp8.dequantize_fp8_per_tensor(weight, scale, out, device=device)
+    if scheme == "fp8-block":
+        weight, scale_inv = inputs
+        return fp8.dequantize_fp8_block(weight, scale_inv, out,
+                                        block=tuple(job.param("block") or (128, 128)),
+                                        device=device)
+    if scheme == "nvfp4-modelopt":
+        return nvfp4.dequantize_nvfp4_modelopt(*inputs, out, device=device)
+    if scheme == "nvfp4-compressed-tensors":
+        return nvfp4.dequantize_nvfp4_compressed_tensors(*inputs, out, device=device)
+    if scheme == "mxfp4-gpt-oss":
+        return dequantize_mxfp4_gpt_oss(*inputs, out, device=device)
+    raise ValueError(f"unknown scheme {scheme!r}")
+
+
+def _quantize(job: TensorJob, read_inputs, cache: dict, device: str) -> torch.Tensor:
+    """The weight job leaves its scale in ``cache`` for the scale job that follows it in the same
+    shard; a scale job that finds none (run alone, or on another worker) computes it again."""
+    key = job.inputs[0].name
+    if job.param("role") == "scale" and key in cache:
+        return cache.pop(key).reshape(job.out.shape)
+    (weight,) = read_inputs()
+    if job.param("scheme") == "fp8-block":
+        q, scale = fp8.quantize_fp8_block(weight, tuple(job.param("block") or (128, 128)),
+                                          device=device)
+    else:
+        q, scale = fp8.quantize_fp8_per_tensor(weight, device=device)
+    if job.param("role") == "scale":
+        return scale.reshape(job.out.shape)
+    cache[key] = scale
+    return q

@@ -69,7 +69,7 @@ def run(size_gb: float, shards: int, work: Path) -> dict:
     from huggingface_hub import HfApi, constants, snapshot_download
 
     from patcher import api
-    from patcher.hub import publish as publish_module
+    from patcher.hub.client import publish as publish_module
 
     info = synth.generate(work / "base", size_gb=size_gb, shards=shards, fmt="fp8-block",
                           kv_cache="fp8")

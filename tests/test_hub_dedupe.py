@@ -100,7 +100,7 @@ def test_plan_shows_copies_and_uploads_and_changes_nothing(world):
 
 
 def test_server_without_the_endpoint_falls_back_to_uploading(world, monkeypatch, caplog):
-    from patcher.hub import server
+    from patcher.hub.server import app as server
 
     world["mp"].setenv("HF_TOKEN", "write-alice")
     monkeypatch.setattr(server, "_COMPILED", [r for r in server._COMPILED
@@ -259,7 +259,7 @@ def test_pull_skips_a_reuse_file_it_cannot_read(world, tmp_path, monkeypatch, ca
     from huggingface_hub import constants
 
     from patcher.errors import OperationFailed
-    from patcher.hub import reuse
+    from patcher.hub.client import reuse
 
     repo = _published_variant(world)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))

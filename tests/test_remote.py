@@ -163,7 +163,7 @@ def test_doctor_on_the_hub_finds_the_fp8_kv_blocker_before_any_download(served, 
             "--gpu", "sm120"]
     result = CliRunner().invoke(main, [*args, "--json"])
     assert result.exit_code == 1, result.output
-    report = json.loads(result.output)
+    report = json.loads(result.stdout)
     (finding,) = report["findings"]
     assert (finding["rule"], finding["severity"]) == ("fp8-kv-mla-vllm-sm120", "blocker")
     assert finding["fix"] == {"recipe": "sm120-fp16-kv"}

@@ -27,7 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import recipe as recipe_module
+from ..recipe import load as recipe_module
 from ..recipe import checks as rc
 from ..errors import RecipeError
 from ..fsops import NotRegularFile, TooLarge, read_capped

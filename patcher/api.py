@@ -52,11 +52,25 @@ def inspect(model: str | os.PathLike) -> dict:
     config.json nor a safetensors file: that is not a model (an empty report would pass)."""
     from .inspect_model import inspect_model
 
+    if str(model).endswith(".gguf") and Path(model).is_file():
+        from .gguf.inspect import inspect_gguf_file
+
+        return inspect_gguf_file(Path(model))
     opened = _open(model)
+    has_gguf = any(rel.endswith(".gguf") for rel in opened.files)
     if not opened.has("config.json") and not opened.shards:
-        raise ModelDirError("not a model directory (no config.json, no *.safetensors)",
-                            where=opened.root)
-    return inspect_model(opened)
+        if not has_gguf:
+            raise ModelDirError("not a model directory (no config.json, no *.safetensors, "
+                                "no *.gguf)", where=opened.root)
+        from .gguf.inspect import inspect_gguf_dir
+
+        return {"format": "gguf", "path": str(opened.root), "models": inspect_gguf_dir(opened)}
+    report = inspect_model(opened)
+    if has_gguf:
+        from .gguf.inspect import inspect_gguf_dir
+
+        report["gguf"] = inspect_gguf_dir(opened)
+    return report
 
 
 def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,

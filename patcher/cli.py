@@ -47,18 +47,20 @@ def main(ctx: click.Context) -> None:
 
 
 @main.command()
-@click.argument("model", type=click.Path(file_okay=False, path_type=str))
+@click.argument("model", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 def inspect(model: str, as_json: bool) -> None:
-    """Report architectures, quantization, tensors, shards and index health of MODEL."""
+    """Report architectures, quantization, tensors, shards and index health of MODEL (a
+    directory, or one .gguf file)."""
     from . import api
+    from .gguf.inspect import render_gguf_report
     from .render import render_inspect
 
     report = api.inspect(model)
     if as_json:
         _emit_json(report)
     else:
-        click.echo(render_inspect(report))
+        click.echo(render_gguf_report(report) or render_inspect(report))
 
 
 def _plan_options(in_place: bool, link: str, jobs: int | None, device: str,

@@ -67,14 +67,19 @@ def apply_meta_op(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model,
         changes.append({"kind": "gguf_metadata", "op": "rename", "key": key, "to": to,
                         "recipe_line": op.loc})
         return
-    value = op.value if op.source is None else _sourced(op, recipe, model)
+    value = _value(op, kv, arch, recipe, model)
     gtype = op.gtype or (GType(old.vtype, old.item_type) if old is not None else infer(value))
     if gtype.vtype != ARRAY and isinstance(value, list) and op.source and op.source[3]:
         value = value[0] if value else None
-    if key.endswith(".rope.scaling.type"):
-        from .recipe_section import rope_types
-        if value not in rope_types():
-            raise PlanError(f"unknown rope scaling type {value!r}", where=op.loc)
+    if op.token:
+        value = token_id(kv, value, op.loc)
+    if op.multiply is not None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise PlanError(f"multiply: {key} is not a number ({value!r})", where=op.loc)
+        value = value * op.multiply
+        value = int(value) if gtype.vtype not in (6, 12) and value == int(value) else value
+    if ".rope.scaling." in key:
+        _check_rope_type(kv, arch, key, value, op.loc)
     try:
         raw = encode_value(gtype.vtype, value, gtype.item_type)
     except ValueError as exc:
@@ -88,6 +93,54 @@ def apply_meta_op(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model,
     changes.append({"kind": "gguf_metadata", "op": "set", "key": key,
                     "before": _plain(old) if old else None, "after": _plain(new),
                     "type": new.type_name(), "recipe_line": op.loc})
+
+
+def _value(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model):
+    if op.from_key is None:
+        return op.value if op.source is None else _sourced(op, recipe, model)
+    name = arch_key(op.from_key, arch)
+    if name not in kv:
+        raise PlanError(f"from_key: {name} is not in the metadata", where=op.loc)
+    return kv[name].value
+
+
+def token_id(kv: dict[str, KeyValue], text, loc: str) -> int:
+    """The id of the token whose text is ``text`` (``tokenizer.ggml.tokens``); it must be
+    unique. A Hugging Face ``AddedToken`` mapping gives its ``content``."""
+    if isinstance(text, dict):
+        text = text.get("content")
+    if not isinstance(text, str):
+        raise PlanError(f"token: expected a token's text, got {text!r}", where=loc)
+    tokens = kv.get("tokenizer.ggml.tokens")
+    if tokens is None or tokens.item_type != STRING:
+        raise PlanError("token: the GGUF has no tokenizer.ggml.tokens list", where=loc)
+    ids = [i for i, t in enumerate(tokens.value) if t == text]
+    if len(ids) != 1:
+        raise PlanError(f"token {text!r} is {'not' if not ids else 'more than once'} in "
+                        "tokenizer.ggml.tokens", where=loc)
+    return ids[0]
+
+
+def _check_rope_type(kv: dict[str, KeyValue], arch: str, key: str, value, loc: str) -> None:
+    """Rope scaling is only edited in a file whose scaling type gguf-py knows; a new type must
+    be one it knows too (llama.cpp ignores or misreads others)."""
+    from .recipe_section import rope_types
+
+    known = rope_types()
+    check_rope_known(kv, arch, loc)
+    if key.endswith(".rope.scaling.type") and value not in known:
+        raise PlanError(f"unknown rope scaling type {value!r} ({', '.join(known)})", where=loc)
+
+
+def check_rope_known(kv: dict[str, KeyValue], arch: str, loc: str) -> None:
+    from .recipe_section import rope_types
+
+    known = rope_types()
+    current = kv.get(f"{arch}.rope.scaling.type")
+    if current is not None and current.value not in known:
+        raise PlanError(f"{arch}.rope.scaling.type is {current.value!r}, a rope type this "
+                        f"recipe does not know ({', '.join(known)}): refusing to edit rope "
+                        "parameters", where=loc)
 
 
 def infer(value) -> GType:

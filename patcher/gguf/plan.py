@@ -16,7 +16,7 @@ from ..plan import Action, FilePlan
 from ..regex_bound import per_name
 from .files import SPLIT_TENSORS, GGUFModel, gguf_models
 from .format import ARRAY, KeyValue, TensorInfo, encode_header, encode_value, layout
-from .metadata import apply_meta_op, arch_key, describe
+from .metadata import apply_meta_op, arch_key, check_rope_known, describe
 from .recipe_section import GGUFSection, TensorOp
 from .task import GGUFTask
 
@@ -40,6 +40,9 @@ def _plan_model(recipe, section: GGUFSection, model, gm: GGUFModel, changes) -> 
     if arch is None:
         raise PlanError("general.architecture is missing or not a string",
                         where=model.root / gm.files[0])
+    for op in section.metadata:
+        if ".rope.scaling." in op.key:
+            check_rope_known(gm.first.kv, arch, op.loc)
     _check_guards(recipe, section, gm, arch)
     first_kv = dict(gm.first.kv)
     meta_lines: list[str] = []

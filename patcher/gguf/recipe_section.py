@@ -32,7 +32,8 @@ from .. import recipe_checks as rc
 TYPES = {"uint8": 0, "int8": 1, "uint16": 2, "int16": 3, "uint32": 4, "int32": 5,
          "float32": 6, "bool": 7, "string": 8, "uint64": 10, "int64": 11, "float64": 12}
 SECTION_KEYS = ("requires", "metadata", "tensors", "strip_nextn")
-META_KEYS = {"set": ("set", "value", "type", "from", "from_model", "path", "first"),
+META_KEYS = {"set": ("set", "value", "type", "from", "from_model", "from_key", "path", "first",
+                     "token", "multiply"),
              "drop": ("drop", "missing_ok"), "rename": ("rename", "to", "missing_ok")}
 GUARD_KEYS = ("key", "equals", "one_of", "exists", "missing_ok", "message")
 SELECT_KEYS = ("glob", "regex", "layers")
@@ -54,6 +55,9 @@ class MetaOp:
     value: Any = None
     gtype: GType | None = None
     source: tuple | None = None       # ("recipe"|"model", file, json pointer or None, first)
+    from_key: str | None = None       # the value of another metadata key (before this op)
+    token: bool = False               # the value is a token's text: store its id
+    multiply: float | None = None     # numbers: times this
     to: str | None = None
     missing_ok: bool = False
 
@@ -148,12 +152,23 @@ def _meta(v: rc.Validator, node: Any, pos) -> MetaOp | None:
             v.err(rc.val_pos(node, "type"), f"unknown GGUF type {text!r} (one of "
                   f"{', '.join(TYPES)}, or array[TYPE])")
             return None
-    sources = [k for k in ("value", "from", "from_model") if k in node]
+    sources = [k for k in ("value", "from", "from_model", "from_key") if k in node]
     if len(sources) != 1:
         v.err(pos, "a gguf set takes exactly one of value, from (a file beside the recipe), "
-              "from_model (a file in the model)")
+              "from_model (a file in the model), from_key (another metadata key)")
         return None
     value, source = None, None
+    multiply = node.get("multiply")
+    if multiply is not None and (isinstance(multiply, bool)
+                                 or not isinstance(multiply, (int, float)) or multiply <= 0):
+        v.err(rc.val_pos(node, "multiply"), "multiply must be a positive number")
+        return None
+    extra = dict(token=v.boolean(node, "token", False) is True,
+                 multiply=None if multiply is None else float(multiply))
+    if sources[0] == "from_key":
+        name = v.string(node, "from_key")
+        return None if name is None else MetaOp("set", key, loc, gtype=gtype, from_key=name,
+                                                **extra)
     if sources[0] == "value":
         value = v.json_value(node["value"], rc.val_pos(node, "value"))
         if value is rc.INVALID:
@@ -166,7 +181,7 @@ def _meta(v: rc.Validator, node: Any, pos) -> MetaOp | None:
         source = ("recipe" if sources[0] == "from" else "model", name, pointer,
                   v.boolean(node, "first", False) is True)
     _check_rope_value(v, node, key, value)
-    return MetaOp("set", key, loc, value=value, gtype=gtype, source=source)
+    return MetaOp("set", key, loc, value=value, gtype=gtype, source=source, **extra)
 
 
 def _check_rope_value(v: rc.Validator, node: Any, key: str, value: Any) -> None:

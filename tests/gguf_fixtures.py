@@ -7,7 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf", reason="gguf-py is not installed (pip install -e '.[gguf]')")
+try:
+    import gguf
+except ImportError:
+    gguf = None
+
+needs_gguf = pytest.mark.skipif(gguf is None, reason="gguf-py is not installed "
+                                "(pip install -e '.[gguf]')")
 
 HIDDEN, FFN, VOCAB = 64, 128, 32
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"

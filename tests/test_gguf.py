@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from fs_snapshot import diff, snapshot
 
-from gguf_fixtures import CHAT_TEMPLATE, gguf, read_back, tiny_dir, write_tiny  # noqa: F401
+from gguf_fixtures import gguf, needs_gguf, read_back, tiny_dir, write_tiny
 from patcher import api
 from patcher.cli import main
 from patcher.errors import GuardRefused, PlanError, RecipeError
@@ -19,6 +19,7 @@ from patcher.gguf.files import gguf_models
 from patcher.gguf.format import read_header
 from patcher.model_dir import ModelDir
 
+pytestmark = needs_gguf
 NEW_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
 
 

@@ -120,12 +120,12 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None) -> Pla
         if replaced_file is not None:
             replaced[name] = replaced_file
     replaced.update(_plan_file_ops(recipe, model, changes))
+    options = dict(options or {})
+    max_shard_size = options.get("max_shard_size") or recipe.max_shard_size
     if recipe.gguf is not None:
         from .gguf.plan import plan_gguf
 
-        replaced.update(plan_gguf(recipe, model, changes))
-    options = dict(options or {})
-    max_shard_size = options.get("max_shard_size") or recipe.max_shard_size
+        replaced.update(plan_gguf(recipe, model, changes, max_shard_size))
     if recipe.tensors or max_shard_size:
         from .tensor_plan import plan_tensor_ops
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from fs_snapshot import diff, snapshot
+from fs_snapshot import cli, diff, snapshot
 
 from gguf_fixtures import gguf, needs_gguf, read_back, tiny_dir, write_tiny
 from patcher import api
@@ -295,3 +295,26 @@ def test_plan_shows_the_metadata_diff_and_the_manifest_records_it(tmp_path):
     (out / "tiny.gguf").chmod(0o644)
     (out / "tiny.gguf").write_bytes((tmp_path / "x").read_bytes()[:-1] + b"\1")
     assert not api.verify(out).ok
+
+
+@pytest.mark.parametrize("in_place, point", [(False, "tensor:blk.0.attn_v.weight"),
+                                             (True, "manifest")])
+def test_kill_9_while_writing_leaves_the_base_or_the_result(tmp_path, in_place, point):
+    root = tiny_dir(tmp_path, arch="glm4moe", nextn=1)
+    before = snapshot(root)
+    out = tmp_path / "out"
+    args = ["apply", "gguf-strip-mtp", root] + (["--in-place"] if in_place else ["-o", out])
+    env = {"MODELPATCH_FAULT": f"kill@{point}", "MODELPATCH_CACHE_DIR": str(tmp_path / "dc")}
+    assert cli(*args, env=env).returncode == -9
+    api.recover(root)                   # what the next command does first
+    assert diff(before, snapshot(root)) == [] and not out.exists()
+    rerun = cli(*args, env={"MODELPATCH_CACHE_DIR": str(tmp_path / "dc")})
+    assert rerun.returncode == 0, rerun.stderr
+    target = root if in_place else out
+    assert read_back(target / "tiny.gguf")[0]["glm4moe.block_count"] == 2
+
+
+def test_max_shard_size_is_refused_for_gguf(tmp_path):
+    root = tiny_dir(tmp_path)
+    result = run("plan", "gguf-context", root, "--max-shard-size", "50KB")
+    assert result.exit_code == 2 and "a GGUF keeps its split layout" in result.stderr

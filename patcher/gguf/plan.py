@@ -23,12 +23,16 @@ from .task import GGUFTask
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 
 
-def plan_gguf(recipe, model, changes: list[dict]) -> dict[str, FilePlan]:
+def plan_gguf(recipe, model, changes: list[dict],
+              max_shard_size: int | None = None) -> dict[str, FilePlan]:
     section: GGUFSection = recipe.gguf
     models = gguf_models(model)
     if not models:
         raise PlanError("the recipe has a gguf: section but the model has no .gguf file",
                         where=model.root)
+    if max_shard_size and not model.shards:
+        raise PlanError("--max-shard-size reshards safetensors; a GGUF keeps its split layout",
+                        where=model.root, hint="llama.cpp's gguf-split splits or merges GGUFs")
     out: dict[str, FilePlan] = {}
     for gm in models:
         out.update(_plan_model(recipe, section, model, gm, changes))

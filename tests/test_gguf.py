@@ -318,3 +318,19 @@ def test_max_shard_size_is_refused_for_gguf(tmp_path):
     root = tiny_dir(tmp_path)
     result = run("plan", "gguf-context", root, "--max-shard-size", "50KB")
     assert result.exit_code == 2 and "a GGUF keeps its split layout" in result.stderr
+
+
+def test_token_values_and_the_readme_example(tmp_path):
+    root = tiny_dir(tmp_path)
+    path = recipe(tmp_path, """gguf:
+  metadata:
+    - {set: tokenizer.ggml.eos_token_id, value: t9, token: true}
+    - {set: tokenizer.ggml.eot_token_id, value: t4, token: true}
+""")
+    meta, _ = read_back(api.apply(path, root, out=tmp_path / "out").output / "tiny.gguf")
+    assert meta["tokenizer.ggml.eos_token_id"] == 9 and meta["tokenizer.ggml.eot_token_id"] == 4
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme[readme.index("```yaml\ngguf:") + 8:]
+    block = block[:block.index("```")]
+    loaded = api.load(recipe(tmp_path, block, name="readme"))
+    assert loaded.gguf.strip_nextn and len(loaded.gguf.metadata) == 6

@@ -68,7 +68,8 @@ def apply_meta_op(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model,
                         "recipe_line": op.loc})
         return
     value = _value(op, kv, arch, recipe, model)
-    gtype = op.gtype or (GType(old.vtype, old.item_type) if old is not None else infer(value))
+    gtype = op.gtype or (GType(old.vtype, old.item_type) if old is not None
+                         else GType(4) if op.token else infer(value))
     if gtype.vtype != ARRAY and isinstance(value, list) and op.source and op.source[3]:
         value = value[0] if value else None
     if op.token:

@@ -3,6 +3,7 @@ read back by gguf-py's GGUFReader; plan, manifest, verify, in place and revert."
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -334,3 +335,22 @@ def test_token_values_and_the_readme_example(tmp_path):
     block = block[:block.index("```")]
     loaded = api.load(recipe(tmp_path, block, name="readme"))
     assert loaded.gguf.strip_nextn and len(loaded.gguf.metadata) == 6
+
+
+def test_the_base_is_hashed_from_the_reads_of_the_rewrite(tmp_path):
+    root = tiny_dir(tmp_path)
+    result = api.apply("gguf-context", root, out=tmp_path / "out")
+    assert result.bytes_hashed == 0          # no separate pass over the base
+    statement = json.loads((result.output / "modelpatch.provenance.json").read_text())
+    expected = hashlib.sha256((root / "tiny.gguf").read_bytes()).hexdigest()
+    assert expected in json.dumps(statement)
+    api.revert(result.output, out=tmp_path / "back")
+    assert (tmp_path / "back" / "tiny.gguf").read_bytes() == (root / "tiny.gguf").read_bytes()
+
+
+def test_a_header_larger_than_the_first_read(tmp_path):
+    big = "x" * (3 << 20)
+    path = write_tiny(tmp_path / "big.gguf", extra_kv={"general.description":
+                                                       (gguf.GGUFValueType.STRING, big)})
+    header = read_header(path)
+    assert header.get("general.description") == big and len(header.tensors) == 21

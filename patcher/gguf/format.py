@@ -91,22 +91,40 @@ class GGUFHeader:
         return arch if isinstance(arch, str) else None
 
 
+FIRST_READ = 1 << 20
+
+
+class _NeedMore(Exception):
+    """The header runs past the bytes read so far (and the file and the cap allow more)."""
+
+
 def read_header(path: str | Path, where: str | None = None) -> GGUFHeader:
-    """Parse and validate the header of the GGUF file ``path`` (no tensor data is read)."""
+    """Parse and validate the header of the GGUF file ``path`` (no tensor data is read). The
+    first MiB is read, and twice as much again while the header runs past what was read, up
+    to ``MAX_HEADER_BYTES``."""
     where = where or str(path)
+    require_gguf(where)
     try:
         with open(path, "rb") as f:
             size = f.seek(0, 2)
-            f.seek(0)
-            head = f.read(min(size, MAX_HEADER_BYTES))
+            want = min(size, FIRST_READ)
+            while True:
+                f.seek(0)
+                head = f.read(want)
+                try:
+                    return parse_header(head, size, where, partial=want < min(
+                        size, MAX_HEADER_BYTES))
+                except _NeedMore:
+                    want = min(size, MAX_HEADER_BYTES, want * 2)
     except OSError as exc:
         raise GGUFFormatError(f"cannot read: {exc.strerror or exc}", where=where) from None
-    return parse_header(head, size, where)
 
 
-def parse_header(data: bytes, file_size: int, where: str) -> GGUFHeader:
+def parse_header(data: bytes, file_size: int, where: str, partial: bool = False) -> GGUFHeader:
+    """Parse ``data``, the start of a file of ``file_size`` bytes (``partial``: more of it could
+    be read: running past ``data`` raises ``_NeedMore``, not an error)."""
     gguf = require_gguf(where)
-    r = _Reader(data, where, file_size)
+    r = _Reader(data, where, file_size, partial)
     if r.take(4) != b"GGUF":
         raise GGUFFormatError("not a GGUF file (bad magic)", where=where)
     version = r.unpack("<I")
@@ -193,10 +211,13 @@ def _align(n: int, alignment: int) -> int:
 
 
 class _Reader:
-    def __init__(self, data: bytes, where: str, file_size: int):
+    def __init__(self, data: bytes, where: str, file_size: int, partial: bool = False):
         self.data, self.where, self.pos, self.file_size = memoryview(data), where, 0, file_size
+        self.partial = partial
 
     def fail(self, what: str):
+        if self.partial:
+            raise _NeedMore
         if len(self.data) < self.file_size:
             raise GGUFFormatError(f"the header is longer than {MAX_HEADER_BYTES} bytes "
                                   f"({what})", where=self.where)

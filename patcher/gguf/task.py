@@ -41,10 +41,13 @@ class GGUFTask:
                 "bytes_computed": 0, "changed": list(self.changed)}
 
     def write(self, target: Path, on_progress: Callable[[int], None] | None = None,
-              hash_sources: frozenset[str] = frozenset()) -> tuple[str, None, None]:
-        """Write the file to ``target`` (which must not exist); return its sha256."""
+              hash_sources: frozenset[str] = frozenset()) -> tuple[str, str | None, object]:
+        """Write the file to ``target`` (which must not exist). Returns its sha256 and, when the
+        source is in ``hash_sources`` and its tensors are read in ascending order, the source
+        path with its digest, computed from the same reads (``patcher.source_digest``)."""
         from .. import faults
         from ..hash_writer import HashingWriter, hash_while_copying
+        from ..source_digest import SourceDigest
 
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb", buffering=0) as raw:
@@ -54,11 +57,14 @@ class GGUFTask:
                 on_progress(len(self.header))
             src = os.open(self.source_path, os.O_RDONLY)
             try:
+                digest = SourceDigest(src) if self._hash_source(hash_sources) else None
                 for name, offset, nbytes, pad in self.copies:
                     faults.point(f"tensor:{name}")
-                    hash_while_copying(src, offset, nbytes, writer, on_progress=on_progress)
+                    hash_while_copying(src, offset, nbytes, writer, on_progress=on_progress,
+                                       source_digest=digest)
                     if pad:
                         writer.write(b"\0" * pad)
+                source_result = digest.result() if digest is not None else None
             finally:
                 os.close(src)
             if writer.size != self.file_size:
@@ -66,4 +72,10 @@ class GGUFTask:
                                       where=target)
             os.fsync(raw.fileno())
             os.fchmod(raw.fileno(), 0o444)
-        return writer.sha256, None, None
+        if source_result is None:
+            return writer.sha256, None, None
+        return writer.sha256, self.source_path, source_result
+
+    def _hash_source(self, hash_sources: frozenset[str]) -> bool:
+        offsets = [offset for _, offset, _, _ in self.copies]
+        return self.source_path in hash_sources and offsets == sorted(offsets)

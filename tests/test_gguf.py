@@ -354,3 +354,22 @@ def test_a_header_larger_than_the_first_read(tmp_path):
                                                        (gguf.GGUFValueType.STRING, big)})
     header = read_header(path)
     assert header.get("general.description") == big and len(header.tensors) == 21
+
+
+def test_in_place_on_a_hugging_face_cache_snapshot_never_touches_the_blobs(tmp_path):
+    from examples.generate import make_hf_cache_snapshot
+    from fs_snapshot import blobs
+
+    source = tiny_dir(tmp_path)
+    (source / "chat_template.jinja").write_text(NEW_TEMPLATE)
+    root = make_hf_cache_snapshot(source, tmp_path / "hub", "org/tiny-GGUF")
+    repo = root.parents[1]
+    before, blobs_before = snapshot(root), blobs(repo)
+    api.apply_in_place("gguf-chat-template", root)
+    assert (root / "tiny.gguf").is_file() and not (root / "tiny.gguf").is_symlink()
+    assert read_back(root / "tiny.gguf")[0]["tokenizer.chat_template"] == NEW_TEMPLATE
+    assert blobs(repo) == blobs_before
+    out = api.apply("gguf-context", root, out=tmp_path / "variant").output
+    assert read_back(out / "tiny.gguf")[0]["llama.context_length"] == 8192
+    api.revert(root)
+    assert diff(before, snapshot(root)) == [] and blobs(repo) == blobs_before

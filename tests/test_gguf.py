@@ -373,3 +373,21 @@ def test_in_place_on_a_hugging_face_cache_snapshot_never_touches_the_blobs(tmp_p
     assert read_back(out / "tiny.gguf")[0]["llama.context_length"] == 8192
     api.revert(root)
     assert diff(before, snapshot(root)) == [] and blobs(repo) == blobs_before
+
+
+def test_metadata_that_fits_the_header_region_keeps_every_tensor_offset(tmp_path):
+    root = tiny_dir(tmp_path)
+    small = recipe(tmp_path, "gguf:\n  metadata:\n    - {set: tokenizer.ggml.eos_token_id, "
+                   "value: 3}\n", name="small")
+    (entry,) = [f for f in api.plan(small, root).to_json()["files"] if f["path"] == "tiny.gguf"]
+    assert any("header fits" in line for line in entry["tensors"]["changed"])
+    assert "# tiny.gguf: header fits the base's header region" in run("plan", small, root).output
+    out = api.apply(small, root, out=tmp_path / "out").output
+    data_offset = read_header(root / "tiny.gguf").data_offset
+    new, old = (out / "tiny.gguf").read_bytes(), (root / "tiny.gguf").read_bytes()
+    assert read_header(out / "tiny.gguf").data_offset == data_offset
+    assert new[data_offset:] == old[data_offset:]
+    big = recipe(tmp_path, "gguf:\n  metadata:\n    - {set: general.description, "
+                 f"value: {'x' * 400}}}\n", name="big")
+    (entry,) = [f for f in api.plan(big, root).to_json()["files"] if f["path"] == "tiny.gguf"]
+    assert not any("header fits" in line for line in entry["tensors"]["changed"])

@@ -72,10 +72,11 @@ def _plan_model(recipe, section: GGUFSection, model, gm: GGUFModel, changes) -> 
                 n in renamed for n in kept[i]):
             continue
         task = _task(model, rel, header, kvs[i], kept[i], renamed)
+        lines = (meta_lines if i == 0 else []) + [
+            f"# {rel}: {note}\n" for note in task.changed if note.startswith("header fits")]
         plans[rel] = FilePlan(rel, Action.REWRITE_SHARD, source=rel,
                               size_before=header.file_size, size_after=task.file_size,
-                              diff="".join(meta_lines) if i == 0 and meta_lines else None,
-                              shard_task=task)
+                              diff="".join(lines) or None, shard_task=task)
     return plans
 
 
@@ -86,13 +87,22 @@ def _task(model, rel: str, header, kv: dict[str, KeyValue], kept: dict[str, Tens
                for n, t in kept.items()]
     placed = layout(tensors, alignment)
     head = encode_header(list(kv.items()), placed, alignment)
+    notes = ()
+    same_data = [(t.name, t.offset) for t in placed] == [(t.name, t.offset) for t in
+                                                         header.tensors.values()]
+    if same_data and len(head) <= header.data_offset:
+        # The new metadata fits before the old data section: pad to it, and every tensor keeps
+        # its offset (only the header region differs from the base).
+        notes = (f"header fits the base's header region ({len(head)} of "
+                 f"{header.data_offset} bytes): the tensor data keeps its offsets",)
+        head = head + b"\0" * (header.data_offset - len(head))
     copies = []
     for i, (src, dst) in enumerate(zip(kept.values(), placed)):
         end = dst.offset + dst.nbytes
         nxt = placed[i + 1].offset if i + 1 < len(placed) else -(-end // alignment) * alignment
         copies.append((dst.name, header.data_offset + src.offset, src.nbytes, nxt - end))
     changed = tuple(f"rename {old} -> {new}" for old, new in renamed.items() if old in kept)
-    return GGUFTask(rel, str(model.files[rel].path), head, tuple(copies), changed)
+    return GGUFTask(rel, str(model.files[rel].path), head, tuple(copies), changed + notes)
 
 
 def _check_guards(recipe, section: GGUFSection, gm: GGUFModel, arch: str) -> None:

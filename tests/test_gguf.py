@@ -220,6 +220,8 @@ def test_recipe_errors_name_the_line(tmp_path, body, message):
     ("  metadata:\n    - {set: general.name, value: 3}\n", "expected a string"),
     ("  metadata:\n    - {rename: general.name, to: general.architecture}\n", "already exists"),
     ("  tensors:\n    - {select: {glob: 'nothing*'}, drop: true}\n", "selects no tensor"),
+    ("  metadata:\n    - {set: general.alignment, value: 64}\n", "cannot edit it"),
+    ("  metadata:\n    - {drop: split.count, missing_ok: true}\n", "cannot edit it"),
     ("  tensors:\n    - {select: {glob: 'blk.*'}, rename: {pattern: '^blk\\.\\d+', to: 'b'}}\n",
      "two tensors the name"),
 ])

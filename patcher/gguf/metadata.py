@@ -10,6 +10,7 @@ from .format import ARRAY, STRING, KeyValue, encode_value
 from .recipe_section import GType, MetaOp
 
 MAX_VALUE_FILE = 16 << 20
+RESERVED = frozenset({"general.alignment"})
 SUMMARY_CHARS = 80
 
 
@@ -41,6 +42,10 @@ def describe(key: str, before: KeyValue | None, after: KeyValue | None) -> str:
 def apply_meta_op(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model,
                   lines: list[str], changes: list[dict], file: str) -> None:
     key = arch_key(op.key, arch)
+    for name in (key, arch_key(op.to, arch) if op.to else None):
+        if name is not None and (name in RESERVED or name.startswith("split.")):
+            raise PlanError(f"{name} describes the file's layout, which modelpatch writes "
+                            "itself; a recipe cannot edit it", where=op.loc)
     old = kv.get(key)
     if op.kind == "drop":
         if old is None:

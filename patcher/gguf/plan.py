@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+from collections import Counter
 
 from ..errors import GuardRefused, PlanError
 from ..plan import Action, FilePlan
@@ -168,11 +169,10 @@ def _tensor_op(op: TensorOp, gm, kept, renamed, block_count, changes) -> None:
                                     "after": _layout(t), "recipe_line": op.loc})
     if hits == 0:
         raise PlanError("selects no tensor", where=op.loc)
-    names = [renamed.get(n, n) for k in kept for n in k]
-    dup = {n for n in names if names.count(n) > 1} if len(set(names)) != len(names) else ()
+    counts = Counter(renamed.get(n, n) for k in kept for n in k)
+    dup = sorted(n for n, c in counts.items() if c > 1)
     if dup:
-        raise PlanError(f"the renames give two tensors the name {sorted(dup)[0]!r}",
-                        where=op.loc)
+        raise PlanError(f"the renames give two tensors the name {dup[0]!r}", where=op.loc)
 
 
 def _strip_nextn(gm, arch, kv, kept, changes, meta_lines, loc) -> None:

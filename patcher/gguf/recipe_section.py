@@ -17,7 +17,8 @@
         - {select: {regex: "^output\\.", layers: "0-3"}, rename: {pattern: "x", to: "y"}}
       strip_nextn: true               # drop the MTP/nextn blocks, fix the block count
 
-``type`` is a GGUF value type in lower case (``uint32``, ``float32``, ``string``, ``bool``...) or
+A select matches a tensor when every one of its keys does (``layers`` reads the block number
+of ``blk.N.*`` names). ``type`` is a GGUF value type in lower case (``uint32``, ``float32``, ``string``, ``bool``...) or
 ``array[uint32]``; without it a key keeps its type, and a new key's type is inferred.
 """
 

@@ -61,6 +61,12 @@ def commands(work: Path, base: Path) -> dict[str, tuple[list[str], Path]]:
     return {
         "cp": (["cp", str(base / "model.gguf"), str(out / "model.gguf")], out),
         "sha256sum": (["sha256sum", str(base / "model.gguf")], None),
+        # the yardstick: one copy plus one sha256, and a copy made durable (modelpatch
+        # fsyncs what it writes; cp and gguf_new_metadata.py do not)
+        "cp, then sha256sum": (["sh", "-c", 'cp "$0" "$1" && sha256sum "$1" >/dev/null',
+                                str(base / "model.gguf"), str(out / "model.gguf")], out),
+        "cp, then sync": (["sh", "-c", 'cp "$0" "$1" && sync "$1"', str(base / "model.gguf"),
+                           str(out / "model.gguf")], out),
         "modelpatch apply, base digest cached": (mp, out),
         "modelpatch apply, first time": (mp + ["FRESH_CACHE"], out),
         "gguf_new_metadata.py": ([sys.executable, str(new_meta), str(base / "model.gguf"),
@@ -114,6 +120,10 @@ def main() -> None:
              "| command | median s | GiB/s | x cp |", "|---|---:|---:|---:|"]
     for name, t in med.items():
         lines.append(f"| {name} | {t:.2f} | {size / 2**30 / t:.2f} | {t / med['cp']:.2f} |")
+    yardstick = med["cp, then sha256sum"]
+    lines += ["", f"modelpatch (digest cached) / (cp, then sha256sum): "
+              f"{med['modelpatch apply, base digest cached'] / yardstick:.2f}; "
+              f"first time: {med['modelpatch apply, first time'] / yardstick:.2f}."]
     lines += ["", "`modelpatch apply` writes the new file, sha256 of the output hashed while "
               "copying (copy_file_range), plus the manifest and revert data. The first time, "
               "the base's sha256 (for the manifest and revert) is computed too; later applies "

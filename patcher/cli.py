@@ -53,14 +53,17 @@ def inspect(model: str, as_json: bool) -> None:
     """Report architectures, quantization, tensors, shards and index health of MODEL (a
     directory, or one .gguf file)."""
     from . import api
-    from .gguf.inspect import render_gguf_report
     from .render import render_inspect
 
     report = api.inspect(model)
     if as_json:
         _emit_json(report)
+    elif report.get("format") == "gguf" or report.get("gguf"):
+        from .gguf.inspect import render_gguf_report
+
+        click.echo(render_gguf_report(report))
     else:
-        click.echo(render_gguf_report(report) or render_inspect(report))
+        click.echo(render_inspect(report))
 
 
 def _plan_options(in_place: bool, link: str, jobs: int | None, device: str,

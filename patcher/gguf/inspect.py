@@ -66,15 +66,13 @@ def _model_report(gm: GGUFModel, split_note: bool = False) -> dict:
     }
 
 
-def render_gguf_report(report: dict) -> str | None:
-    """The text of an inspect report that has GGUF models; None for one without."""
+def render_gguf_report(report: dict) -> str:
+    """The text of an inspect report that has GGUF models (alone, or beside safetensors)."""
     if report.get("format") == "gguf":
         return "\n".join([f"model      {report['path']}", *render_gguf(report["models"])])
-    if report.get("gguf"):
-        from ..render import render_inspect
+    from ..render import render_inspect
 
-        return "\n".join([render_inspect(report), "", *render_gguf(report["gguf"])])
-    return None
+    return "\n".join([render_inspect(report), "", *render_gguf(report["gguf"])])
 
 
 def render_gguf(reports: list[dict]) -> list[str]:

@@ -393,3 +393,15 @@ def test_metadata_that_fits_the_header_region_keeps_every_tensor_offset(tmp_path
                  f"value: {'x' * 400}}}\n", name="big")
     (entry,) = [f for f in api.plan(big, root).to_json()["files"] if f["path"] == "tiny.gguf"]
     assert not any("header fits" in line for line in entry["tensors"]["changed"])
+
+
+def test_an_mmproj_beside_the_model_is_left_alone(tmp_path):
+    root = tiny_dir(tmp_path, arch="glm4moe", nextn=1)
+    write_tiny(root / "mmproj-tiny.gguf", arch="clip", blocks=1,
+               extra_kv={"general.type": (gguf.GGUFValueType.STRING, "mmproj")})
+    plan = api.plan("gguf-strip-mtp", root)
+    assert {f.path: f.action.value for f in plan.files} == {"tiny.gguf": "rewrite-shard",
+                                                            "mmproj-tiny.gguf": "link"}
+    (root / "tiny.gguf").unlink()
+    with pytest.raises(PlanError, match="no .gguf model file"):
+        api.plan("gguf-strip-mtp", root)

@@ -27,10 +27,12 @@ _BLOCK = re.compile(r"blk\.(\d+)\.")
 def plan_gguf(recipe, model, changes: list[dict],
               max_shard_size: int | None = None) -> dict[str, FilePlan]:
     section: GGUFSection = recipe.gguf
-    models = gguf_models(model)
+    # A multimodal projector (mmproj) or a LoRA adapter beside the model is not the model:
+    # general.type says which is which (gguf-py's GGUFType), and recipes leave those alone.
+    models = [gm for gm in gguf_models(model) if gm.first.get("general.type") in (None, "model")]
     if not models:
-        raise PlanError("the recipe has a gguf: section but the model has no .gguf file",
-                        where=model.root)
+        raise PlanError("the recipe has a gguf: section but the model has no .gguf model file "
+                        "(mmproj and adapter files are left alone)", where=model.root)
     if max_shard_size and not model.shards:
         raise PlanError("--max-shard-size reshards safetensors; a GGUF keeps its split layout",
                         where=model.root, hint="llama.cpp's gguf-split splits or merges GGUFs")
@@ -62,11 +64,7 @@ def _plan_model(recipe, section: GGUFSection, model, gm: GGUFModel, changes) -> 
         _tensor_op(op, gm, kept, renamed, block_count.value if block_count else None, changes)
     kvs = [first_kv] + [dict(h.kv) for h in gm.headers[1:]]
     if len(gm.headers) > 1:
-        total = sum(len(k) for k in kept)
-        for kv in kvs:
-            if kv[SPLIT_TENSORS].value != total:
-                kv[SPLIT_TENSORS] = KeyValue(SPLIT_TENSORS, kv[SPLIT_TENSORS].vtype,
-                                             encode_value(kv[SPLIT_TENSORS].vtype, total))
+        _count_split_tensors(kvs, sum(len(k) for k in kept), changes, section.loc)
     plans = {}
     for i, (rel, header) in enumerate(zip(gm.files, gm.headers)):
         if kvs[i] == header.kv and list(kept[i]) == list(header.tensors) and not any(
@@ -79,6 +77,19 @@ def _plan_model(recipe, section: GGUFSection, model, gm: GGUFModel, changes) -> 
                               size_before=header.file_size, size_after=task.file_size,
                               diff="".join(lines) or None, shard_task=task)
     return plans
+
+
+def _count_split_tensors(kvs: list[dict[str, KeyValue]], total: int, changes: list[dict],
+                         loc: str) -> None:
+    """Every file of a split set says how many tensors the set holds."""
+    before = kvs[0][SPLIT_TENSORS]
+    if before.value == total:
+        return
+    for kv in kvs:
+        kv[SPLIT_TENSORS] = KeyValue(SPLIT_TENSORS, before.vtype,
+                                     encode_value(before.vtype, total))
+    changes.append({"kind": "gguf_metadata", "op": "set", "key": SPLIT_TENSORS,
+                    "before": before.value, "after": total, "recipe_line": loc})
 
 
 def _task(model, rel: str, header, kv: dict[str, KeyValue], kept: dict[str, TensorInfo],

@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import InputError
 from . import require_gguf
 
-MAX_HEADER_BYTES = 1 << 30        # metadata + tensor infos; real vocabularies take a few MiB
+MAX_HEADER_BYTES = 256 << 20       # metadata + tensor infos; real ones (vocab, merges) take ~20 MiB
 MAX_KEY_BYTES = 65535
 MAX_DIMS = 4                      # GGML_MAX_DIMS
 SUPPORTED_VERSIONS = (2, 3)       # version 1 used 32-bit counts and is long gone

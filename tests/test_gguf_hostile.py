@@ -136,3 +136,17 @@ def test_without_gguf_py_the_cli_says_how_to_install_it(tmp_path, monkeypatch):
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install -e '.[gguf]'" in lines[0], lines
+
+
+@needs_gguf
+def test_a_header_past_the_cap_is_refused_after_reading_at_most_the_cap(tmp_path, monkeypatch):
+    from patcher.gguf import format as fmt
+
+    monkeypatch.setattr(fmt, "FIRST_READ", 1024)
+    monkeypatch.setattr(fmt, "MAX_HEADER_BYTES", 4096)
+    path = tmp_path / "big.gguf"
+    path.write_bytes(gguf_bytes([ARCH, kv("general.description", STR, s("x" * 10000))]))
+    with pytest.raises(fmt.GGUFFormatError, match="header is longer than 4096 bytes"):
+        fmt.read_header(path)
+    path.write_bytes(gguf_bytes([ARCH, kv("general.description", STR, s("x" * 3000))]))
+    assert fmt.read_header(path).get("general.description") == "x" * 3000

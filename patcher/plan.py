@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config_ops import apply_config_ops
+from .config.ops import apply_config_ops
 from .errors import NothingToChange, PlanError
-from .jsonfile import dump_json_document, load_json_document, unified_diff
-from .model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir
-from .recipe import Recipe, check_guards
+from .config.jsonfile import dump_json_document, load_json_document, unified_diff
+from .model.model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir
+from .recipe.load import Recipe, check_guards
 
 
 class Action(str, enum.Enum):
@@ -39,7 +39,7 @@ class FilePlan:
     size_after: int | None = None
     content: bytes | None = None       # WRITE_JSON and ADD
     diff: str | None = None
-    shard_task: Any = None             # REWRITE_SHARD: a tensor_plan.ShardTask
+    shard_task: Any = None             # REWRITE_SHARD: a tensors.tasks.ShardTask
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None) -> Pla
 
         replaced.update(plan_gguf(recipe, model, changes, max_shard_size))
     if recipe.tensors or max_shard_size:
-        from .tensor_plan import plan_tensor_ops
+        from .tensors.planning import plan_tensor_ops
 
         tensors = plan_tensor_ops(recipe, model, changes, device=options.get("device") or "cpu",
                                   max_shard_size=max_shard_size)
@@ -233,7 +233,7 @@ def _check_added_file(name: str, content: bytes, loc: str) -> None:
                         f"the tensors: operations", where=loc)
     if name.endswith(".json"):
         from .errors import InputError
-        from .jsonfile import parse_json
+        from .config.jsonfile import parse_json
 
         try:
             parse_json(content, name, constants=False)
@@ -244,7 +244,7 @@ def _check_added_file(name: str, content: bytes, loc: str) -> None:
 
 def _quantization_warnings(model: ModelDir, replaced: dict[str, FilePlan],
                            dtypes: dict[str, str], changes: list[dict]) -> list[str]:
-    from .quant_consistency import final_json, quantization_warnings
+    from .tensors.quant_consistency import final_json, quantization_warnings
 
     def final(name: str):
         fp = replaced.get(name)

@@ -18,7 +18,7 @@ from patcher.cli import main
 from patcher.errors import GuardRefused, PlanError, RecipeError
 from patcher.gguf.files import gguf_models
 from patcher.gguf.format import read_header
-from patcher.model_dir import ModelDir
+from patcher.model.model_dir import ModelDir
 
 pytestmark = needs_gguf
 NEW_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"

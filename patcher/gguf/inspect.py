@@ -1,5 +1,6 @@
 """``modelpatch inspect`` for GGUF: architecture, metadata (long values summarised), tensors by
-ggml type, bytes by module group, and the split layout."""
+ggml type, bytes by module group, and the split layout, as plain data
+(``patcher.cli.render_gguf`` draws it)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from ..render import human_bytes, table
 from .files import SPLIT_NAME, GGUFModel, gguf_models
 from .format import read_header
 from .metadata import summarize
@@ -64,35 +64,3 @@ def _model_report(gm: GGUFModel, split_note: bool = False) -> dict:
                     "by_type": {k: dict(c) for k, c in sorted(by_type.items())},
                     "by_group": {k: dict(c) for k, c in sorted(by_group.items())}},
     }
-
-
-def render_gguf_report(report: dict) -> str:
-    """The text of an inspect report that has GGUF models (alone, or beside safetensors)."""
-    if report.get("format") == "gguf":
-        return "\n".join([f"model      {report['path']}", *render_gguf(report["models"])])
-    from ..render import render_inspect
-
-    return "\n".join([render_inspect(report), "", *render_gguf(report["gguf"])])
-
-
-def render_gguf(reports: list[dict]) -> list[str]:
-    lines = []
-    for r in reports:
-        split = r["split"]
-        lines += [f"gguf       {r['name']}  (GGUF v{r['version']}, architecture "
-                  f"{r['architecture']}, alignment {r['alignment']})",
-                  f"files      {split['count']}" + (" (split set, consistent)"
-                                                   if split["count"] > 1 else "")
-                  + (f" ({split['note']})" if split.get("note") else ""), ""]
-        width = max((len(k) for k in r["metadata"]), default=0)
-        lines += [f"  {k:<{width}}  {m['type']:<16} {m['value']}"
-                  for k, m in r["metadata"].items()]
-        lines.append("")
-        lines += table([[k, c["tensors"], human_bytes(c["bytes"])]
-                        for k, c in r["tensors"]["by_type"].items()], ["type", "tensors", "bytes"])
-        lines.append("")
-        lines += table([[k, c["tensors"], human_bytes(c["bytes"])]
-                        for k, c in r["tensors"]["by_group"].items()],
-                       ["group", "tensors", "bytes"])
-        lines.append("")
-    return lines

@@ -198,7 +198,7 @@ def _sourced(op: MetaOp, recipe, model):
         raise InputError("the value file is not UTF-8", where=path) from None
     if pointer is None:
         return text
-    from ..json_pointer import MISSING, resolve
+    from ..config.json_pointer import MISSING, resolve
 
     try:
         value = resolve(json.loads(text), pointer)

@@ -14,7 +14,7 @@ from collections import Counter
 
 from ..errors import GuardRefused, PlanError
 from ..plan import Action, FilePlan
-from ..regex_bound import per_name
+from ..recipe.regex_bound import per_name
 from .files import SPLIT_TENSORS, GGUFModel, gguf_models
 from .format import ARRAY, KeyValue, TensorInfo, encode_header, encode_value, layout
 from .metadata import apply_meta_op, arch_key, check_rope_known, describe

@@ -1,0 +1,321 @@
+"""The typed form of a recipe: frozen dataclasses produced by ``patcher.recipe.load.load_recipe``.
+
+Every operation and condition carries ``loc``, the ``file:line:col`` of the recipe item it came
+from, so that errors and the provenance change log can point at the recipe line.
+
+Values taken from the recipe (``SetOp.value``, ``Check.expected``...) are plain JSON values:
+``dict``, ``list``, ``str``, ``int``, ``float``, ``bool``, ``None``. Treat them as read-only.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+from ..config.json_pointer import join_pointer
+
+RECIPE_FORMAT_VERSIONS = (1,)
+
+# safetensors dtype names (the header's "dtype" field).
+SAFETENSORS_DTYPES = (
+    "BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64",
+    "F16", "BF16", "F32", "F64", "C64",
+    "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0",
+    "F4", "F6_E2M3", "F6_E3M2",
+)
+FLOAT_TARGETS = ("BF16", "F16", "F32")     # cast and dequantize targets, canonical names
+DEQUANT_SCHEMES = ("fp8-tensor", "fp8-block", "nvfp4-modelopt", "nvfp4-compressed-tensors",
+                   "mxfp4-gpt-oss", "auto")
+QUANT_SCHEMES = ("fp8-tensor", "fp8-block")
+QUANT_LAYOUTS = ("modelopt", "deepseek", "compressed-tensors")
+# (scheme, layout) pairs a checkpoint format exists for: ModelOpt FP8 is per-tensor
+# (weight_scale), DeepSeek-V3 is 128x128 blocks (weight_scale_inv), compressed-tensors has both.
+QUANT_COMBINATIONS = (
+    ("fp8-tensor", "modelopt"),
+    ("fp8-tensor", "compressed-tensors"),
+    ("fp8-block", "deepseek"),
+    ("fp8-block", "compressed-tensors"),
+)
+DEFAULT_BLOCK = (128, 128)
+
+
+# ---------------------------------------------------------------------------------- guards
+
+@dataclass(frozen=True)
+class Check:
+    """A leaf condition: ``{file, path, <predicate>: expected}``.
+
+    ``predicate`` is ``exists`` (expected: bool), ``equals`` (any JSON value), ``contains`` (an
+    array holds an element equal to expected, or a string holds expected as a substring) or
+    ``one_of`` (expected: list of values). ``scopes``: the condition holds if it holds with
+    ``path`` read inside ANY of these pointers (``("",)``: the document root).
+    """
+
+    file: str
+    path: str
+    predicate: str
+    expected: Any
+    scopes: tuple[str, ...]
+    message: str | None
+    loc: str
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    conditions: tuple["Condition", ...]
+    scopes: tuple[str, ...]
+    message: str | None
+    loc: str
+
+
+@dataclass(frozen=True)
+class AllOf:
+    conditions: tuple["Condition", ...]
+    scopes: tuple[str, ...]
+    message: str | None
+    loc: str
+
+
+@dataclass(frozen=True)
+class Not:
+    condition: "Condition"
+    scopes: tuple[str, ...]
+    message: str | None
+    loc: str
+
+
+Condition = Union[Check, AnyOf, AllOf, Not]
+
+
+# ---------------------------------------------------------------------------- config ops
+# ``scopes`` on every config op: the op applies with its pointers read inside each scope in turn
+# (``("",)``: the document root only). Scopes that do not exist in the document are skipped.
+
+@dataclass(frozen=True)
+class DropOp:
+    """Remove ``path``. A path missing from every scope is a PlanError unless ``missing_ok``."""
+
+    path: str
+    scopes: tuple[str, ...]
+    missing_ok: bool
+    loc: str
+    kind = "drop"
+
+
+@dataclass(frozen=True)
+class SetOp:
+    """Set ``path`` to ``value``, creating missing parent objects unless ``create_parents`` is
+    False (then a missing parent is an error). ``label`` is the friendly key the op was written
+    with (``set``, ``architectures`` or ``model_type``)."""
+
+    path: str
+    value: Any
+    scopes: tuple[str, ...]
+    loc: str
+    label: str = "set"
+    create_parents: bool = True
+    kind = "set"
+
+
+@dataclass(frozen=True)
+class RenameOp:
+    """Move the value at ``path`` to ``to`` (a key renamed in the same object keeps its place).
+    The target must not exist and its parent must. A source missing from every scope is a PlanError
+    unless ``missing_ok``."""
+
+    path: str
+    to: str
+    scopes: tuple[str, ...]
+    missing_ok: bool
+    loc: str
+    kind = "rename"
+
+
+@dataclass(frozen=True)
+class PatchOp:
+    """One RFC 6902 operation, applied through the ``jsonpatch`` library. ``value`` is meaningful
+    for add/replace/test, ``from_path`` for move/copy. ``missing_ok`` (remove, replace, move,
+    copy): skip the scopes where the path the op reads (``from`` for move/copy) is missing, instead
+    of failing as RFC 6902 does."""
+
+    op: str
+    path: str
+    value: Any
+    from_path: str | None
+    scopes: tuple[str, ...]
+    loc: str
+    missing_ok: bool = False
+    kind = "patch"
+    MISSING_OK_OPS = ("remove", "replace", "move", "copy")
+
+    def read_path(self) -> str:
+        """The pointer this op needs to exist (``from`` for move/copy)."""
+        return self.from_path if self.op in ("move", "copy") and self.from_path else self.path
+
+    def as_json_patch(self, scope: str = "") -> dict[str, Any]:
+        """The RFC 6902 operation object, pointers read inside ``scope``."""
+        out: dict[str, Any] = {"op": self.op, "path": join_pointer(scope, self.path)}
+        if self.op in ("add", "replace", "test"):
+            out["value"] = self.value
+        if self.op in ("move", "copy"):
+            assert self.from_path is not None
+            out["from"] = join_pointer(scope, self.from_path)
+        return out
+
+
+ConfigOp = Union[DropOp, SetOp, RenameOp, PatchOp]
+
+
+# ------------------------------------------------------------------------------ file ops
+
+@dataclass(frozen=True)
+class DropFile:
+    """Leave ``path`` out of the variant. A missing file is fine unless ``missing_ok`` is False."""
+
+    path: str
+    missing_ok: bool
+    loc: str
+    kind = "drop"
+
+
+@dataclass(frozen=True)
+class AddFile:
+    """Write ``content`` (UTF-8 text) as ``path``. Replacing an existing file needs
+    ``overwrite``."""
+
+    path: str
+    content: str
+    overwrite: bool
+    loc: str
+    kind = "add"
+
+
+FileOp = Union[DropFile, AddFile]
+
+
+# ---------------------------------------------------------------------------- tensor ops
+
+@dataclass(frozen=True)
+class TensorSelect:
+    """Which tensors an op applies to: names matching ANY glob (``fnmatch``, case-sensitive, on
+    the full name) or ANY regex (``re.search``), and, if ``dtypes`` is set, of one of those
+    safetensors dtypes. Exactly one of ``globs``/``regexes`` is non-empty."""
+
+    globs: tuple[str, ...]
+    regexes: tuple[str, ...]
+    dtypes: tuple[str, ...] | None
+    loc: str
+
+    def matches(self, name: str, dtype: str | None = None) -> bool:
+        if self.dtypes is not None and dtype is not None and dtype not in self.dtypes:
+            return False
+        if self.globs:
+            return any(fnmatch.fnmatchcase(name, g) for g in self.globs)
+        return any(re.search(r, name) for r in self.regexes)
+
+
+@dataclass(frozen=True)
+class DropTensors:
+    kind = "drop"
+
+
+@dataclass(frozen=True)
+class RenameTensors:
+    """New name = ``re.sub(pattern, to, name)``."""
+
+    pattern: str
+    to: str
+    kind = "rename"
+
+
+@dataclass(frozen=True)
+class CastTensors:
+    to: str  # one of FLOAT_TARGETS
+    kind = "cast"
+
+
+@dataclass(frozen=True)
+class DequantizeTensors:
+    scheme: str  # one of DEQUANT_SCHEMES
+    to: str      # one of FLOAT_TARGETS
+    # fp8-block (or auto) only: (bm, bn); None: the config's weight_block_size, else 128x128
+    block: tuple[int, int] | None = None
+    kind = "dequantize"
+
+
+@dataclass(frozen=True)
+class QuantizeTensors:
+    scheme: str                      # one of QUANT_SCHEMES
+    layout: str                      # one of QUANT_LAYOUTS
+    block: tuple[int, int] | None    # fp8-block only; default (128, 128)
+    kind = "quantize"
+
+
+TensorAction = Union[DropTensors, RenameTensors, CastTensors, DequantizeTensors, QuantizeTensors]
+
+
+@dataclass(frozen=True)
+class TensorOp:
+    """Apply ``action`` to every tensor ``select`` matches. An empty selection is a PlanError
+    unless ``allow_empty``."""
+
+    select: TensorSelect
+    action: TensorAction
+    allow_empty: bool
+    loc: str
+
+    @property
+    def kind(self) -> str:
+        return self.action.kind
+
+
+# -------------------------------------------------------------------------------- recipe
+
+@dataclass(frozen=True)
+class OutputLayout:
+    """The recipe's ``output:`` section: how the variant's shards are laid out."""
+
+    max_shard_size: int | None      # bytes; None keeps the base's shards
+    loc: str
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A loaded, validated recipe.
+
+    ``config`` maps each JSON file (a relative path in the model directory) to its ops, in recipe
+    order. ``text`` is the exact source text and ``sha256`` the hex digest of its UTF-8 bytes
+    (of the file's bytes when loaded from a file). ``source`` is the name used in ``loc``
+    strings; ``path`` the file it was read from, if any.
+    """
+
+    format_version: int
+    name: str
+    description: str
+    requires: tuple[Condition, ...]
+    config: dict[str, tuple[ConfigOp, ...]]
+    files: tuple[FileOp, ...]
+    tensors: tuple[TensorOp, ...]
+    text: str
+    sha256: str
+    source: str
+    path: Path | None = None
+    output: OutputLayout | None = None
+    gguf: Any = None
+    """A ``patcher.gguf.recipe_section.GGUFSection``, or None."""
+
+    def identity(self) -> dict:
+        """Which recipe this is, for output: name, the absolute file it came from, sha256."""
+        return {"name": self.name, "path": str(self.path.resolve()) if self.path else None,
+                "sha256": self.sha256}
+
+    @property
+    def touches_tensors(self) -> bool:
+        return bool(self.tensors) or self.max_shard_size is not None
+
+    @property
+    def max_shard_size(self) -> int | None:
+        return self.output.max_shard_size if self.output else None

@@ -54,11 +54,26 @@ def inspect(model: str | os.PathLike, *, endpoint: str | None = None) -> dict:
     report's ``remote`` then says what that transferred."""
     from .model.inspect_model import inspect_model
 
+    from .remote.model import is_remote
+
+    if not is_remote(model) and str(model).endswith(".gguf") and Path(model).is_file():
+        from .gguf.inspect import inspect_gguf_file
+
+        return inspect_gguf_file(Path(model))
     opened = open_model(model, endpoint=endpoint)
+    has_gguf = any(rel.endswith(".gguf") for rel in opened.files)
     if not opened.has("config.json") and not opened.shards:
-        raise ModelDirError("not a model directory (no config.json, no *.safetensors)",
-                            where=opened.root)
+        if not has_gguf:
+            raise ModelDirError("not a model directory (no config.json, no *.safetensors, "
+                                "no *.gguf)", where=opened.root)
+        from .gguf.inspect import inspect_gguf_dir
+
+        return {"format": "gguf", "path": str(opened.root), "models": inspect_gguf_dir(opened)}
     report = inspect_model(opened)
+    if has_gguf:
+        from .gguf.inspect import inspect_gguf_dir
+
+        report["gguf"] = inspect_gguf_dir(opened)
     if hasattr(opened, "transfer_report"):
         report["remote"] = opened.transfer_report()
     return report

@@ -122,6 +122,10 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None) -> Pla
     replaced.update(_plan_file_ops(recipe, model, changes))
     options = dict(options or {})
     max_shard_size = options.get("max_shard_size") or recipe.max_shard_size
+    if recipe.gguf is not None:
+        from .gguf.plan import plan_gguf
+
+        replaced.update(plan_gguf(recipe, model, changes, max_shard_size))
     if recipe.tensors or max_shard_size:
         from .tensors.planning import plan_tensor_ops
 

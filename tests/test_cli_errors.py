@@ -149,7 +149,7 @@ def test_inspect_of_a_folder_that_is_no_model(tmp_path):
     result = run("inspect", tmp_path / "notes")
     assert result.exit_code == 2 and result.stdout == ""
     assert _error_lines(result) == [f"modelpatch: error: {tmp_path / 'notes'}: not a model "
-                                    "directory (no config.json, no *.safetensors)"]
+                                    "directory (no config.json, no *.safetensors, no *.gguf)"]
     with pytest.raises(InputError, match="not a model directory"):
         api.inspect(tmp_path / "notes")
 

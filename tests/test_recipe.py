@@ -241,7 +241,7 @@ ERROR_CASES = [
      "unknown key 'dtpye' in select (did you mean 'dtype'?)"),
     (HEAD + "§colour: red\n",
      "unknown key 'colour' in recipe (expected one of: modelpatch, name, description, requires, "
-     "config, files, tensors, output)"),
+     "config, files, tensors, output, gguf)"),
     # required keys and wrong types
     ("§modelpatch: 1\nname: t\n", "recipe needs 'description'"),
     ("modelpatch: §'1'\nname: t\ndescription: d\n",
@@ -409,8 +409,8 @@ def test_all_errors_are_collected_in_document_order():
         "recipe.yaml:4:1", "recipe.yaml:6:3", "recipe.yaml:7:13", "recipe.yaml:9:21"]
     message = first_error(text)
     assert message == ("recipe.yaml:4:1: unknown key 'colour' in recipe (expected one of: "
-                       "modelpatch, name, description, requires, config, files, tensors, output) "
-                       "(and 3 more)")
+                       "modelpatch, name, description, requires, config, files, tensors, output, "
+                       "gguf) (and 3 more)")
     with pytest.raises(RecipeError) as info:
         load(text)
     assert info.value.where == "recipe.yaml:4:1" and info.value.exit_code == 2

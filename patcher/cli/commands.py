@@ -54,18 +54,23 @@ endpoint_option = click.option(
 
 
 @main.command()
-@click.argument("model", type=click.Path(file_okay=False, path_type=str))
+@click.argument("model", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 @endpoint_option
 def inspect(model: str, as_json: bool, endpoint: str | None) -> None:
     """Report architectures, quantization, tensors, shards and index health of MODEL (a
-    directory, or hf://ORG/NAME[@REV]: only its JSON files and safetensors headers are fetched)."""
+    directory, one .gguf file, or hf://ORG/NAME[@REV]: only its JSON files and safetensors
+    headers are fetched)."""
     from .. import api
     from .render import render_inspect
 
     report = api.inspect(model, endpoint=endpoint)
     if as_json:
         _emit_json(report)
+    elif report.get("format") == "gguf" or report.get("gguf"):
+        from .render_gguf import render_gguf_report
+
+        click.echo(render_gguf_report(report))
     else:
         click.echo(render_inspect(report))
         _echo_transfer(report.get("remote"))

@@ -38,7 +38,7 @@ __all__ = ["load_recipe", "evaluate_guards", "check_guards", "builtin_recipe_dir
            "builtin_recipe_names", "resolve_recipe", "Recipe"]
 
 TOP_KEYS = ("modelpatch", "name", "description", "requires", "config", "files", "tensors",
-            "output")
+            "output", "gguf")
 PREDICATES = ("exists", "equals", "contains", "one_of")
 COMBINATORS = ("any_of", "all_of", "not")
 LEAF_KEYS = ("file", "path", *PREDICATES, "in", "message")
@@ -165,8 +165,11 @@ def _top_level(v: rc.Validator, root: Any) -> dict[str, Any]:
     tensors = tuple(t for t in (
         parse_tensor_op(v, node, pos) for node, pos in v.items(root, "tensors")) if t is not None)
     _cross_check(v, root, config, files)
+    from ..gguf.recipe_section import parse_section
+
     return dict(format_version=version, name=name, description=description, requires=requires,
-                config=config, files=files, tensors=tensors, output=_output(v, root))
+                config=config, files=files, tensors=tensors, output=_output(v, root),
+                gguf=parse_section(v, root))
 
 
 def _output(v: rc.Validator, root: Any) -> OutputLayout | None:

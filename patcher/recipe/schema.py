@@ -304,6 +304,8 @@ class Recipe:
     source: str
     path: Path | None = None
     output: OutputLayout | None = None
+    gguf: Any = None
+    """A ``patcher.gguf.recipe_section.GGUFSection``, or None."""
 
     def identity(self) -> dict:
         """Which recipe this is, for output: name, the absolute file it came from, sha256."""

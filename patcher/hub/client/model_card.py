@@ -13,6 +13,7 @@ holding a newline) can add metadata.
 from __future__ import annotations
 
 import io
+import json
 import re
 from typing import Any
 
@@ -58,10 +59,23 @@ def change_lines(changes: list[dict], limit: int = 40) -> list[str]:
             lines.append(f"- tensor `{c['tensor']}`: {kind.split('_')[1]}{extra}")
         elif kind in ("file_dropped", "file_added"):
             lines.append(f"- file `{c['file']}`: {kind.split('_')[1]}")
+        elif kind == "gguf_metadata":
+            lines.append(_gguf_metadata_line(c))
     if len(lines) > limit:
         lines = lines[:limit] + [f"- ... and {len(lines) - limit} more (see "
                                  f"`modelpatch.provenance.json`)"]
     return lines
+
+
+def _gguf_metadata_line(c: dict) -> str:
+    """A GGUF metadata change (``patcher.gguf.metadata``); long values cut to one short line."""
+    if c["op"] == "rename":
+        return f"- GGUF metadata `{c['key']}`: renamed -> `{c['to']}`"
+    if c["op"] == "drop":
+        return f"- GGUF metadata `{c['key']}`: dropped"
+    value = json.dumps(c.get("after"), ensure_ascii=False).replace("`", "'")
+    value = value if len(value) <= 60 else value[:50] + "..."
+    return f"- GGUF metadata `{c['key']}`: set to `{value}`"
 
 
 def _yaml():

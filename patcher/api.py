@@ -40,10 +40,16 @@ def _open(model: str | os.PathLike) -> ModelDir:
     return ModelDir.open(model)
 
 
-def load(recipe: str | os.PathLike | Recipe) -> Recipe:
-    """A recipe from a path, a built-in name, or an already loaded ``Recipe``."""
+def load(recipe: str | os.PathLike | Recipe | list | tuple) -> Recipe:
+    """A recipe from a path, a built-in name, or an already loaded ``Recipe``; a list of those
+    is one recipe applying each in order (``recipe_bind.combine``)."""
     from .recipe import Recipe, load_recipe, resolve_recipe
+    from .recipe_bind import combine
 
+    if isinstance(recipe, (list, tuple)):
+        if not recipe:
+            raise InputError("no recipe given")
+        return combine([load(r) for r in recipe])
     return recipe if isinstance(recipe, Recipe) else load_recipe(resolve_recipe(recipe))
 
 
@@ -80,8 +86,11 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
           out: str | os.PathLike | None = None, force: bool = False, link: str = "auto",
           force_copy: bool = False, jobs: int | None = None, device: str = "cpu",
           max_shard_size: int | None = None, progress: Progress | None = None,
-          base_model: str | None = None, allow_noop: bool = False) -> ApplyResult:
+          base_model: str | None = None, allow_noop: bool = False,
+          params: dict | None = None) -> ApplyResult:
     """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``).
+
+    ``params``: values for the recipe's ``params:`` (typed, or strings as ``--set`` gives them).
 
     ``base_model`` (``ORG/NAME``) is recorded in the manifest as the hub repository the base
     is, for the model card; left out, it is read from the base where it says
@@ -106,7 +115,7 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
         base = ModelDir.open(model)
         link = check_mode("copy" if force_copy else link)
         options = {"link": link, "jobs": jobs, "device": device, "in_place": False,
-                   "max_shard_size": max_shard_size}
+                   "max_shard_size": max_shard_size, **({"params": params} if params else {})}
         the_plan = make_plan(loaded, base, options=options)
         require_change(the_plan, allow_noop)
         _log_warnings(the_plan)
@@ -150,9 +159,11 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
                    jobs: int | None = None, device: str = "cpu",
                    max_shard_size: int | None = None,
                    progress: Progress | None = None,
-                   base_model: str | None = None, allow_noop: bool = False) -> ApplyResult:
-    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model`` as for
-    ``apply``. A plan that changes nothing raises ``NothingToChange`` unless ``allow_noop``."""
+                   base_model: str | None = None, allow_noop: bool = False,
+                   params: dict | None = None) -> ApplyResult:
+    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model`` and
+    ``params`` as for ``apply``. A plan that changes nothing raises ``NothingToChange`` unless
+    ``allow_noop``."""
     from .inplace import apply_in_place as run
     from .plan import plan as make_plan, require_change
 
@@ -160,7 +171,7 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     base_model = _checked_base_model(base_model)
     base = _open(model)
     options = {"jobs": jobs, "device": device, "in_place": True,
-               "max_shard_size": max_shard_size}
+               "max_shard_size": max_shard_size, **({"params": params} if params else {})}
     the_plan = make_plan(loaded, base, options=options)
     require_change(the_plan, allow_noop)
     _log_warnings(the_plan)

@@ -62,9 +62,26 @@ def inspect(model: str, as_json: bool) -> None:
 
 
 def _plan_options(in_place: bool, link: str, jobs: int | None, device: str,
-                  max_shard_size: int | None) -> dict:
+                  max_shard_size: int | None, params: dict | None = None) -> dict:
     return {"in_place": in_place, "link": link, "jobs": jobs, "device": device,
-            "max_shard_size": max_shard_size}
+            "max_shard_size": max_shard_size, **({"params": params} if params else {})}
+
+
+def _set_values(items: tuple[str, ...]) -> dict[str, str]:
+    """``--set NAME=VALUE`` options as a dict (typed later, by each parameter's type)."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            raise click.UsageError(f"--set {item!r}: write --set NAME=VALUE")
+        out[name.strip()] = value
+    return out
+
+
+set_option = click.option(
+    "--set", "set_values", multiple=True, metavar="NAME=VALUE",
+    help="A value for a recipe parameter (see `modelpatch recipes show`), typed by the "
+         "parameter's declared type; repeatable.")
 
 
 base_model_option = click.option(
@@ -116,7 +133,7 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
 
 
 @main.command()
-@click.argument("recipe")
+@click.argument("recipe", nargs=-1, required=True)
 @click.argument("model", type=click.Path(file_okay=False, path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable plan.")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
@@ -125,17 +142,21 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
               help="Where apply would write the variant (predicts linking vs copying there).")
 @link_option
-def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: int | None,
-         allow_noop: bool, out: str | None, link: str | None) -> None:
-    """Show what applying RECIPE to MODEL would do (same as apply --dry-run)."""
+@set_option
+def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
+         max_shard_size: int | None, allow_noop: bool, out: str | None, link: str | None,
+         set_values: tuple[str, ...]) -> None:
+    """Show what applying RECIPE (one or more, in order) to MODEL would do (same as apply
+    --dry-run)."""
     from . import api
 
-    options = _plan_options(False, link or "auto", None, device, max_shard_size)
-    _show_plan(api.plan(recipe, model, options=options, out=out), as_json, allow_noop)
+    options = _plan_options(False, link or "auto", None, device, max_shard_size,
+                            _set_values(set_values))
+    _show_plan(api.plan(list(recipe), model, options=options, out=out), as_json, allow_noop)
 
 
 @main.command()
-@click.argument("recipe")
+@click.argument("recipe", nargs=-1, required=True)
 @click.argument("model")
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
               help="Where to write the variant (default: <model>-<recipe name> beside the "
@@ -153,11 +174,13 @@ def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: in
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 @allow_noop_option
 @base_model_option
+@set_option
 @quiet_option
 @click.pass_context
 def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, jobs, device,
-          max_shard_size, as_json, allow_noop, base_model):
-    """Apply RECIPE (a path or a built-in name) to MODEL and write a verified variant."""
+          max_shard_size, as_json, allow_noop, base_model, set_values):
+    """Apply RECIPE (a path or a built-in name; several are applied in order as one) to MODEL
+    and write a verified variant."""
     from . import api
     from .render import recipe_source
 
@@ -166,7 +189,8 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
     if force_copy and link not in (None, "copy"):
         raise click.UsageError(f"--copy is --link copy; it excludes --link {link}")
     link = "copy" if force_copy else link or "auto"
-    recipe = api.load(recipe)
+    recipe = api.load(list(recipe))
+    params = _set_values(set_values)
     if model.startswith(api.HF_SCHEME):
         resolved = api.resolve_model(model, progress=not ctx.obj.get("quiet"))
         if out is None and not in_place:       # never write beside a cache snapshot
@@ -174,7 +198,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                   f"{recipe.name}"
         model = str(resolved)
     if dry_run:
-        options = _plan_options(in_place, link, jobs, device, max_shard_size)
+        options = _plan_options(in_place, link, jobs, device, max_shard_size, params)
         _show_plan(api.plan(recipe, model, options=options, out=out), as_json, allow_noop)
         return
     if not ctx.obj.get("quiet") and sys.stderr.isatty():   # like the progress bars
@@ -186,12 +210,13 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
         if in_place:
             result = api.apply_in_place(recipe, model, jobs=jobs, device=device,
                                         max_shard_size=max_shard_size, progress=progress,
-                                        base_model=base_model, allow_noop=allow_noop)
+                                        base_model=base_model, allow_noop=allow_noop,
+                                        params=params)
         else:
             result = api.apply(recipe, model, out=out, force=force, link=link,
                                jobs=jobs, device=device, max_shard_size=max_shard_size,
                                progress=progress, base_model=base_model,
-                               allow_noop=allow_noop)
+                               allow_noop=allow_noop, params=params)
     if as_json:
         _emit_json({"output": str(result.output), "recipe": recipe.identity(),
                     "manifest_sha256": result.manifest_sha256,
@@ -335,16 +360,30 @@ def recipes_list() -> None:
     width = shutil.get_terminal_size().columns       # $COLUMNS, the terminal, else 80
     for path in sorted(builtin_recipe_dir().glob("*.yaml")):
         recipe = load_recipe(path)
-        click.echo(f"{recipe.name:<22} {shorten(recipe.description, width - 23)}")
+        params = " ".join(f"{p.name}={_param_default(p)}" for p in recipe.params)
+        head = f"{recipe.name:<22} " + (f"[{params}] " if params else "")
+        click.echo(head + shorten(recipe.description, max(width - len(head), 20)))
+
+
+def _param_default(param) -> str:
+    from .recipe_schema import REQUIRED
+
+    return "REQUIRED" if param.default is REQUIRED else json.dumps(param.default)
 
 
 @recipes.command("show")
 @click.argument("name")
 def recipes_show(name: str) -> None:
-    """Print the built-in recipe NAME (or a recipe file)."""
-    from .recipe import resolve_recipe
+    """Print the built-in recipe NAME (or a recipe file), then its parameters."""
+    from .recipe import load_recipe, resolve_recipe
 
-    click.echo(resolve_recipe(name).read_text(encoding="utf-8"), nl=False)
+    path = resolve_recipe(name)
+    click.echo(path.read_text(encoding="utf-8"), nl=False)
+    params = load_recipe(path).params
+    if params:
+        click.echo("\n# Parameters (apply/plan --set NAME=VALUE):")
+    for p in params:
+        click.echo(f"#   {p.name} ({p.type}, default {_param_default(p)}): {p.description}")
 
 
 add_shared_options(main)     # after every command: --debug, -q and --json after the subcommand

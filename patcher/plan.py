@@ -17,7 +17,8 @@ from .config_ops import apply_config_ops
 from .errors import NothingToChange, PlanError
 from .jsonfile import dump_json_document, load_json_document, unified_diff
 from .model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir
-from .recipe import Recipe, check_guards
+from .recipe import Recipe
+from .recipe_bind import bind_recipe
 
 
 class Action(str, enum.Enum):
@@ -111,7 +112,8 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None) -> Pla
         GuardRefused: a ``requires`` guard does not hold (nothing is planned).
         PlanError: an operation cannot be applied to this model (naming the recipe line).
     """
-    check_guards(recipe, model.json)
+    options = dict(options or {})
+    recipe = bind_recipe(recipe, model.json, options.get("params"))
     changes: list[dict] = []
     warnings: list[str] = list(model.warnings)
     replaced: dict[str, FilePlan] = {}
@@ -120,7 +122,6 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None) -> Pla
         if replaced_file is not None:
             replaced[name] = replaced_file
     replaced.update(_plan_file_ops(recipe, model, changes))
-    options = dict(options or {})
     max_shard_size = options.get("max_shard_size") or recipe.max_shard_size
     if recipe.tensors or max_shard_size:
         from .tensor_plan import plan_tensor_ops

@@ -32,14 +32,17 @@ from .guards import check_guards, evaluate_guards  # noqa: F401  (re-exported)
 from .recipe_schema import (RECIPE_FORMAT_VERSIONS, AddFile, AllOf, AnyOf, Check, ConfigOp,
                             Condition, DropFile, DropOp, FileOp, Not, OutputLayout, PatchOp,
                             Recipe, RenameOp, SetOp)
+from .recipe_params import (INCLUDE_KEYS, has_templates, include_path, parse_params,
+                            template_ops, template_value, type_problem)
+from .recipe_schema import Include
 from .recipe_tensors import parse_tensor_op
 from .recipe_yaml import MAX_RECIPE_BYTES, YamlProblems, compose_recipe
 
 __all__ = ["load_recipe", "evaluate_guards", "check_guards", "builtin_recipe_dir",
            "builtin_recipe_names", "resolve_recipe", "Recipe"]
 
-TOP_KEYS = ("modelpatch", "name", "description", "requires", "config", "files", "tensors",
-            "output")
+TOP_KEYS = ("modelpatch", "name", "description", "params", "include", "requires", "config",
+            "files", "tensors", "output")
 PREDICATES = ("exists", "equals", "contains", "one_of")
 COMBINATORS = ("any_of", "all_of", "not")
 LEAF_KEYS = ("file", "path", *PREDICATES, "in", "message")
@@ -59,7 +62,7 @@ FILE_KEYS = {"drop": ("drop", "missing_ok"), "add": ("add", "content", "overwrit
 # ------------------------------------------------------------------------------ loading
 
 def load_recipe(path_or_text: str | bytes | os.PathLike, *,
-                source_name: str | None = None) -> Recipe:
+                source_name: str | None = None, _including: tuple[str, ...] = ()) -> Recipe:
     """Load and validate a recipe.
 
     Args:
@@ -102,6 +105,8 @@ def load_recipe(path_or_text: str | bytes | os.PathLike, *,
     except YamlProblems as exc:
         raise _recipe_error(source, exc.problems) from None
     v = rc.Validator(source)
+    v.recipe_path = path
+    v.including = (*_including, str(path.resolve()) if path is not None else source)
     fields = _top_level(v, root)
     if v.problems:
         raise _recipe_error(source, v.problems)
@@ -158,16 +163,68 @@ def _top_level(v: rc.Validator, root: Any) -> dict[str, Any]:
         v.err(rc.val_pos(root, "name"), f"recipe name {name!r} must match "
               "[a-z0-9][a-z0-9._-]* and be at most 100 characters")
     description = v.string(root, "description")
+    params = parse_params(v, root)
+    v.param_names = {p.name for p in params}
+    includes = tuple(i for i in (
+        _include(v, node, pos) for node, pos in v.items(root, "include")) if i is not None)
     requires = tuple(c for c in (
         _condition(v, node, pos) for node, pos in v.items(root, "requires")) if c is not None)
-    config = _config(v, root)
+    config = template_ops(v, _config(v, root), v.param_names)
     files = tuple(f for f in (
         _file_op(v, node, pos) for node, pos in v.items(root, "files")) if f is not None)
     tensors = tuple(t for t in (
         parse_tensor_op(v, node, pos) for node, pos in v.items(root, "tensors")) if t is not None)
     _cross_check(v, root, config, files)
     return dict(format_version=version, name=name, description=description, requires=requires,
-                config=config, files=files, tensors=tensors, output=_output(v, root))
+                config=config, files=files, tensors=tensors, output=_output(v, root),
+                params=params, includes=includes)
+
+
+def _include(v: rc.Validator, node: Any, pos: tuple[int, int]) -> Include | None:
+    """``include: NAME`` or ``{recipe: NAME, params: {...}}``: the recipe, loaded now."""
+    if isinstance(node, str):
+        node = {"recipe": node}
+        values_node: Any = {}
+    elif rc.is_map(node):
+        v.check_keys(node, INCLUDE_KEYS, "include", required=("recipe",))
+        values_node = node.get("params") or {}
+    else:
+        v.err(pos, f"an include is a recipe name or path, or {{recipe: NAME, params: {{...}}}}; "
+              f"got {rc.yaml_type(node)}")
+        return None
+    name = v.check_string(node.get("recipe"), pos) if "recipe" in node else None
+    if name is None:
+        return None
+    try:
+        path = include_path(name, v.recipe_path)
+        if str(path.resolve()) in v.including:
+            v.err(pos, f"include {name!r} includes itself (through "
+                  f"{' -> '.join(Path(p).name for p in v.including)})")
+            return None
+        included = load_recipe(path, _including=v.including)
+    except (RecipeError, InputError) as exc:
+        v.err(pos, f"include {name!r}: {exc}")
+        return None
+    if not rc.is_map(values_node):
+        v.err(pos, f"include {name!r}: params must be a mapping")
+        return None
+    declared = {p.name: p for p in included.params}
+    values = {}
+    for key in values_node:
+        kpos = rc.key_pos(values_node, key)
+        if key not in declared:
+            v.err(kpos, f"include {name!r}: it has no parameter {key!r} (it has: "
+                  f"{', '.join(declared) or 'none'})")
+            continue
+        value = v.json_value(values_node[key], kpos)
+        if value is rc.INVALID:
+            continue
+        value = template_value(v, value, kpos, v.param_names)
+        problem = None if has_templates(value) else type_problem(declared[key].type, value)
+        if problem:
+            v.err(kpos, f"include {name!r}: parameter {key}: {problem}")
+        values[key] = value
+    return Include(included, values, v.loc(pos))
 
 
 def _output(v: rc.Validator, root: Any) -> OutputLayout | None:

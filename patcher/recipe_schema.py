@@ -208,13 +208,31 @@ class TensorSelect:
     regexes: tuple[str, ...]
     dtypes: tuple[str, ...] | None
     loc: str
+    # ``layers: ">= 61"``: (comparison, bound); the bound is an int once the recipe is bound to a
+    # model (a ``recipe_expr.Template`` before). Only names with a ``layers.N.`` part match.
+    layers: tuple[str, Any] | None = None
 
     def matches(self, name: str, dtype: str | None = None) -> bool:
         if self.dtypes is not None and dtype is not None and dtype not in self.dtypes:
             return False
+        if self.layers is not None and not _layer_matches(name, *self.layers):
+            return False
+        if not self.globs and not self.regexes:
+            return True
         if self.globs:
             return any(fnmatch.fnmatchcase(name, g) for g in self.globs)
         return any(re.search(r, name) for r in self.regexes)
+
+
+LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+LAYER_COMPARISONS = {">=": lambda a, b: a >= b, ">": lambda a, b: a > b,
+                     "<=": lambda a, b: a <= b, "<": lambda a, b: a < b,
+                     "==": lambda a, b: a == b}
+
+
+def _layer_matches(name: str, comparison: str, bound: Any) -> bool:
+    found = LAYER_RE.search(name)
+    return found is not None and LAYER_COMPARISONS[comparison](int(found.group(1)), bound)
 
 
 @dataclass(frozen=True)
@@ -229,6 +247,15 @@ class RenameTensors:
     pattern: str
     to: str
     kind = "rename"
+
+
+@dataclass(frozen=True)
+class CopyTensors:
+    """Add a byte-identical copy of each selected tensor named ``re.sub(pattern, to, name)``."""
+
+    pattern: str
+    to: str
+    kind = "copy"
 
 
 @dataclass(frozen=True)
@@ -254,7 +281,7 @@ class QuantizeTensors:
     kind = "quantize"
 
 
-TensorAction = Union[DropTensors, RenameTensors, CastTensors, DequantizeTensors, QuantizeTensors]
+TensorAction = Union[DropTensors, RenameTensors, CopyTensors, CastTensors, DequantizeTensors, QuantizeTensors]
 
 
 @dataclass(frozen=True)
@@ -273,6 +300,33 @@ class TensorOp:
 
 
 # -------------------------------------------------------------------------------- recipe
+
+PARAM_TYPES = ("string", "integer", "number", "boolean", "list")
+
+
+@dataclass(frozen=True)
+class Param:
+    """A declared recipe parameter. ``default`` is ``REQUIRED`` when the caller must give it."""
+
+    name: str
+    type: str           # one of PARAM_TYPES
+    default: Any
+    description: str
+    loc: str
+
+
+REQUIRED: Any = type("Required", (), {"__repr__": lambda self: "<required>"})()
+
+
+@dataclass(frozen=True)
+class Include:
+    """``include:`` item: another recipe, with parameter values (JSON values or templates over
+    the including recipe's parameters and the model's config)."""
+
+    recipe: "Recipe"
+    params: dict[str, Any]
+    loc: str
+
 
 @dataclass(frozen=True)
 class OutputLayout:
@@ -304,11 +358,27 @@ class Recipe:
     source: str
     path: Path | None = None
     output: OutputLayout | None = None
+    params: tuple[Param, ...] = ()
+    includes: tuple[Include, ...] = ()
+    # Set by ``recipe_bind.bind_recipe``: the parameter values used, and the recipes combined
+    # (each ``{name, path, sha256, text, params}``) when there is more than one.
+    bound: dict[str, Any] | None = None
+    components: tuple[dict, ...] = ()
 
     def identity(self) -> dict:
         """Which recipe this is, for output: name, the absolute file it came from, sha256."""
         return {"name": self.name, "path": str(self.path.resolve()) if self.path else None,
                 "sha256": self.sha256}
+
+    def manifest_record(self) -> dict:
+        """The manifest's ``recipe`` entry: name, sha256, text, and when used, the parameter
+        values and every recipe combined."""
+        out: dict[str, Any] = {"name": self.name, "sha256": self.sha256, "text": self.text}
+        if self.bound:
+            out["params"] = dict(self.bound)
+        if self.components:
+            out["components"] = [dict(c) for c in self.components]
+        return out
 
     @property
     def touches_tensors(self) -> bool:

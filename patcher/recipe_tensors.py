@@ -29,13 +29,13 @@ from typing import Any
 from . import recipe_checks as rc
 from .dtype_names import canonical_dtype, dtype_problem
 from .recipe_schema import (DEFAULT_BLOCK, DEQUANT_SCHEMES, FLOAT_TARGETS, QUANT_COMBINATIONS,
-                            QUANT_LAYOUTS, QUANT_SCHEMES, CastTensors,
+                            QUANT_LAYOUTS, QUANT_SCHEMES, CastTensors, CopyTensors,
                             DequantizeTensors, DropTensors, QuantizeTensors, RenameTensors,
                             TensorAction, TensorOp, TensorSelect)
 
-TENSOR_ACTIONS = ("drop", "rename", "cast", "dequantize", "quantize")
+TENSOR_ACTIONS = ("drop", "rename", "copy", "cast", "dequantize", "quantize")
 TENSOR_KEYS = ("select", "allow_empty", *TENSOR_ACTIONS)
-SELECT_KEYS = ("glob", "regex", "dtype")
+SELECT_KEYS = ("glob", "regex", "dtype", "layers")
 
 
 def parse_tensor_op(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorOp | None:
@@ -68,8 +68,18 @@ def _select(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorSelect | None:
         return None
     v.check_keys(node, SELECT_KEYS, "select")
     kinds = [k for k in ("glob", "regex") if k in node]
+    layers = None
+    if "layers" in node:
+        from .recipe_params import parse_layers
+
+        layers = parse_layers(v, node["layers"], rc.val_pos(node, "layers"),
+                              getattr(v, "param_names", set()))
+        if layers is None:
+            return None
+        if not kinds:
+            return TensorSelect((), (), None, v.loc(pos), layers=layers)
     if len(kinds) != 1:
-        v.err(pos, "select needs exactly one of 'glob' and 'regex'")
+        v.err(pos, "select needs exactly one of 'glob' and 'regex' (or 'layers' alone)")
         return None
     patterns = v.strings(node, kinds[0])
     if patterns is None:
@@ -93,7 +103,7 @@ def _select(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorSelect | None:
         return None
     texts = tuple(p for p, _ in patterns)
     return TensorSelect(texts if kinds[0] == "glob" else (),
-                        texts if kinds[0] == "regex" else (), dtypes, v.loc(pos))
+                        texts if kinds[0] == "regex" else (), dtypes, v.loc(pos), layers=layers)
 
 
 def _check_regex(v: rc.Validator, pattern: str, pos: rc.Pos) -> bool:
@@ -208,12 +218,14 @@ def _action(v: rc.Validator, node: Any, action: str,
         return None if to is None else CastTensors(to)
     if not rc.is_map(value):
         example = {"rename": "{pattern: '^old\\.', to: 'new.'}",
+                   "copy": "{pattern: 'embed_tokens', to: 'lm_head'}",
                    "dequantize": "{scheme: auto, to: bf16}",
                    "quantize": "{scheme: fp8-block, layout: deepseek}"}[action]
         v.err(pos, f"{action} must be a mapping such as {example}; got {rc.yaml_type(value)}")
         return None
-    if action == "rename":
-        return _rename(v, value, pos, select)
+    if action in ("rename", "copy"):
+        renamed = _rename(v, value, pos, select, action)
+        return renamed if renamed is None or action == "rename" else CopyTensors(renamed.pattern, renamed.to)
     if action == "dequantize":
         return _dequantize(v, value)
     v.check_keys(value, ("scheme", "layout", "block"), "quantize", required=("scheme", "layout"))
@@ -273,9 +285,9 @@ def _block(v: rc.Validator, value: Any, scheme: str,
     return (int(raw[0]), int(raw[1]))
 
 
-def _rename(v: rc.Validator, value: Any, pos: rc.Pos,
-            select: TensorSelect | None) -> RenameTensors | None:
-    v.check_keys(value, ("pattern", "to"), "rename", required=("to",))
+def _rename(v: rc.Validator, value: Any, pos: rc.Pos, select: TensorSelect | None,
+            action: str = "rename") -> RenameTensors | None:
+    v.check_keys(value, ("pattern", "to"), action, required=("to",))
     to = v.string(value, "to", nonempty=False)
     if "pattern" in value:
         pattern = v.string(value, "pattern")
@@ -286,7 +298,7 @@ def _rename(v: rc.Validator, value: Any, pos: rc.Pos,
         pattern, ppos = select.regexes[0], pos
     else:
         if select is not None:
-            v.err(pos, "rename needs 'pattern' unless select has exactly one regex")
+            v.err(pos, f"{action} needs 'pattern' unless select has exactly one regex")
         return None
     if to is None:
         return None

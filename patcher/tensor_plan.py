@@ -82,7 +82,10 @@ def _describe_select(sel) -> str:
     kind, patterns = ("glob", sel.globs) if sel.globs else ("regex", sel.regexes)
     text = patterns[0] if len(patterns) == 1 else list(patterns)
     dtypes = f", dtype: {list(sel.dtypes)}" if sel.dtypes else ""
-    return f"{{{kind}: {text!r}{dtypes}}}"
+    layers = f"layers: '{sel.layers[0]} {sel.layers[1]}'" if sel.layers else ""
+    if not patterns:
+        return f"{{{layers}{dtypes}}}"
+    return f"{{{kind}: {text!r}{dtypes}{', ' + layers if layers else ''}}}"
 
 
 def check_device(device: str | None) -> str:
@@ -322,7 +325,32 @@ def _converted(name, t, dtype, shape, how, loc, **extra) -> dict:
     return entry
 
 
-_HANDLERS = {"drop": _drop, "rename": _rename, "cast": _cast, "quantize": _quantize}
+def _copy(view, names, op, changes) -> None:
+    """Add a byte-identical copy of each selected tensor, next to it in its shard."""
+    pattern = re.compile(op.action.pattern)
+    with per_name(f"the copy pattern {op.action.pattern!r}", op.loc) as clock:
+        copies = {}
+        for n in names:
+            clock.start(n)
+            copies[n] = pattern.sub(op.action.to, n)
+    for old, new in copies.items():
+        if new == old or not new or new == "__metadata__":
+            raise PlanError(f"copy would give the tensor the name {new!r}, which is its own, "
+                            f"empty or reserved", where=op.loc, tensor=old)
+        if new in view or list(copies.values()).count(new) > 1:
+            raise PlanError(f"copy collision: {new!r} already exists or is made twice",
+                            where=op.loc, tensor=old)
+        t = view[old]
+        _primary(t, op.loc)
+        view[new] = replace(t, name=new, job=replace(t.job, out=replace(t.job.out, name=new)),
+                            order=t.order + 1e-3)
+        changes.append({"kind": "tensor_added", "tensor": new, "copy_of": old, "shard": t.shard,
+                        "reason": "copy", "before": None, "after": _layout(t),
+                        "recipe_line": op.loc})
+
+
+_HANDLERS = {"drop": _drop, "rename": _rename, "copy": _copy, "cast": _cast,
+             "quantize": _quantize}
 
 
 # --- shards ---------------------------------------------------------------------------------

@@ -240,8 +240,8 @@ ERROR_CASES = [
     (HEAD + "tensors:\n  - select: {glob: x, §dtpye: [F32]}\n    drop: true\n",
      "unknown key 'dtpye' in select (did you mean 'dtype'?)"),
     (HEAD + "§colour: red\n",
-     "unknown key 'colour' in recipe (expected one of: modelpatch, name, description, requires, "
-     "config, files, tensors, output)"),
+     "unknown key 'colour' in recipe (expected one of: modelpatch, name, description, params, "
+     "include, requires, config, files, tensors, output)"),
     # required keys and wrong types
     ("§modelpatch: 1\nname: t\n", "recipe needs 'description'"),
     ("modelpatch: §'1'\nname: t\ndescription: d\n",
@@ -353,7 +353,7 @@ ERROR_CASES = [
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    rename: §{to: x}\n",
      "rename needs 'pattern' unless select has exactly one regex"),
     (HEAD + "tensors:\n  - select: §{glob: '*', regex: x}\n    drop: true\n",
-     "select needs exactly one of 'glob' and 'regex'"),
+     "select needs exactly one of 'glob' and 'regex' (or 'layers' alone)"),
     (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§f33]}\n    drop: true\n",
      "unknown dtype 'f33' (did you mean 'F32'?)"),
     (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§Q4_K]}\n    drop: true\n",
@@ -371,7 +371,7 @@ ERROR_CASES = [
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    drop: true\n    §cast: bf16\n",
      "one action per tensor operation; found 'drop' and 'cast' (write two list items)"),
     (HEAD + "tensors:\n  - §select: {glob: '*'}\n",
-     "a tensor operation needs one of: drop, rename, cast, dequantize, quantize"),
+     "a tensor operation needs one of: drop, rename, copy, cast, dequantize, quantize"),
     (HEAD + "tensors:\n  - §drop: true\n", "tensor operation needs 'select'"),
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: §nvfp4}\n",
      "unknown scheme 'nvfp4' (did you mean 'nvfp4-modelopt' or 'nvfp4-compressed-tensors'?)"),
@@ -409,7 +409,8 @@ def test_all_errors_are_collected_in_document_order():
         "recipe.yaml:4:1", "recipe.yaml:6:3", "recipe.yaml:7:13", "recipe.yaml:9:21"]
     message = first_error(text)
     assert message == ("recipe.yaml:4:1: unknown key 'colour' in recipe (expected one of: "
-                       "modelpatch, name, description, requires, config, files, tensors, output) "
+                       "modelpatch, name, description, params, include, requires, config, files, "
+                       "tensors, output) "
                        "(and 3 more)")
     with pytest.raises(RecipeError) as info:
         load(text)

@@ -777,6 +777,11 @@ def _plain(text: str):
 
 
 SCHEMA_VALID = [
+    HEAD + "params:\n  f: {type: number, default: 2, description: x}\ninclude:\n  - yarn\n"
+           "  - {recipe: yarn, params: {factor: '{f}'}}\nconfig:\n  config.json:\n"
+           "    - set: /a\n      value: '{f} * {config.b} // 1'\n",
+    HEAD + "tensors:\n  - select: {layers: '>= {config.num_hidden_layers}'}\n    drop: true\n"
+           "  - select: {glob: 'x*', layers: '< 2'}\n    copy: {pattern: x, to: y}\n",
     HEAD + "output:\n  max_shard_size: 5GB\n",
     HEAD + "output:\n  max_shard_size: 1.5 GiB\n",
     HEAD + "output:\n  max_shard_size: 1000000\n",
@@ -801,6 +806,11 @@ SCHEMA_VALID = [
 ]
 
 SCHEMA_INVALID = [
+    HEAD + "params:\n  f: {type: float, description: x}\n",
+    HEAD + "params:\n  f: {type: number}\n",
+    HEAD + "include:\n  - {recipe: yarn, with: {}}\n",
+    HEAD + "tensors:\n  - select: {layers: 'above 2'}\n    drop: true\n",
+    HEAD + "tensors:\n  - select: {glob: x}\n    copy: {to: y}\n    drop: true\n",
     HEAD + "output:\n  max_shard_size: 5 lots\n",
     HEAD + "output:\n  max_shard_size: 5K\n",
     HEAD + "output:\n  max_shard_size: 0\n",

@@ -360,9 +360,10 @@ def recipes_list() -> None:
     width = shutil.get_terminal_size().columns       # $COLUMNS, the terminal, else 80
     for path in sorted(builtin_recipe_dir().glob("*.yaml")):
         recipe = load_recipe(path)
-        params = " ".join(f"{p.name}={_param_default(p)}" for p in recipe.params)
-        head = f"{recipe.name:<22} " + (f"[{params}] " if params else "")
-        click.echo(head + shorten(recipe.description, max(width - len(head), 20)))
+        click.echo(f"{recipe.name:<22} {shorten(recipe.description, width - 23)}")
+        if recipe.params:
+            params = " ".join(f"{p.name}={_param_default(p)}" for p in recipe.params)
+            click.echo(" " * 23 + shorten(f"--set {params}", width - 23))
 
 
 def _param_default(param) -> str:

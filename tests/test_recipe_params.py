@@ -143,7 +143,7 @@ def test_cli_set_and_recipes_show_lists_params(tmp_path):
     shown = runner.invoke(main, ["recipes", "show", "yarn"])
     assert shown.exit_code == 0 and "params:" in shown.output
     listed = runner.invoke(main, ["recipes", "list"])
-    assert "yarn" in listed.output and "[factor=4.0]" in listed.output
+    assert "yarn" in listed.output and "--set factor=4.0" in listed.output
 
 
 # -------------------------------------------------------------------------- composition

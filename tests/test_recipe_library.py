@@ -215,3 +215,50 @@ def test_drop_consolidated_removes_the_duplicate(tiny_bf16_dir, tmp_path):
     shutil.copy(base / "consolidated.safetensors", single / "consolidated.safetensors")
     with pytest.raises(GuardRefused, match="no model.safetensors.index.json"):
         api.plan("drop-consolidated", single)
+
+
+# ---------------------------------------------------------------------- sampling-defaults
+
+def test_sampling_defaults_neutral_or_given(qwen3_dirs, tmp_path):
+    base = _copy(qwen3_dirs["untied"], tmp_path / "base")
+    gen = _json(base / "generation_config.json")
+    gen.update(temperature=0.7, top_p=0.8, top_k=20, do_sample=True)
+    (base / "generation_config.json").write_text(json.dumps(gen))
+    out = api.apply("sampling-defaults", base, out=tmp_path / "v").output
+    got = _json(out / "generation_config.json")
+    assert (got["temperature"], got["top_p"], got["top_k"], got["min_p"],
+            got["repetition_penalty"]) == (1.0, 1.0, 0, 0.0, 1.0)
+    given = api.apply("sampling-defaults", base, out=tmp_path / "w",
+                      params={"temperature": "0.6", "top_p": "0.95"}).output
+    from transformers import GenerationConfig
+
+    config = GenerationConfig.from_pretrained(given)
+    assert (config.temperature, config.top_p, config.top_k) == (0.6, 0.95, 0)
+    _, info = _load(given)
+    assert _clean(info)
+
+
+# ------------------------------------------------------------------------ no-remote-code
+
+def test_no_remote_code_loads_natively(qwen3_dirs, tmp_path):
+    base = _copy(qwen3_dirs["untied"], tmp_path / "base")
+    cfg = _json(base / "config.json")
+    cfg.update(model_type="custom_qwen", architectures=["CustomQwenForCausalLM"],
+               auto_map={"AutoConfig": "configuration_custom.CustomConfig",
+                         "AutoModelForCausalLM": "modeling_custom.CustomQwenForCausalLM"})
+    (base / "config.json").write_text(json.dumps(cfg))
+    (base / "tokenizer_config.json").write_text(json.dumps(
+        {"auto_map": {"AutoTokenizer": ["tok.T", None]}, "eos_token": "x"}))
+    with pytest.raises(InputError, match="needs parameter 'model_type'"):
+        api.plan("no-remote-code", base)
+    out = api.apply("no-remote-code", base, out=tmp_path / "v",
+                    params={"model_type": "qwen3", "architectures": "Qwen3ForCausalLM"}).output
+    cfg = _json(out / "config.json")
+    assert "auto_map" not in cfg and cfg["architectures"] == ["Qwen3ForCausalLM"]
+    assert "auto_map" not in _json(out / "tokenizer_config.json")
+    _, info = _load(out)            # no trust_remote_code
+    assert _clean(info)
+    assert torch.equal(transformers_logits(out), transformers_logits(qwen3_dirs["untied"]))
+    with pytest.raises(GuardRefused, match="has no auto_map"):
+        api.plan("no-remote-code", out, options={"params": {"model_type": "qwen3",
+                                                            "architectures": ["X"]}})

@@ -200,7 +200,7 @@ def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list[dict]) -> dict
                              diff=unified_diff(model.read_bytes(name) if source else None,
                                                content, name))
         changes.append({"kind": "file_added", "file": name, "size": len(content),
-                        "replaced": source is not None})
+                        "replaced": source is not None, **(op.source or {})})
     return out
 
 

@@ -33,7 +33,7 @@ from .recipe_schema import (RECIPE_FORMAT_VERSIONS, AddFile, AllOf, AnyOf, Check
                             Condition, DropFile, DropOp, FileOp, Not, OutputLayout, PatchOp,
                             Recipe, RenameOp, SetOp)
 from .recipe_params import (INCLUDE_KEYS, has_templates, include_path, parse_params,
-                            template_ops, template_value, type_problem)
+                            read_beside, template_ops, template_value, type_problem)
 from .recipe_schema import Include
 from .recipe_tensors import parse_tensor_op
 from .recipe_yaml import MAX_RECIPE_BYTES, YamlProblems, compose_recipe
@@ -56,7 +56,7 @@ CONFIG_KEYS = {
     "op": ("op", "path", "value", "from", "in", "missing_ok"),
 }
 PATCH_OPS = ("add", "remove", "replace", "move", "copy", "test")
-FILE_KEYS = {"drop": ("drop", "missing_ok"), "add": ("add", "content", "overwrite")}
+FILE_KEYS = {"drop": ("drop", "missing_ok"), "add": ("add", "content", "from", "overwrite")}
 
 
 # ------------------------------------------------------------------------------ loading
@@ -431,7 +431,7 @@ def _file_op(v: rc.Validator, node: Any, pos: tuple[int, int]) -> FileOp | None:
               f"{rc.yaml_type(node)}")
         return None
     actions = [k for k in node if k in FILE_KEYS]
-    all_keys = ("drop", "missing_ok", "add", "content", "overwrite")
+    all_keys = ("drop", "missing_ok", "add", "content", "from", "overwrite")
     if len(actions) != 1:
         if len(actions) > 1:
             v.err(rc.key_pos(node, actions[1]), "one operation per list item; found 'drop' and "
@@ -440,15 +440,24 @@ def _file_op(v: rc.Validator, node: Any, pos: tuple[int, int]) -> FileOp | None:
             v.err(pos, "a file operation needs 'drop' or 'add'")
         return None
     action = actions[0]
-    v.check_keys(node, FILE_KEYS[action], f"'{action}' file operation",
-                 required=("content",) if action == "add" else (), suggest=all_keys)
+    v.check_keys(node, FILE_KEYS[action], f"'{action}' file operation", suggest=all_keys)
     name = v.filename(node, action)
     loc = v.loc(pos)
     if action == "drop":
         missing_ok = v.boolean(node, "missing_ok", default=True)
         return None if name is None else DropFile(name, missing_ok, loc)
-    content = v.string(node, "content", nonempty=False)
+    if ("content" in node) == ("from" in node):
+        v.err(pos, "files: add needs one of 'content' (the text) and 'from' (a file next to the "
+              "recipe)")
+        return None
     overwrite = v.boolean(node, "overwrite", default=False)
+    if "from" in node:
+        source = v.string(node, "from")
+        found = None if source is None else read_beside(v, source, rc.val_pos(node, "from"))
+        if name is None or found is None:
+            return None
+        return AddFile(name, found[0], overwrite, loc, source=found[1])
+    content = v.string(node, "content", nonempty=False)
     return None if name is None or content is None else AddFile(name, content, overwrite, loc)
 
 

@@ -86,10 +86,7 @@ def _bind(recipe: Recipe, read_json: ReadJson, values: dict[str, Any],
     check_guards(recipe, read_json)
     config = {file: tuple(_bind_op(op, lookup) for op in ops)
               for file, ops in recipe.config.items()}
-    try:
-        tensors = bind_tensor_ops(recipe.tensors, lambda t, loc: _evaluate(t, lookup, loc))
-    except TemplateError as exc:
-        raise PlanError(str(exc), where=recipe.tensors[0].loc) from None
+    tensors = bind_tensor_ops(recipe.tensors, lambda t, loc: _evaluate(t, lookup, loc))
     parts.append((replace(recipe, config=config, tensors=tensors, includes=(), params=(),
                           bound=typed), typed))
     return parts

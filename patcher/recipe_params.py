@@ -191,14 +191,17 @@ def parse_layers(v: rc.Validator, node: Any, pos: rc.Pos, names: set[str]):
 
 def bind_tensor_ops(tensors: tuple[TensorOp, ...],
                     evaluate: Callable[[Any, str], Any]) -> tuple[TensorOp, ...]:
+    """The tensor ops with their ``layers:`` bounds evaluated (PlanError naming the line)."""
+    from .errors import PlanError
+
     out = []
     for op in tensors:
         layers = op.select.layers
         if layers is not None and isinstance(layers[1], Template):
             bound = evaluate(layers[1], op.select.loc)
             if isinstance(bound, bool) or not isinstance(bound, int):
-                raise TemplateError(f"layers: {layers[1].source!r} is {bound!r}, not an "
-                                    "integer layer index")
+                raise PlanError(f"layers: {layers[1].source!r} is {bound!r}, not an integer "
+                                "layer index", where=op.select.loc)
             op = replace(op, select=replace(op.select, layers=(layers[0], bound)))
         out.append(op)
     return tuple(out)
@@ -223,3 +226,40 @@ def include_path(text: str, including: Path | None) -> Path:
     if not path.is_file():
         raise InputError(f"no recipe file {text!r} (looked at {path})")
     return path
+
+
+MAX_FROM_BYTES = 16 << 20
+
+
+def read_beside(v: rc.Validator, name: str, pos: rc.Pos) -> tuple[str, dict] | None:
+    """``files: add ... from: NAME``: the UTF-8 text of NAME, a file in the recipe's directory
+    (or below it; never outside, never through a symlink that leads outside), and
+    ``{"from": NAME, "sha256": ...}`` to pin it in the plan and manifest."""
+    import hashlib
+
+    from .fsops import NotRegularFile, TooLarge, read_capped
+
+    if v.recipe_path is None:
+        v.err(pos, "from: needs a recipe read from a file (it names a file next to the recipe)")
+        return None
+    base = Path(v.recipe_path).resolve().parent
+    target = (base / name).resolve()
+    if Path(name).is_absolute() or not target.is_relative_to(base):
+        v.err(pos, f"from: {name!r} is outside the recipe's directory {base}")
+        return None
+    try:
+        data = read_capped(target, MAX_FROM_BYTES)
+        text = data.decode("utf-8")
+    except (FileNotFoundError, IsADirectoryError, NotRegularFile):
+        v.err(pos, f"from: no such file {name!r} next to the recipe")
+        return None
+    except TooLarge:
+        v.err(pos, f"from: {name!r} is larger than {MAX_FROM_BYTES >> 20} MiB")
+        return None
+    except UnicodeDecodeError:
+        v.err(pos, f"from: {name!r} is not UTF-8 text")
+        return None
+    except OSError as exc:
+        v.err(pos, f"from: cannot read {name!r}: {exc.strerror or exc}")
+        return None
+    return text, {"from": name, "sha256": hashlib.sha256(data).hexdigest()}

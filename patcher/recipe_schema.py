@@ -190,6 +190,7 @@ class AddFile:
     content: str
     overwrite: bool
     loc: str
+    source: dict | None = None      # from: a file next to the recipe, {"from", "sha256"}
     kind = "add"
 
 

@@ -334,7 +334,8 @@ ERROR_CASES = [
      "file name '.modelpatch/journal.json' is reserved for modelpatch's own records"),
     (HEAD + "files:\n  - add: §modelpatch.provenance.json\n    content: x\n",
      "file name 'modelpatch.provenance.json' is reserved for modelpatch's own records"),
-    (HEAD + "files:\n  - §add: x.txt\n", "'add' file operation needs 'content'"),
+    (HEAD + "files:\n  - §add: x.txt\n",
+     "files: add needs one of 'content' (the text) and 'from' (a file next to the recipe)"),
     (HEAD + "files:\n  - {drop: a, §add: b, content: c}\n",
      "one operation per list item; found 'drop' and 'add'"),
     (HEAD + "files:\n  - drop: x.json\n  - §drop: x.json\n",
@@ -806,6 +807,8 @@ SCHEMA_VALID = [
 ]
 
 SCHEMA_INVALID = [
+    HEAD + "files:\n  - {add: x.txt, content: a, from: b.txt}\n",
+    HEAD + "files:\n  - {add: x.txt}\n",
     HEAD + "params:\n  f: {type: float, description: x}\n",
     HEAD + "params:\n  f: {type: number}\n",
     HEAD + "include:\n  - {recipe: yarn, with: {}}\n",

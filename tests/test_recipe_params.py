@@ -230,3 +230,40 @@ def test_layer_selector_tied_to_the_config_and_copy(tmp_path):
     assert sorted(got) == ["lm_head.weight", "model.embed_tokens.weight",
                            "model.layers.0.w", "model.layers.1.w"]
     assert torch.equal(got["lm_head.weight"], tensors["model.embed_tokens.weight"])
+
+
+# ---------------------------------------------------------------------------- files: from
+
+def test_files_add_from_a_file_next_to_the_recipe_is_pinned(tmp_path):
+    model = _model(tmp_path / "m", {"n": 1})
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "chat_template.jinja").write_text("{{ messages }}{% if x %}y{% endif %}")
+    recipe = _write(tmp_path / "r" / "r.yaml", HEAD + "files:\n  - add: chat_template.jinja\n"
+                    "    from: chat_template.jinja\n")
+    out = api.apply(str(recipe), model, out=tmp_path / "v").output
+    assert (out / "chat_template.jinja").read_text() == "{{ messages }}{% if x %}y{% endif %}"
+    from patcher.manifest import read_manifest
+
+    changes = read_manifest(out).changes
+    added = [c for c in changes if c["kind"] == "file_added"][0]
+    import hashlib
+
+    assert added["from"] == "chat_template.jinja"
+    assert added["sha256"] == hashlib.sha256(
+        (tmp_path / "r" / "chat_template.jinja").read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("source, message", [
+    ("../secret.txt", "outside the recipe's directory"),
+    ("/etc/hostname", "outside the recipe's directory"),
+    ("missing.txt", "no such file"),
+    ("link.txt", "outside the recipe's directory"),
+])
+def test_files_add_from_stays_beside_the_recipe(tmp_path, source, message):
+    (tmp_path / "secret.txt").write_text("key")
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "link.txt").symlink_to(tmp_path / "secret.txt")
+    recipe = _write(tmp_path / "r" / "r.yaml",
+                    HEAD + f"files:\n  - add: x.txt\n    from: {source}\n")
+    with pytest.raises(RecipeError, match=re.escape(message)):
+        load_recipe(recipe)

@@ -32,6 +32,7 @@ from .guards import check_guards, evaluate_guards  # noqa: F401  (re-exported)
 from .recipe_schema import (RECIPE_FORMAT_VERSIONS, AddFile, AllOf, AnyOf, Check, ConfigOp,
                             Condition, DropFile, DropOp, FileOp, Not, OutputLayout, PatchOp,
                             Recipe, RenameOp, SetOp)
+from .config_arrays import parse_array_op
 from .recipe_params import (INCLUDE_KEYS, has_templates, include_path, parse_params,
                             read_beside, template_ops, template_value, type_problem)
 from .recipe_schema import Include
@@ -331,11 +332,22 @@ def _config(v: rc.Validator, root: Any) -> dict[str, tuple[ConfigOp, ...]]:
               f"e.g. {{config.json: [{{drop: /x}}]}}; got {rc.yaml_type(section)}")
         return {}
     out: dict[str, tuple[ConfigOp, ...]] = {}
+    in_step: list[tuple[str, ConfigOp]] = []
     for key in section:
         name = v.check_filename(key, rc.key_pos(section, key))
-        ops = [_config_op(v, n, p) for n, p in v.items(section, key)]
+        ops = []
+        for n, p in v.items(section, key):
+            array = [k for k in ("each", "append") if rc.is_map(n) and k in n]
+            if len(array) == 1 and not any(k in n for k in CONFIG_ACTIONS):
+                made = parse_array_op(v, n, array[0], name, p)
+                ops.extend(op for _, op in made[:1])
+                in_step.extend(made[1:])
+            else:
+                ops.append(_config_op(v, n, p))
         if name is not None:
             out[name] = tuple(op for op in ops if op is not None)
+    for file, op in in_step:
+        out[file] = out.get(file, ()) + (op,)
     return out
 
 

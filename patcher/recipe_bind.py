@@ -20,7 +20,8 @@ from .guards import check_guards
 from .json_pointer import join_pointer, json_equal
 from .recipe_expr import Template, TemplateError, config_ref, read_config_ref, walk_templates
 from .recipe_params import bind_tensor_ops, parse_set_value, type_problem
-from .recipe_schema import (REQUIRED, DropOp, Include, PatchOp, Recipe, RenameOp, SetOp)
+from .recipe_schema import (REQUIRED, ArrayOp, DropOp, Include, PatchOp, Recipe, RenameOp,
+                            SetOp)
 
 ReadJson = Callable[[str], Any]
 
@@ -140,7 +141,7 @@ def _evaluate(value: Any, lookup: Callable[[str], Any], loc: str) -> Any:
 
 
 def _bind_op(op, lookup):
-    if isinstance(op, (SetOp, PatchOp)) and op.value is not None:
+    if isinstance(op, (SetOp, PatchOp, ArrayOp)) and op.value is not None:
         return replace(op, value=_evaluate(op.value, lookup, op.loc))
     return op
 

@@ -29,8 +29,8 @@ from . import recipe_checks as rc
 from .errors import InputError
 from .recipe_expr import (Template, TemplateError, config_ref, parse_template,
                           walk_templates)
-from .recipe_schema import (LAYER_COMPARISONS, PARAM_TYPES, REQUIRED, PatchOp, Param, SetOp,
-                            TensorOp)
+from .recipe_schema import (LAYER_COMPARISONS, PARAM_TYPES, REQUIRED, ArrayOp, PatchOp, Param,
+                            SetOp, TensorOp)
 
 PARAM_KEYS = ("type", "default", "description")
 INCLUDE_KEYS = ("recipe", "params")
@@ -164,7 +164,7 @@ def template_ops(v: rc.Validator, config: dict, names: set[str]) -> dict:
     for file, ops in config.items():
         new = []
         for op in ops:
-            if isinstance(op, (SetOp, PatchOp)) and op.value is not None:
+            if isinstance(op, (SetOp, PatchOp, ArrayOp)) and op.value is not None:
                 op = replace(op, value=template_value(v, op.value, pos_of_loc(op.loc), names))
             new.append(op)
         out[file] = tuple(new)

@@ -166,7 +166,34 @@ class PatchOp:
         return out
 
 
-ConfigOp = Union[DropOp, SetOp, RenameOp, PatchOp]
+@dataclass(frozen=True)
+class ArrayOp:
+    """An element op on the JSON array at ``path``: ``map`` (``re.sub(regex, to, element)`` on
+    each string element the regex matches), ``filter`` (remove the string elements matching a
+    glob or regex) or ``append`` (add ``value`` unless an equal element is there). A map or filter
+    that matches no element is a PlanError unless ``allow_empty``."""
+
+    action: str                     # map, filter, append
+    path: str
+    globs: tuple[str, ...]
+    regexes: tuple[str, ...]
+    to: str | None
+    value: Any
+    scopes: tuple[str, ...]
+    missing_ok: bool
+    allow_empty: bool
+    loc: str
+    kind = "each"
+
+    def matches(self, element: Any) -> bool:
+        if not isinstance(element, str):
+            return False
+        if self.globs:
+            return any(fnmatch.fnmatchcase(element, g) for g in self.globs)
+        return any(re.search(r, element) for r in self.regexes)
+
+
+ConfigOp = Union[DropOp, SetOp, RenameOp, PatchOp, ArrayOp]
 
 
 # ------------------------------------------------------------------------------ file ops

@@ -778,6 +778,10 @@ def _plain(text: str):
 
 
 SCHEMA_VALID = [
+    HEAD + "config:\n  config.json:\n    - each: /quantization_config/ignore\n"
+           "      match: {regex: '^a\\.'}\n      replace: ''\n      in_step: true\n"
+           "    - {each: /q/ignore, match: {glob: 'v*'}, remove: true}\n"
+           "    - {append: /q/ignore, value: lm_head}\n",
     HEAD + "params:\n  f: {type: number, default: 2, description: x}\ninclude:\n  - yarn\n"
            "  - {recipe: yarn, params: {factor: '{f}'}}\nconfig:\n  config.json:\n"
            "    - set: /a\n      value: '{f} * {config.b} // 1'\n",
@@ -807,6 +811,9 @@ SCHEMA_VALID = [
 ]
 
 SCHEMA_INVALID = [
+    HEAD + "config:\n  config.json:\n    - {each: /a, match: {glob: x}, replace: y}\n",
+    HEAD + "config:\n  config.json:\n    - {each: /a, match: {glob: x}}\n",
+    HEAD + "config:\n  config.json:\n    - {append: /a}\n",
     HEAD + "files:\n  - {add: x.txt, content: a, from: b.txt}\n",
     HEAD + "files:\n  - {add: x.txt}\n",
     HEAD + "params:\n  f: {type: float, description: x}\n",

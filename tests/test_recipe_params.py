@@ -267,3 +267,56 @@ def test_files_add_from_stays_beside_the_recipe(tmp_path, source, message):
                     HEAD + f"files:\n  - add: x.txt\n    from: {source}\n")
     with pytest.raises(RecipeError, match=re.escape(message)):
         load_recipe(recipe)
+
+
+# ------------------------------------------------------------------------ array elements
+
+ARRAY_RECIPE = HEAD + r"""config:
+  config.json:
+    - each: /quantization_config/ignore
+      match: {regex: '^language_model\.model\.layers\.(\d+)\.'}
+      replace: 'model.layers.\1.'
+      in_step: true
+    - each: /quantization_config/ignore
+      match: {glob: 'vision_tower*'}
+      remove: true
+      in_step: true
+    - append: /quantization_config/ignore
+      value: lm_head
+      in_step: true
+"""
+
+
+def test_array_element_ops_keep_ignore_and_exclude_modules_in_step(tmp_path):
+    entries = ["language_model.model.layers.0.mlp.gate", "vision_tower.blocks.0",
+               "language_model.model.layers.12.self_attn", "lm_head"]
+    model = _model(tmp_path / "m", {"quantization_config": {"ignore": list(entries)}})
+    (model / "hf_quant_config.json").write_text(json.dumps(
+        {"quantization": {"exclude_modules": entries[:3]}}))
+    recipe = _write(tmp_path / "r.yaml", ARRAY_RECIPE)
+    out = api.apply(str(recipe), model, out=tmp_path / "v").output
+    want = ["model.layers.0.mlp.gate", "model.layers.12.self_attn", "lm_head"]
+    assert _config(out)["quantization_config"]["ignore"] == want
+    assert json.loads((out / "hf_quant_config.json").read_text())[
+        "quantization"]["exclude_modules"] == want
+    # without hf_quant_config.json the in-step counterpart is skipped
+    (model / "hf_quant_config.json").unlink()
+    alone = api.apply(str(recipe), model, out=tmp_path / "w").output
+    assert _config(alone)["quantization_config"]["ignore"] == want
+
+
+def test_array_ops_that_match_nothing_or_hit_a_non_array_name_the_line(tmp_path):
+    model = _model(tmp_path / "m", {"quantization_config": {"ignore": ["a"]}, "x": 1})
+    recipe = _write(tmp_path / "r.yaml", HEAD + "config:\n  config.json:\n"
+                    "    - each: /quantization_config/ignore\n      match: {glob: 'b*'}\n"
+                    "      remove: true\n")
+    with pytest.raises(PlanError, match="no element of /quantization_config/ignore matches"):
+        api.plan(str(recipe), model)
+    bad = _write(tmp_path / "b.yaml", HEAD + "config:\n  config.json:\n"
+                 "    - append: /x\n      value: 2\n")
+    with pytest.raises(PlanError) as info:
+        api.plan(str(bad), model)
+    assert "/x is not an array" in str(info.value) and info.value.where.endswith("b.yaml:6:7")
+    with pytest.raises(RecipeError, match="replace needs match: {regex"):
+        load_recipe(HEAD + "config:\n  config.json:\n    - each: /a\n"
+                    "      match: {glob: x}\n      replace: y\n")

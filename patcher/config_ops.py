@@ -131,6 +131,8 @@ def _label(op: ConfigOp) -> str:
         return op.label
     if isinstance(op, PatchOp):
         return op.op
+    if isinstance(op, ArrayOp):
+        return f"{op.action} elements of" if op.action != "append" else "append to"
     return op.kind
 
 

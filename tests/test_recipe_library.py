@@ -262,3 +262,64 @@ def test_no_remote_code_loads_natively(qwen3_dirs, tmp_path):
     with pytest.raises(GuardRefused, match="has no auto_map"):
         api.plan("no-remote-code", out, options={"params": {"model_type": "qwen3",
                                                             "architectures": ["X"]}})
+
+
+# ----------------------------------------------------------------------------- text-only
+
+@pytest.fixture(scope="module")
+def llava_dir(tmp_path_factory) -> Path:
+    """A tiny LlavaForConditionalGeneration (Llama text model, CLIP vision tower) saved by
+    transformers: tensors under language_model., vision_tower., multi_modal_projector."""
+    from transformers import (CLIPVisionConfig, LlamaConfig, LlavaConfig,
+                              LlavaForConditionalGeneration)
+
+    text = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    vision = CLIPVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                              num_attention_heads=2, image_size=28, patch_size=14,
+                              projection_dim=16)
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(LlavaConfig(text_config=text, vision_config=vision,
+                                                      image_token_index=120))
+    path = tmp_path_factory.mktemp("llava") / "m"
+    model.to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+def test_text_only_extracts_the_text_model(llava_dir, tmp_path):
+    from transformers import LlavaForConditionalGeneration
+
+    out = api.apply("text-only", llava_dir, out=tmp_path / "v",
+                    params={"architectures": "LlamaForCausalLM"}).output
+    cfg = _json(out / "config.json")
+    assert cfg["model_type"] == "llama" and cfg["architectures"] == ["LlamaForCausalLM"]
+    assert "vision_config" not in cfg and "text_config" not in cfg
+    names = load_file(out / "model.safetensors")
+    assert not [n for n in names if n.startswith(("vision_tower.", "multi_modal_projector."))]
+    model, info = _load(out)
+    assert type(model).__name__ == "LlamaForCausalLM" and _clean(info)
+    wrapper = LlavaForConditionalGeneration.from_pretrained(llava_dir, dtype=torch.bfloat16)
+    with torch.no_grad():
+        expected = wrapper(input_ids=torch.arange(12).reshape(1, 12)).logits
+    assert torch.equal(transformers_logits(out), expected)
+    with pytest.raises(GuardRefused, match="not a multimodal wrapper"):
+        api.plan("text-only", out, options={"params": {"architectures": ["X"]}})
+
+
+def test_text_only_keeps_quantization_config_and_fixes_both_ignore_lists(llava_dir, tmp_path):
+    base = _copy(llava_dir, tmp_path / "base")
+    ignore = ["language_model.lm_head", "vision_tower.encoder.layers.0.mlp.fc1",
+              "multi_modal_projector.linear_1", "language_model.model.layers.0.mlp.gate"]
+    cfg = _json(base / "config.json")
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "ignore": ignore}
+    (base / "config.json").write_text(json.dumps(cfg))
+    (base / "hf_quant_config.json").write_text(json.dumps(
+        {"quantization": {"quant_algo": "FP8", "exclude_modules": ignore}}))
+    plan = api.plan("text-only", base, options={"params": {"architectures": ["LlamaForCausalLM"]}})
+    files = {f.path: f for f in plan.files}
+    new_cfg = json.loads(files["config.json"].content)
+    want = ["lm_head", "model.layers.0.mlp.gate"]
+    assert new_cfg["quantization_config"] == {"quant_method": "compressed-tensors",
+                                              "ignore": want}
+    hf_quant = json.loads(files["hf_quant_config.json"].content)
+    assert hf_quant["quantization"]["exclude_modules"] == want

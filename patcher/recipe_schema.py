@@ -239,12 +239,19 @@ class TensorSelect:
     # ``layers: ">= 61"``: (comparison, bound); the bound is an int once the recipe is bound to a
     # model (a ``recipe_expr.Template`` before). Only names with a ``layers.N.`` part match.
     layers: tuple[str, Any] | None = None
+    # ``group: [attention, ...]``: the module groups ``inspect`` reports (inspect_model)
+    groups: tuple[str, ...] | None = None
 
     def matches(self, name: str, dtype: str | None = None) -> bool:
         if self.dtypes is not None and dtype is not None and dtype not in self.dtypes:
             return False
         if self.layers is not None and not _layer_matches(name, *self.layers):
             return False
+        if self.groups is not None:
+            from .inspect_model import module_group
+
+            if module_group(name) not in self.groups:
+                return False
         if not self.globs and not self.regexes:
             return True
         if self.globs:

@@ -35,7 +35,7 @@ from .recipe_schema import (DEFAULT_BLOCK, DEQUANT_SCHEMES, FLOAT_TARGETS, QUANT
 
 TENSOR_ACTIONS = ("drop", "rename", "copy", "cast", "dequantize", "quantize")
 TENSOR_KEYS = ("select", "allow_empty", *TENSOR_ACTIONS)
-SELECT_KEYS = ("glob", "regex", "dtype", "layers")
+SELECT_KEYS = ("glob", "regex", "dtype", "layers", "group")
 
 
 def parse_tensor_op(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorOp | None:
@@ -68,7 +68,7 @@ def _select(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorSelect | None:
         return None
     v.check_keys(node, SELECT_KEYS, "select")
     kinds = [k for k in ("glob", "regex") if k in node]
-    layers = None
+    layers = groups = None
     if "layers" in node:
         from .recipe_params import parse_layers
 
@@ -76,16 +76,18 @@ def _select(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorSelect | None:
                               getattr(v, "param_names", set()))
         if layers is None:
             return None
-        if not kinds:
-            return TensorSelect((), (), None, v.loc(pos), layers=layers)
-    if len(kinds) != 1:
-        v.err(pos, "select needs exactly one of 'glob' and 'regex' (or 'layers' alone)")
+    if "group" in node:
+        groups = _groups(v, node)
+        if groups is None:
+            return None
+    if len(kinds) > 1 or (not kinds and layers is None and groups is None):
+        v.err(pos, "select needs exactly one of 'glob' and 'regex' (or 'layers' or 'group' alone)")
         return None
-    patterns = v.strings(node, kinds[0])
+    patterns = v.strings(node, kinds[0]) if kinds else ()
     if patterns is None:
         return None
     ok = True
-    if kinds[0] == "regex":
+    if kinds and kinds[0] == "regex":
         for pattern, ppos in patterns:
             ok = _check_regex(v, pattern, ppos) and ok
     dtypes = None
@@ -102,8 +104,23 @@ def _select(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorSelect | None:
     if not ok:
         return None
     texts = tuple(p for p, _ in patterns)
-    return TensorSelect(texts if kinds[0] == "glob" else (),
-                        texts if kinds[0] == "regex" else (), dtypes, v.loc(pos), layers=layers)
+    glob = bool(kinds) and kinds[0] == "glob"
+    return TensorSelect(texts if glob else (), () if glob else texts, dtypes, v.loc(pos),
+                        layers=layers, groups=groups)
+
+
+def _groups(v: rc.Validator, node: Any) -> tuple[str, ...] | None:
+    """``group: attention`` or a list: the module groups ``inspect`` reports."""
+    from .inspect_model import GROUP_NAMES
+
+    names = v.strings(node, "group")
+    if names is None:
+        return None
+    for name, npos in names:
+        if name not in GROUP_NAMES:
+            v.err(npos, f"unknown module group {name!r} (one of {', '.join(GROUP_NAMES)})")
+            return None
+    return tuple(name for name, _ in names)
 
 
 def _check_regex(v: rc.Validator, pattern: str, pos: rc.Pos) -> bool:

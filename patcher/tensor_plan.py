@@ -83,6 +83,8 @@ def _describe_select(sel) -> str:
     text = patterns[0] if len(patterns) == 1 else list(patterns)
     dtypes = f", dtype: {list(sel.dtypes)}" if sel.dtypes else ""
     layers = f"layers: '{sel.layers[0]} {sel.layers[1]}'" if sel.layers else ""
+    if sel.groups:
+        layers = ", ".join(x for x in (layers, f"group: {list(sel.groups)}") if x)
     if not patterns:
         return f"{{{layers}{dtypes}}}"
     return f"{{{kind}: {text!r}{dtypes}{', ' + layers if layers else ''}}}"

@@ -354,7 +354,7 @@ ERROR_CASES = [
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    rename: §{to: x}\n",
      "rename needs 'pattern' unless select has exactly one regex"),
     (HEAD + "tensors:\n  - select: §{glob: '*', regex: x}\n    drop: true\n",
-     "select needs exactly one of 'glob' and 'regex' (or 'layers' alone)"),
+     "select needs exactly one of 'glob' and 'regex' (or 'layers' or 'group' alone)"),
     (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§f33]}\n    drop: true\n",
      "unknown dtype 'f33' (did you mean 'F32'?)"),
     (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§Q4_K]}\n    drop: true\n",
@@ -778,6 +778,8 @@ def _plain(text: str):
 
 
 SCHEMA_VALID = [
+    HEAD + "tensors:\n  - select: {group: [vision, lm_head], dtype: F32}\n    drop: true\n"
+           "  - select: {regex: 'x', group: attention, layers: '< 3'}\n    cast: bf16\n",
     HEAD + "config:\n  config.json:\n    - each: /quantization_config/ignore\n"
            "      match: {regex: '^a\\.'}\n      replace: ''\n      in_step: true\n"
            "    - {each: /q/ignore, match: {glob: 'v*'}, remove: true}\n"
@@ -811,6 +813,8 @@ SCHEMA_VALID = [
 ]
 
 SCHEMA_INVALID = [
+    HEAD + "tensors:\n  - select: {group: visual}\n    drop: true\n",
+    HEAD + "tensors:\n  - select: {glob: x, regex: y}\n    drop: true\n",
     HEAD + "config:\n  config.json:\n    - {each: /a, match: {glob: x}, replace: y}\n",
     HEAD + "config:\n  config.json:\n    - {each: /a, match: {glob: x}}\n",
     HEAD + "config:\n  config.json:\n    - {append: /a}\n",

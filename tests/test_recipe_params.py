@@ -320,3 +320,22 @@ def test_array_ops_that_match_nothing_or_hit_a_non_array_name_the_line(tmp_path)
     with pytest.raises(RecipeError, match="replace needs match: {regex"):
         load_recipe(HEAD + "config:\n  config.json:\n    - each: /a\n"
                     "      match: {glob: x}\n      replace: y\n")
+
+
+def test_group_selector_uses_inspects_module_groups_and_keeps_dtype(tmp_path):
+    import torch
+
+    tensors = {"model.layers.0.self_attn.q_proj.weight": torch.ones(2),
+               "model.layers.0.self_attn.k_scale": torch.ones(1, dtype=torch.float32),
+               "model.layers.0.mlp.up_proj.weight": torch.ones(2),
+               "model.layers.1.self_attn.q_proj.weight": torch.ones(2, dtype=torch.bfloat16)}
+    model = _model(tmp_path / "m", {"num_hidden_layers": 1}, tensors)
+    recipe = _write(tmp_path / "r.yaml", HEAD + """tensors:
+  - select: {group: attention, dtype: F32, layers: '< 1'}
+    drop: true
+""")
+    out = api.apply(str(recipe), model, out=tmp_path / "v").output
+    assert sorted(read_tensors(out)) == ["model.layers.0.mlp.up_proj.weight",
+                                         "model.layers.1.self_attn.q_proj.weight"]
+    with pytest.raises(RecipeError, match="unknown module group 'visual'"):
+        load_recipe(HEAD + "tensors:\n  - select: {group: visual}\n    drop: true\n")

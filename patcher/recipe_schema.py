@@ -402,8 +402,12 @@ class Recipe:
 
     def identity(self) -> dict:
         """Which recipe this is, for output: name, the absolute file it came from, sha256."""
-        return {"name": self.name, "path": str(self.path.resolve()) if self.path else None,
-                "sha256": self.sha256}
+        out = {"name": self.name, "path": str(self.path.resolve()) if self.path else None,
+               "sha256": self.sha256}
+        if self.source == "<command line>":     # several recipes given together
+            parts = [c for c in self.components] or [i.recipe.identity() for i in self.includes]
+            out["components"] = [{k: c[k] for k in ("name", "path", "sha256")} for c in parts]
+        return out
 
     def manifest_record(self) -> dict:
         """The manifest's ``recipe`` entry: name, sha256, text, and when used, the parameter

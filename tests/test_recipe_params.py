@@ -193,6 +193,9 @@ def test_several_recipes_are_one_plan_and_one_variant(tmp_path):
     assert entry["name"] == "one+two"
     assert [c["name"] for c in entry["components"]] == ["one", "two"]
     assert all(c["text"] and len(c["sha256"]) == 64 for c in entry["components"])
+    shown = CliRunner().invoke(main, ["plan", str(r1), str(r2), str(model), "--allow-noop"])
+    sources = [line for line in shown.output.splitlines() if line.startswith("recipe file")]
+    assert [line.split()[2] for line in sources] == [str(r1.resolve()), str(r2.resolve())]
 
 
 def test_conflicting_recipes_are_refused_naming_both_lines(tmp_path):

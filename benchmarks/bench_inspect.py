@@ -295,8 +295,8 @@ def time_subprocesses(inspect_cmd: list[str], baseline_cmd: list[str],
 
 
 def time_in_process(model: str, repeat: int) -> list[float]:
-    from patcher.inspect_model import inspect_model
-    from patcher.model_dir import ModelDir
+    from patcher.model.inspect_model import inspect_model
+    from patcher.model.model_dir import ModelDir
 
     inspect_model(ModelDir.open(model))  # warm-up
     runs = []

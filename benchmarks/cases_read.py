@@ -130,7 +130,7 @@ def importtime(b: Bench, argv: list[str]) -> dict:
         cumulative.setdefault(name, cum_us)
     return {"torch_imported": "torch" in cumulative,
             "torch_import_s": cumulative.get("torch", 0) / 1e6,
-            "patcher_cli_import_s": cumulative.get("patcher.cli", 0) / 1e6,
+            "patcher_cli_import_s": cumulative.get("patcher.cli.commands", 0) / 1e6,
             "all_imports_s": total_self / 1e6, "modules": len(cumulative)}
 
 

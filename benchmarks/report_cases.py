@@ -237,7 +237,7 @@ def _cold_start(report: dict) -> list[str]:
         torch_part = (f"torch imported, {it['torch_import_s']:.3f} s of it"
                       if it["torch_imported"] else "torch NOT imported")
         add(f"- `{k}` under `python -X importtime`: {it['modules']} modules, "
-            f"{it['all_imports_s']:.3f} s importing (patcher.cli "
+            f"{it['all_imports_s']:.3f} s importing (patcher.cli.commands "
             f"{it['patcher_cli_import_s']:.3f} s); {torch_part}.")
     pays = any(i["torch_imported"] for i in c["importtime"].values())
     add(f"- Importing torch costs {c['torch_import_cost_s']:.3f} s in a fresh interpreter "

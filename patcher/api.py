@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import InputError, ModelDirError
-from .model_dir import ModelDir
+from .model.model_dir import ModelDir
 
 # Heavier modules (the engine, the recipe loader and its YAML library, huggingface_hub) are
 # imported by the functions that need them, so `inspect` and `--help` stay light.
 if TYPE_CHECKING:
-    from .engine import ApplyResult, Progress
+    from .execute.engine import ApplyResult, Progress
     from .plan import Plan
-    from .recipe import Recipe
+    from .recipe.load import Recipe
 
 log = logging.getLogger("modelpatch")
 
@@ -42,9 +42,9 @@ def _open(model: str | os.PathLike) -> ModelDir:
 
 def load(recipe: str | os.PathLike | Recipe | list | tuple) -> Recipe:
     """A recipe from a path, a built-in name, or an already loaded ``Recipe``; a list of those
-    is one recipe applying each in order (``recipe_bind.combine``)."""
-    from .recipe import Recipe, load_recipe, resolve_recipe
-    from .recipe_bind import combine
+    is one recipe applying each in order (``recipe.bind.combine``)."""
+    from .recipe.bind import combine
+    from .recipe.load import Recipe, load_recipe, resolve_recipe
 
     if isinstance(recipe, (list, tuple)):
         if not recipe:
@@ -56,7 +56,7 @@ def load(recipe: str | os.PathLike | Recipe | list | tuple) -> Recipe:
 def inspect(model: str | os.PathLike) -> dict:
     """The report of ``inspect``. Raises ModelDirError for a directory with neither a
     config.json nor a safetensors file: that is not a model (an empty report would pass)."""
-    from .inspect_model import inspect_model
+    from .model.inspect_model import inspect_model
 
     opened = _open(model)
     if not opened.has("config.json") and not opened.shards:
@@ -70,8 +70,8 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     """The plan for applying ``recipe`` to ``model``; nothing is written. Unless
     ``options["in_place"]``, it predicts how the base's files will be carried into ``out``
     (default: where ``apply`` would write) in ``options["link"]`` mode (default ``auto``)."""
-    from .engine import default_output
-    from .linking import predict_for_plan
+    from .execute.engine import default_output
+    from .execute.linking import predict_for_plan
     from .plan import plan as make_plan
 
     loaded, base = load(recipe), _open(model)
@@ -94,16 +94,16 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
 
     ``base_model`` (``ORG/NAME``) is recorded in the manifest as the hub repository the base
     is, for the model card; left out, it is read from the base where it says
-    (``patcher.base_identity``).
+    (``patcher.model.base_identity``).
 
     ``link`` (``auto``, ``reflink``, ``hardlink``, ``copy``; ``force_copy=True`` is ``copy``)
-    says how the base's unchanged files are carried (``patcher.linking``); ``auto`` warns on
+    says how the base's unchanged files are carried (``patcher.execute.linking``); ``auto`` warns on
     the log before copying more than ``linking.copy_warn_bytes()``. ``max_shard_size`` (bytes)
     reshards the variant, overriding the recipe's ``output.max_shard_size``. A plan that changes
     nothing raises ``NothingToChange`` (nothing is written) unless ``allow_noop``."""
-    from .engine import apply_plan, default_output
-    from .linking import check_mode, predict_for_plan, warn_before_copying
-    from .locking import lock_directory
+    from .execute.engine import apply_plan, default_output
+    from .execute.linking import check_mode, predict_for_plan, warn_before_copying
+    from .execute.locking import lock_directory
     from .plan import plan as make_plan, require_change
 
     loaded = load(recipe)
@@ -129,8 +129,8 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
 def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool = False,
            on_progress=None, on_total=None):
     """Rehash ``directory`` against its provenance manifest; returns a ``VerifyReport``."""
-    from .locking import lock_directory
-    from .verify import verify_dir
+    from .execute.locking import lock_directory
+    from .integrity.verify import verify_dir
 
     _recovered(directory)
     # Shared: verifies and out-of-place applies read together; an in-place apply or a revert
@@ -145,8 +145,8 @@ def recover(directory: str | os.PathLike) -> str | None:
 
     Every command calls this first; it returns a sentence saying what it did, or None.
     """
-    from .journal import pending, recover as recover_journal
-    from .locking import lock_directory
+    from .execute.journal import pending, recover as recover_journal
+    from .execute.locking import lock_directory
 
     root = Path(directory)
     if not pending(root):       # a journal, or the leftovers of an interrupted one
@@ -164,7 +164,7 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model`` and
     ``params`` as for ``apply``. A plan that changes nothing raises ``NothingToChange`` unless
     ``allow_noop``."""
-    from .inplace import apply_in_place as run
+    from .execute.inplace import apply_in_place as run
     from .plan import plan as make_plan, require_change
 
     loaded = load(recipe)
@@ -179,7 +179,7 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
 
 
 def _checked_base_model(value: str | None) -> str | None:
-    from .base_identity import check_repo_id
+    from .model.base_identity import check_repo_id
 
     return None if value is None else check_repo_id(value)
 
@@ -193,7 +193,7 @@ def _log_warnings(plan: Plan) -> None:
 def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None,
            all_patches: bool = False, force: bool = False, jobs: int | None = None):
     """Undo the last patch (or all with ``all_patches``): in place, or rebuilt into ``out``."""
-    from .revert import rebuild_base, revert as revert_here
+    from .execute.revert import rebuild_base, revert as revert_here
 
     _recovered(directory)
     if out is not None:
@@ -214,7 +214,7 @@ def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
         return Path(text)
     from huggingface_hub import snapshot_download
 
-    from .hub.client import _client, _hub_call, _progress_bars, check_repo_id
+    from .hub.client.transfer import _client, _hub_call, _progress_bars, check_repo_id
 
     repo_id, _, revision = text[len(HF_SCHEME):].partition("@")
     if repo_id.count("/") != 1:
@@ -229,7 +229,7 @@ def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
 
 def publish(directory: str | os.PathLike, repo_id: str, **kwargs):
     """Verify and upload a variant in one commit (see ``hub.client.publish``)."""
-    from .hub.client import publish as run
+    from .hub.client.transfer import publish as run
 
     _recovered(directory)
     return run(directory, repo_id, **kwargs)
@@ -237,6 +237,6 @@ def publish(directory: str | os.PathLike, repo_id: str, **kwargs):
 
 def pull(repo_id: str, out: str | os.PathLike | None = None, **kwargs):
     """Download and verify a published variant (see ``hub.client.pull``)."""
-    from .hub.client import pull as run
+    from .hub.client.transfer import pull as run
 
     return run(repo_id, out, **kwargs)

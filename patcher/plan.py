@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config_ops import apply_config_ops
+from .config.ops import apply_config_ops
 from .errors import NothingToChange, PlanError
-from .jsonfile import dump_json_document, load_json_document, unified_diff
-from .model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir
-from .recipe import Recipe
-from .recipe_bind import bind_recipe
+from .config.jsonfile import dump_json_document, load_json_document, unified_diff
+from .model.model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir
+from .recipe.bind import bind_recipe
+from .recipe.load import Recipe
 
 
 class Action(str, enum.Enum):
@@ -40,7 +40,7 @@ class FilePlan:
     size_after: int | None = None
     content: bytes | None = None       # WRITE_JSON and ADD
     diff: str | None = None
-    shard_task: Any = None             # REWRITE_SHARD: a tensor_plan.ShardTask
+    shard_task: Any = None             # REWRITE_SHARD: a tensors.tasks.ShardTask
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None) -> Pla
     replaced.update(_plan_file_ops(recipe, model, changes))
     max_shard_size = options.get("max_shard_size") or recipe.max_shard_size
     if recipe.tensors or max_shard_size:
-        from .tensor_plan import plan_tensor_ops
+        from .tensors.planning import plan_tensor_ops
 
         tensors = plan_tensor_ops(recipe, model, changes, device=options.get("device") or "cpu",
                                   max_shard_size=max_shard_size)
@@ -230,7 +230,7 @@ def _check_added_file(name: str, content: bytes, loc: str) -> None:
                         f"the tensors: operations", where=loc)
     if name.endswith(".json"):
         from .errors import InputError
-        from .jsonfile import parse_json
+        from .config.jsonfile import parse_json
 
         try:
             parse_json(content, name, constants=False)
@@ -241,7 +241,7 @@ def _check_added_file(name: str, content: bytes, loc: str) -> None:
 
 def _quantization_warnings(model: ModelDir, replaced: dict[str, FilePlan],
                            dtypes: dict[str, str], changes: list[dict]) -> list[str]:
-    from .quant_consistency import final_json, quantization_warnings
+    from .tensors.quant_consistency import final_json, quantization_warnings
 
     def final(name: str):
         fp = replaced.get(name)

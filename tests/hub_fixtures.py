@@ -75,7 +75,7 @@ def running_hub(root: Path, tokens: dict[str, dict[str, Any]] | None = None
     """Serve ``root`` with uvicorn in a background thread on a free 127.0.0.1 port.
 
     ``tokens`` (if given) is written to ``root/tokens.json`` first."""
-    from patcher.hub.server import build_server
+    from patcher.hub.server.app import build_server
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from patcher import api
 from patcher.cli import main
-from patcher.manifest import read_manifest
+from patcher.integrity.manifest import read_manifest
 
 RECIPE_DIR = Path(__file__).resolve().parents[1] / "recipes"
 

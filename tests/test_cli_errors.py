@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from patcher import api
 from patcher.cli import main
 from patcher.errors import InputError
-from patcher.recipe import builtin_recipe_dir, load_recipe
+from patcher.recipe.load import builtin_recipe_dir, load_recipe
 
 # 'vaule' (line 7) is why 'value' is missing (line 6): the did-you-mean is the second problem.
 MISSPELLED = """\
@@ -233,7 +233,7 @@ def test_library_errors_speak_of_parameters_the_cli_of_flags(kimi_dir, tmp_path)
 def test_parameters_become_flags_in_messages_and_log_lines():
     import logging
 
-    from patcher.cli_errors import FlagWording, as_flags
+    from patcher.cli.error_report import FlagWording, as_flags
 
     assert as_flags("force=True reverts anyway; use device='cpu'") == \
         "--force reverts anyway; use --device cpu"

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from patcher.config_ops import Change, apply_config_ops, unified_diff
+from patcher.config.ops import Change, apply_config_ops, unified_diff
 from patcher.errors import PlanError
-from patcher.jsonfile import (JsonFloat, JsonStyle, dump_json_document, load_json_document,
-                              parse_json)
-from patcher.recipe import load_recipe, resolve_recipe
+from patcher.config.jsonfile import (JsonFloat, JsonStyle, dump_json_document, load_json_document,
+                                     parse_json)
+from patcher.recipe.load import load_recipe, resolve_recipe
 
 HEAD = "modelpatch: 1\nname: t\ndescription: d\nconfig:\n  config.json:\n"
 
@@ -549,7 +549,7 @@ def test_unified_diff():
 # ----------------------------------------------------------------------------- JSON pointers
 
 def test_json_pointer_rules():
-    from patcher.json_pointer import MISSING, json_equal, pointer_error, resolve
+    from patcher.config.json_pointer import MISSING, json_equal, pointer_error, resolve
 
     doc = {"a/b": {"m~n": 1}, "l": [10, 20], "": 3}
     assert resolve(doc, "/a~1b/m~0n") == 1

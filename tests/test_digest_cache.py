@@ -1,4 +1,4 @@
-"""patcher.digest_cache: digests keyed by (dev, ino, size, mtime_ns), and KnownDigests."""
+"""patcher.integrity.digest_cache: digests keyed by (dev, ino, size, mtime_ns), and KnownDigests."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from patcher import digest_cache
-from patcher.digest_cache import DigestCache, KnownDigests, default_cache_path
+from patcher.integrity import digest_cache
+from patcher.integrity.digest_cache import DigestCache, KnownDigests, default_cache_path
 
 HOUR_NS = 3600 * 10**9
 SHA_A = "a" * 64
@@ -142,7 +142,7 @@ def test_unopenable_cache_degrades_to_noop(tmp_path, caplog):
     blocker.write_text("")
     st = SimpleNamespace(st_dev=1, st_ino=2, st_size=3, st_mtime_ns=4, st_ctime_ns=4)
     c = DigestCache(blocker / "digests.sqlite3")
-    with caplog.at_level(logging.WARNING, logger="patcher.digest_cache"):
+    with caplog.at_level(logging.WARNING, logger="patcher.integrity.digest_cache"):
         assert c.get(st) is None
         assert not c.put(st, SHA_A, verified=True, observed_ns=HOUR_NS)
         assert c.get(st) is None
@@ -187,7 +187,7 @@ def test_disabled_cache():
 _WRITER = """
 import sys
 from types import SimpleNamespace
-from patcher.digest_cache import DigestCache
+from patcher.integrity.digest_cache import DigestCache
 c = DigestCache(sys.argv[1])
 worker = int(sys.argv[2])
 for i in range(200):

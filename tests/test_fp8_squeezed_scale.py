@@ -3,12 +3,17 @@
 blocks, not ``[2, 1]``. ``fp8-block`` reads such a scale as its grid when that is unambiguous
 (the grid has at most one dimension above 1) and refuses any other 1-D scale, clearly.
 
-The squeezed layout here is built by hand, faithfully to the report: transformers' FP8
-quantize-on-load needs a GPU (``integration/make_transformers_fp8.py`` makes a checkpoint with
-it on one).
+tests/fixtures/transformers_fp8_moe is a checkpoint transformers itself wrote:
+``integration/make_transformers_fp8.py`` (its FP8 quantize-on-load needs a GPU) run once on an
+NVIDIA H200 with transformers 5.17.0 and torch 2.11.0 (versions.json): a one-layer Qwen3-MoE
+whose expert scales are squeezed. A hand-built layout covers the ambiguous case it cannot.
 """
 
 from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,9 +21,10 @@ from click.testing import CliRunner
 
 from patcher import api
 from patcher.cli import main
-from patcher.quant import dequantize_fp8_block
+from patcher.tensors.quant import dequantize_fp8_block
 from tensor_helpers import random_fp8, read_tensors, ref_fp8_block, write_model
 
+TRANSFORMERS_FP8 = Path(__file__).parent / "fixtures" / "transformers_fp8_moe"
 FP8_CONFIG = {"model_type": "qwen3_moe",
               "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
 
@@ -89,3 +95,30 @@ def test_fp8_block_to_bf16_refuses_an_ambiguous_1d_scale(tmp_path):
     assert "has shape [4], expected [2, 2]" in line, line
     assert "a 1-D scale fits only one row or one column of blocks" in line, line
     assert not (tmp_path / "out").exists()
+
+
+def test_fp8_block_to_bf16_on_a_checkpoint_transformers_wrote(tmp_path):
+    """Every F8_E4M3 weight (squeezed [2] expert scales, [1, 1] attention scales) becomes the
+    exact product rounded once to BF16; the scales and quantization_config are gone; the
+    result loads in transformers with no missing or unexpected keys."""
+    model = Path(shutil.copytree(TRANSFORMERS_FP8, tmp_path / "m"))
+    base = read_tensors(model)
+    squeezed = [n for n, t in base.items() if n.endswith("_scale_inv") and t.dim() == 1]
+    assert len(squeezed) == 12                      # 4 experts x gate, up, down: as written
+    out = api.apply("fp8-block-to-bf16", model, out=tmp_path / "out").output
+    result = read_tensors(out)
+    for name, w in base.items():
+        if name.endswith("_scale_inv"):
+            continue
+        if w.dtype != torch.float8_e4m3fn:
+            assert torch.equal(result[name], w), name
+            continue
+        scale = base[name + "_scale_inv"]
+        grid = (-(-w.shape[0] // 128), -(-w.shape[1] // 128))
+        expected = ref_fp8_block(w, scale.reshape(grid), torch.bfloat16)
+        assert torch.equal(result[name], expected), name
+    assert sorted(result) == sorted(n for n in base if not n.endswith("_scale_inv"))
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    transformers = pytest.importorskip("transformers")
+    _, info = transformers.AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info

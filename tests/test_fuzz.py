@@ -1,6 +1,7 @@
 """Fuzzing the three parsers of untrusted input with hypothesis: the safetensors header reader
-(``patcher.safetensors_io.read_header``), the recipe loader (``patcher.recipe.load_recipe``) and
-the provenance manifest reader (``patcher.manifest.read_manifest``).
+(``patcher.model.safetensors_io.read_header``), the recipe loader
+(``patcher.recipe.load.load_recipe``) and
+the provenance manifest reader (``patcher.integrity.manifest.read_manifest``).
 
 Properties, for every generated input:
 - the only exceptions are modelpatch's own (``PatchError`` subclasses): no ValueError, KeyError,
@@ -32,11 +33,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from patcher.errors import PatchError
-from patcher.manifest import build_statement, read_manifest
-from patcher.manifest_rules import check_relpath
-from patcher.recipe import builtin_recipe_dir, load_recipe
-from patcher.recipe_checks import NAME_RE
-from patcher.safetensors_io import DTYPE_BITS, MAX_HEADER_SIZE, read_header, tensor_nbytes
+from patcher.integrity.manifest import build_statement, read_manifest
+from patcher.integrity.manifest_rules import check_relpath
+from patcher.recipe.load import builtin_recipe_dir, load_recipe
+from patcher.recipe.checks import NAME_RE
+from patcher.model.safetensors_io import DTYPE_BITS, MAX_HEADER_SIZE, read_header, tensor_nbytes
 
 EXAMPLES = 300
 SLOW_EXAMPLES = 1000

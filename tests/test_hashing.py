@@ -1,4 +1,4 @@
-"""patcher.hashing: file digests, parallel hashing, hashing while writing and copying."""
+"""patcher.integrity.hashing: file digests, parallel hashing, hashing while writing and copying."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import random
 
 import pytest
 
-from patcher import hash_writer, hashing
+from patcher.integrity import hash_writer, hashing
 from patcher.errors import InputError, OperationFailed
-from patcher.hash_writer import HashingWriter, hash_while_copying
-from patcher.hashing import hash_files, hash_files_stat, hf_blob_sha256, sha256_file
+from patcher.integrity.hash_writer import HashingWriter, hash_while_copying
+from patcher.integrity.hashing import hash_files, hash_files_stat, hf_blob_sha256, sha256_file
 
 CHUNK = hashing.CHUNK_SIZE
 

@@ -74,7 +74,7 @@ alternation whose branches can start alike (``(a|aa)+``, ``(ab|a)*``). Possessiv
 forms are allowed. The error names the recipe line. Polynomial patterns (``.*a.*b``) remain
 allowed: they are bounded by the length of tensor names. Shapes the check does not recognize
 (``.*.*...Z``, ``^(?:.{0,40}){0,40}Z``, ``(?:\\w?){40}\\w{40}Z``) meet a CPU-time bound per tensor
-name at plan time (``patcher.regex_bound``): exit 2 naming the line and the tensor.
+name at plan time (``patcher.recipe.regex_bound``): exit 2 naming the line and the tensor.
 """
 
 from __future__ import annotations
@@ -417,7 +417,7 @@ def test_tensor_names_are_not_paths(tmp_path):
     assert sorted(p.name for p in (tmp_path / "deep").iterdir()) == sorted(before_outside
                                                                            + ["out"])
     assert not (tmp_path / "escape.k_scale").exists() and not (tmp_path / "x.weight").exists()
-    from patcher.safetensors_io import read_header
+    from patcher.model.safetensors_io import read_header
 
     names = set(read_header(out / S2).tensors)
     assert names == {"a/b/../c.weight", "..", "../../../../../x.weight"}
@@ -553,7 +553,7 @@ def test_regexes_the_load_check_misses_are_stopped_by_a_time_bound(tmp_path, mon
                                                                     select, op):
     """Backtracking shapes the loader does not recognize run under a CPU-time bound per tensor
     name: exit 2 naming the pattern's line and the tensor, instead of a plan that never ends."""
-    from patcher import regex_bound
+    from patcher.recipe import regex_bound
 
     monkeypatch.setattr(regex_bound, "MATCH_CPU_SECONDS", 0.2)
     shards = {"model.safetensors": {LONG_NAME: ("BF16", [4], 8),
@@ -572,14 +572,14 @@ def test_regexes_the_load_check_misses_are_stopped_by_a_time_bound(tmp_path, mon
                                      r"(a++)+", r"(?>a+)+b", r"[a-z]+_proj\.weight",
                                      r".*\.k_scale$", r"(k|v)_proj"])
 def test_ordinary_regexes_still_load(pattern):
-    from patcher.recipe import load_recipe
+    from patcher.recipe.load import load_recipe
 
     load_recipe((RECIPE_HEAD + "tensors:\n  - select: {regex: '%s'}\n    drop: true\n"
                  % pattern).encode())
 
 
 def test_regex_refusal_names_the_line():
-    from patcher.recipe import load_recipe
+    from patcher.recipe.load import load_recipe
 
     with pytest.raises(RecipeError) as info:
         load_recipe((RECIPE_HEAD + "tensors:\n  - select: {regex: '(a+)+'}\n    drop: true\n")
@@ -694,7 +694,7 @@ def test_manifest_that_is_a_fifo(variant):
 def _journal(model: Path, *, bound: bool = True, **fields) -> None:
     """A crafted journal; ``bound``: bound to ``model`` as this machine's own (the path checks
     must hold even then), else as shipped with a downloaded directory."""
-    from patcher.journal import Journal
+    from patcher.execute.journal import Journal
 
     Journal(op="apply", phase="switching", patch_dir=".modelpatch/patches/0001-x",
             staging=".modelpatch/staging-0001", trash=".modelpatch/trash-0001").create(model)

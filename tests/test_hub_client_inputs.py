@@ -19,7 +19,7 @@ from hub_fixtures import configure_hf_client, hub  # noqa: F401
 
 from patcher import api
 from patcher.cli import main
-from patcher.manifest import read_manifest
+from patcher.integrity.manifest import read_manifest
 
 
 @pytest.fixture(autouse=True)
@@ -134,10 +134,10 @@ def test_pull_refuses_a_repo_with_files_in_state_directories(hub, variant, tmp_p
                                                              hostile):
     """A hostile hub serves them (written into its store directly: this hub, like
     huggingface_hub's client, refuses a .git/ path in a commit)."""
-    from patcher.hub import commit_ops
-    from patcher.hub.commit_ops import Op
-    from patcher.hub.git_objects import regular_entry
-    from patcher.hub.storage import Store
+    from patcher.hub.store import commit_ops
+    from patcher.hub.store.commit_ops import Op
+    from patcher.hub.store.git_objects import regular_entry
+    from patcher.hub.store.storage import Store
 
     monkeypatch.setattr(commit_ops, "check_path", lambda path: path)   # the hostile hub
     monkeypatch.setenv("HF_TOKEN", "write-alice")
@@ -172,7 +172,7 @@ def test_pull_still_keeps_the_hub_card_in_its_own_state_directory(hub, variant, 
 def test_card_front_matter_cannot_be_injected_by_a_directory_name(variant, name):
     from huggingface_hub import ModelCard
 
-    from patcher.hub.model_card import render_card
+    from patcher.hub.client.model_card import render_card
 
     # A plain directory has no hub identity: its name appears only in the card's body, on one
     # line, and never in the front matter.

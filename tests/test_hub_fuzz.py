@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hub_fixtures import running_hub
-from patcher.hub.commit_ops import Op
-from patcher.hub.git_objects import regular_entry
-from patcher.hub.storage import Store
+from patcher.hub.store.commit_ops import Op
+from patcher.hub.store.git_objects import regular_entry
+from patcher.hub.store.storage import Store
 
 EXAMPLES = int(os.environ.get("MODELPATCH_HUB_FUZZ_EXAMPLES", "250"))
 TOKENS = {"write-alice": {"user": "alice", "write": True},

@@ -17,9 +17,9 @@ from urllib.parse import quote
 import pytest
 
 from hub_fixtures import running_hub
-from patcher.hub.commit_ops import Op
-from patcher.hub.git_objects import regular_entry
-from patcher.hub.storage import Store
+from patcher.hub.store.commit_ops import Op
+from patcher.hub.store.git_objects import regular_entry
+from patcher.hub.store.storage import Store
 
 HASHED_SECRET = "correct horse battery staple"
 HASHED_KEY = "sha256:" + hashlib.sha256(HASHED_SECRET.encode()).hexdigest()
@@ -84,7 +84,7 @@ def test_token_lookup_compares_in_constant_time(tmp_path, monkeypatch):
     """Every key goes through hmac.compare_digest (no dict lookup on the secret)."""
     import hmac
 
-    from patcher.hub import tokens as tokens_module
+    from patcher.hub.server import tokens as tokens_module
 
     path = tmp_path / "tokens.json"
     path.write_text(json.dumps({"tokens": TOKENS}))
@@ -101,7 +101,7 @@ def test_token_lookup_compares_in_constant_time(tmp_path, monkeypatch):
 
 def test_a_malformed_hashed_key_is_refused_at_start(tmp_path):
     from patcher.errors import InputError
-    from patcher.hub.server import create_app
+    from patcher.hub.server.app import create_app
 
     (tmp_path / "tokens.json").write_text(json.dumps({"tokens": {"sha256:abc": {"user": "x"}}}))
     with pytest.raises(InputError, match="token #1: a 'sha256:' key needs 64"):

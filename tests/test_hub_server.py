@@ -25,9 +25,9 @@ from huggingface_hub.utils import get_session
 
 from hub_fixtures import RunningHub, hub, running_hub  # noqa: F401  (hub is a fixture)
 from patcher.errors import InputError
-from patcher.hub.git_objects import git_blob_oid, lfs_pointer, regular_entry
-from patcher.hub.commit_ops import Op
-from patcher.hub.storage import Store
+from patcher.hub.store.git_objects import git_blob_oid, lfs_pointer, regular_entry
+from patcher.hub.store.commit_ops import Op
+from patcher.hub.store.storage import Store
 
 REPO = "alice/tiny-model"
 
@@ -439,7 +439,7 @@ def test_tokens_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "tokens.json").write_text('{"tokens": {"t": {"write": true}}}')
-    from patcher.hub.server import create_app
+    from patcher.hub.server.app import create_app
     with pytest.raises(InputError):
         create_app(bad)
 

@@ -13,7 +13,7 @@ from fs_snapshot import MANIFEST, blobs, cli, copy_tree, diff, scan_warnings, sn
 
 from patcher import api
 from patcher.errors import GuardRefused, LockHeld, VerifyMismatch
-from patcher.safetensors_io import read_header
+from patcher.model.safetensors_io import read_header
 
 REPO_ID = "nvidia/Kimi-K2.5-NVFP4"
 CONFIG_CHANGED = {"config.json", "hf_quant_config.json"}
@@ -265,7 +265,7 @@ def test_io_error_during_the_switch_keeps_the_journal_and_the_next_command_compl
 def test_lock_is_held_for_the_whole_in_place_apply(kimi_dir, tmp_path, monkeypatch):
     """A second process (simulated by a second flock) is refused while the apply runs."""
     from patcher import faults
-    from patcher.locking import lock_directory
+    from patcher.execute.locking import lock_directory
 
     root = copy_tree(kimi_dir, tmp_path / "m")
     seen = []
@@ -305,8 +305,8 @@ def test_modes_of_written_files_are_read_only_and_originals_keep_theirs(kimi_dir
 def test_a_plan_made_before_another_process_patched_is_not_applied(kimi_dir, tmp_path):
     """The plan is recomputed under the lock: a stale one (here: made before the same recipe
     was applied by someone else) cannot patch the directory a second time."""
-    from patcher import inplace
-    from patcher.model_dir import ModelDir
+    from patcher.execute import inplace
+    from patcher.model.model_dir import ModelDir
 
     root = copy_tree(kimi_dir, tmp_path / "m")
     stale_model = ModelDir.open(root)
@@ -322,7 +322,7 @@ def test_failure_to_create_the_journal_is_a_clean_error(kimi_dir, tmp_path, monk
     import errno
 
     from patcher.errors import OperationFailed
-    from patcher.journal import Journal
+    from patcher.execute.journal import Journal
 
     root = copy_tree(kimi_dir, tmp_path / "m")
     original = snapshot(root)

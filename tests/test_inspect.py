@@ -25,9 +25,9 @@ from safetensors.torch import save_file
 
 from patcher.cli import main
 from patcher.errors import ModelDirError
-from patcher.inspect_model import inspect_model
-from patcher.model_dir import INDEX_NAME, ModelDir
-from patcher.safetensors_io import read_header
+from patcher.model.inspect_model import inspect_model
+from patcher.model.model_dir import INDEX_NAME, ModelDir
+from patcher.model.safetensors_io import read_header
 
 TORCH_DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32, "U8": torch.uint8,
                 "F8_E4M3": torch.float8_e4m3fn, "F16": torch.float16}
@@ -525,7 +525,8 @@ import json, sys
 from patcher.cli import main
 # What ``inspect`` imports lazily, imported up front so that the read() count below is the
 # model directory's files and nothing else.
-import patcher.inspect_model, patcher.model_dir, patcher.render, concurrent.futures.thread
+import patcher.model.inspect_model, patcher.model.model_dir, patcher.cli.render
+import concurrent.futures.thread
 
 def io():
     with open("/proc/self/io") as f:

@@ -22,8 +22,8 @@ from click.testing import CliRunner
 from patcher import api
 from patcher.cli import main
 from patcher.errors import GuardRefused, PlanError
-from patcher.inspect_model import inspect_model
-from patcher.model_dir import ModelDir
+from patcher.model.inspect_model import inspect_model
+from patcher.model.model_dir import ModelDir
 from tensor_helpers import read_tensors, write_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -147,7 +147,7 @@ def test_drop_kv_scales_accepts_null_and_drops_the_affine_kv_biases(tmp_path):
     {"config.json": {"text_config": {"quantization_config": {"kv_cache_quant_algo": "NVFP4"}}}},
 ])
 def test_drop_kv_scales_refuses_any_live_declaration(files):
-    from patcher.recipe import evaluate_guards, load_recipe, resolve_recipe
+    from patcher.recipe.load import evaluate_guards, load_recipe, resolve_recipe
 
     recipe = load_recipe(resolve_recipe("drop-kv-scales"))
     [failure] = evaluate_guards(recipe, files.get)

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from patcher import api
 from patcher.cli import main
-from patcher.linking import can_reflink_in
+from patcher.execute.linking import can_reflink_in
 
 SHARD = "model-00001-of-00004.safetensors"
 

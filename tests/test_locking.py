@@ -14,7 +14,7 @@ from fs_snapshot import MANIFEST, cli, copy_tree, diff, popen, snapshot
 
 from patcher import api
 from patcher.errors import LockHeld
-from patcher.locking import lock_directory, lock_new_path
+from patcher.execute.locking import lock_directory, lock_new_path
 
 BUSY = "another modelpatch process is working on"
 
@@ -204,7 +204,7 @@ def test_a_forked_child_does_not_keep_a_dead_holders_lock(tmp_path):
     script = (
         "import os, time\n"
         "from pathlib import Path\n"
-        "from patcher.locking import lock_directory, lock_new_path\n"
+        "from patcher.execute.locking import lock_directory, lock_new_path\n"
         f"with lock_directory(Path({str(d)!r}), exclusive=True), "
         f"lock_new_path(Path({str(tmp_path / 'out')!r})):\n"
         "    pid = os.fork()\n"

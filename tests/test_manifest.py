@@ -1,4 +1,4 @@
-"""patcher.manifest: build, write and strictly read the provenance manifest."""
+"""patcher.integrity.manifest: build, write and strictly read the provenance manifest."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import sys
 import pytest
 
 from patcher.errors import InputError
-from patcher.manifest import (BUILD_TYPE, MANIFEST_NAME, PREDICATE_TYPE, STATEMENT_TYPE,
-                              Manifest, build_statement, canonical_json, read_manifest,
-                              write_manifest)
+from patcher.integrity.manifest import (BUILD_TYPE, MANIFEST_NAME, PREDICATE_TYPE, STATEMENT_TYPE,
+                                        Manifest, build_statement, canonical_json, read_manifest,
+                                        write_manifest)
 
 T0 = dt.datetime(2025, 3, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 T1 = dt.datetime(2025, 3, 1, 12, 0, 7, 250000, tzinfo=dt.timezone.utc)
@@ -78,7 +78,7 @@ def test_build_statement_shape():
 
 def test_versions_never_import_torch():
     code = ("import sys, datetime as d\n"
-            "from patcher.manifest import build_statement, tool_versions\n"
+            "from patcher.integrity.manifest import build_statement, tool_versions\n"
             "from patcher import verify, digest_cache, hashing\n"
             "v = tool_versions()\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n"

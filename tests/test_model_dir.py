@@ -24,9 +24,9 @@ from safetensors.torch import save_file
 from patcher.cli import main
 from patcher.errors import (InputError, ModelDirError, PatchError, SafetensorsFormatError,
                             ShardIndexError)
-from patcher.model_dir import INDEX_NAME, ModelDir
-from patcher.safetensors_io import (MAX_HEADER_SIZE, OutputTensor, encode_header, read_header,
-                                    tensor_nbytes)
+from patcher.model.model_dir import INDEX_NAME, ModelDir
+from patcher.model.safetensors_io import (MAX_HEADER_SIZE, OutputTensor, encode_header,
+                                          read_header, tensor_nbytes)
 
 # --- helpers ---------------------------------------------------------------------------------
 
@@ -59,7 +59,9 @@ def assert_cli_error(model: Path, *needles: str, code: int = 2, json_flag: bool 
     result = invoke("inspect", str(model), *(["--json"] if json_flag else []))
     assert result.exit_code == code, (result.exit_code, result.output, result.exc_info)
     assert result.exc_info[0] is SystemExit, result.exc_info  # no escaped exception
-    assert result.stdout == ""
+    # --json puts the error on stdout as well; plain output leaves stdout empty
+    assert (json.loads(result.stdout)["error"]["exit_code"] == code if json_flag
+            else result.stdout == "")
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("modelpatch: error: "), lines[0]
@@ -277,9 +279,9 @@ def test_debug_flag_shows_the_exception(tmp_path: Path):
     model = tmp_path / "model"
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"abc")
-    result = invoke("--debug", "inspect", str(model))
-    assert result.exit_code != 0
-    assert isinstance(result.exception, SafetensorsFormatError)
+    result = invoke("--debug", "--debug", "inspect", str(model))   # twice: with the traceback
+    assert result.exit_code == 2
+    assert "Traceback" in result.stderr and SafetensorsFormatError.__name__ in result.stderr
 
 
 # --- valid safetensors -----------------------------------------------------------------------
@@ -647,7 +649,7 @@ def hf_cache_snapshot(plain: Path, cache_root: Path, repo: str = "models--org--n
 
 
 def test_hf_cache_snapshot_reads_transparently(tmp_path: Path):
-    from patcher.inspect_model import inspect_model
+    from patcher.model.inspect_model import inspect_model
 
     plain, _ = sharded_model(tmp_path)
     (plain / "sub").mkdir()

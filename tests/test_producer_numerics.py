@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from exact_reference import round_exact_product, round_exact_quotient
-from patcher.quant import (
+from patcher.tensors.quant import (
     dequantize_fp8_block,
     dequantize_fp8_per_tensor,
     dequantize_nvfp4_compressed_tensors,

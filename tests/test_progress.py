@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from patcher import progress
-from patcher.progress import LineMeter, Meters
+from patcher.cli import progress
+from patcher.cli.progress import LineMeter, Meters
 
 REPO = Path(__file__).resolve().parents[1]
 LINE = re.compile(r"^modelpatch: (hashing|copying|writing|verifying) +(\d+)% "

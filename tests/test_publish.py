@@ -17,7 +17,7 @@ from hub_fixtures import TOKENS, configure_hf_client, hub, running_hub  # noqa: 
 
 from patcher import api
 from patcher.cli import main
-from patcher.manifest import read_manifest
+from patcher.integrity.manifest import read_manifest
 
 
 @pytest.fixture(autouse=True)

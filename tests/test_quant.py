@@ -1,4 +1,4 @@
-"""Numeric kernels in ``patcher.quant``: FP8 (per tensor, per channel, per block) and NVFP4.
+"""Numeric kernels in ``patcher.tensors.quant``: FP8 (per tensor, per channel, per block) and NVFP4.
 
 * ModelOpt NVFP4 and DeepSeek block FP8 dequantization equal the DESIGN.md formulas computed
   exactly and rounded once by the independent reference (tests/exact_reference.py), in
@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import patcher.quant.chunks as chunks_mod
+import patcher.tensors.quant.chunks as chunks_mod
 from exact_reference import round_exact_product
-from patcher.quant import (
+from patcher.tensors.quant import (
     E2M1_VALUES,
     check_fp8_block_shapes,
     check_nvfp4_shapes,
@@ -466,7 +466,7 @@ def test_peak_memory_stays_near_output_size():
     only the dequantization."""
     script = textwrap.dedent("""
         import torch
-        from patcher.quant import dequantize_fp8_block, dequantize_nvfp4_modelopt
+        from patcher.tensors.quant import dequantize_fp8_block, dequantize_nvfp4_modelopt
         torch.set_num_threads(1)
         def status(key):
             with open("/proc/self/status") as f:

@@ -12,8 +12,8 @@ import torch
 from test_model_dir import invoke, save_shard
 
 from patcher.errors import ModelDirError
-from patcher.inspect_model import inspect_model
-from patcher.model_dir import ModelDir
+from patcher.model.inspect_model import inspect_model
+from patcher.model.model_dir import ModelDir
 
 NOT_OBJECTS = [("array", "[1]", "an array"), ("empty-array", "[]", "an array"),
                ("string", '"x"', "a string"), ("null", "null", "null"),
@@ -32,7 +32,10 @@ def _assert_cli_error(model: Path, *needles: str) -> None:
     for args in (["inspect", str(model)], ["inspect", str(model), "--json"]):
         result = invoke(*args)
         assert result.exit_code == 2 and result.exc_info[0] is SystemExit, result.output
-        assert result.stdout == "" and "Traceback" not in result.output
+        assert "Traceback" not in result.output
+        # --json puts the error on stdout as well; plain output leaves stdout empty
+        assert (json.loads(result.stdout)["error"]["exit_code"] == 2 if "--json" in args
+                else result.stdout == "")
         lines = result.stderr.splitlines()
         assert len(lines) == 1 and lines[0].startswith("modelpatch: error: "), result.stderr
         for needle in needles:

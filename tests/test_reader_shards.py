@@ -18,8 +18,8 @@ from test_model_dir import assert_cli_error, expect_error, invoke, save_shard
 
 from patcher import api
 from patcher.errors import ShardIndexError
-from patcher.model_dir import INDEX_NAME, ModelDir
-from patcher.recipe import load_recipe
+from patcher.model.model_dir import INDEX_NAME, ModelDir
+from patcher.recipe.load import load_recipe
 
 S1, S2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
 CONFIG_ONLY = "modelpatch: 1\nname: c\ndescription: x\nconfig:\n  config.json:\n" \

@@ -15,8 +15,8 @@ from safetensors import safe_open
 from test_model_dir import assert_cli_error, entry, expect_error, st_bytes
 
 from patcher.errors import SafetensorsFormatError
-from patcher.model_dir import ModelDir
-from patcher.safetensors_io import read_header, size_defect
+from patcher.model.model_dir import ModelDir
+from patcher.model.safetensors_io import read_header, size_defect
 
 OVERFLOW = "the product of its dimensions overflows 64 bits"
 BITS_OVERFLOW = "overflow a 64-bit bit count"

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from patcher import recipe as recipe_mod
+from patcher.recipe import load as recipe_mod
 from patcher.errors import GuardRefused, InputError, RecipeError
-from patcher.recipe import (builtin_recipe_dir, builtin_recipe_names, check_guards,
-                            evaluate_guards, load_recipe, resolve_recipe)
-from patcher.recipe_schema import (AddFile, AllOf, AnyOf, CastTensors, Check, DequantizeTensors,
+from patcher.recipe.load import (builtin_recipe_dir, builtin_recipe_names, check_guards,
+                                 evaluate_guards, load_recipe, resolve_recipe)
+from patcher.recipe.schema import (AddFile, AllOf, AnyOf, CastTensors, Check, DequantizeTensors,
                                    DropFile, DropOp, DropTensors, Not, PatchOp, QuantizeTensors,
                                    Recipe, RenameOp, RenameTensors, SetOp)
-from patcher.recipe_yaml import MAX_RECIPE_BYTES
+from patcher.recipe.yaml_safe import MAX_RECIPE_BYTES
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA_PATH = REPO / "patcher" / "schemas" / "recipe.schema.json"
@@ -468,7 +468,7 @@ def test_billion_laughs_is_refused_before_composing(monkeypatch):
 
 
 def test_oversized_text_is_refused_before_parsing(monkeypatch):
-    from patcher import recipe_yaml
+    from patcher.recipe import yaml_safe as recipe_yaml
 
     monkeypatch.setattr(recipe_yaml, "scan_events", lambda text: pytest.fail("parsed"))
     text = HEAD + "# " + "x" * MAX_RECIPE_BYTES + "\n"
@@ -924,8 +924,9 @@ def test_builtin_recipe_points_editors_at_the_schema():
 
 def test_recipe_modules_do_not_import_torch():
     code = ("import sys\n"
-            "import patcher.recipe, patcher.config_ops, patcher.jsonfile, patcher.guards\n"
-            "patcher.recipe.load_recipe(patcher.recipe.resolve_recipe('sm120-fp16-kv'))\n"
+            "import patcher.recipe.load, patcher.config.ops, patcher.config.jsonfile\n"
+            "import patcher.recipe.guards\n"
+            "patcher.recipe.load.load_recipe(patcher.recipe.load.resolve_recipe('sm120-fp16-kv'))\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 

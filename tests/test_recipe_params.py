@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from patcher import api
 from patcher.cli import main
 from patcher.errors import InputError, PlanError, RecipeError
-from patcher.recipe import load_recipe
-from patcher.recipe_expr import TemplateError, parse_template
+from patcher.recipe.load import load_recipe
+from patcher.recipe.expr import TemplateError, parse_template
 from tensor_helpers import read_tensors, write_model
 
 HEAD = "modelpatch: 1\nname: t\ndescription: d\n"
@@ -245,7 +245,7 @@ def test_files_add_from_a_file_next_to_the_recipe_is_pinned(tmp_path):
                     "    from: chat_template.jinja\n")
     out = api.apply(str(recipe), model, out=tmp_path / "v").output
     assert (out / "chat_template.jinja").read_text() == "{{ messages }}{% if x %}y{% endif %}"
-    from patcher.manifest import read_manifest
+    from patcher.integrity.manifest import read_manifest
 
     changes = read_manifest(out).changes
     added = [c for c in changes if c["kind"] == "file_added"][0]

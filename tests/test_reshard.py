@@ -15,9 +15,9 @@ from tensor_helpers import (INDEX, assert_bits_equal, read_tensors, shard_metada
 
 from patcher import api
 from patcher.errors import PlanError, RecipeError
-from patcher.recipe import load_recipe
-from patcher.resharding import parse_shard_size
-from patcher.safetensors_io import read_header
+from patcher.recipe.load import load_recipe
+from patcher.tensors.resharding import parse_shard_size
+from patcher.model.safetensors_io import read_header
 
 CONFIG_ONLY = "modelpatch: 1\nname: c\ndescription: x\nconfig:\n  config.json:\n" \
               "    - set: /use_cache\n      value: false\n"
@@ -213,7 +213,7 @@ def test_bad_cli_size_is_a_usage_error(kimi_dir):
 
 
 def test_too_many_shards_is_refused(kimi_dir, monkeypatch):
-    import patcher.resharding as resharding
+    import patcher.tensors.resharding as resharding
 
     monkeypatch.setattr(resharding, "MAX_SHARDS", 100)      # kimi has 276 tensors
     with pytest.raises(PlanError, match="276 shards .at most 100."):

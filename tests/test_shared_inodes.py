@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 from patcher import api
 from patcher.cli import main
-from patcher.linking import can_reflink_in
-from patcher.shared_inodes import registry_path
+from patcher.execute.linking import can_reflink_in
+from patcher.integrity.shared_inodes import registry_path
 
 EDITED = "generation_config.json"
 

@@ -12,10 +12,10 @@ import pytest
 from fs_snapshot import copy_tree, diff, snapshot
 
 from patcher import api
-from patcher.digest_cache import KnownDigests
-from patcher.model_dir import ModelDir
-from patcher.source_digest import SourceDigest, single_source_in_order
-from patcher.tensor_tasks import ShardTask, TensorJob, TensorSource
+from patcher.integrity.digest_cache import KnownDigests
+from patcher.model.model_dir import ModelDir
+from patcher.integrity.source_digest import SourceDigest, single_source_in_order
+from patcher.tensors.tasks import ShardTask, TensorJob, TensorSource
 
 KV_SHARDS = {"model-00002-of-00004.safetensors", "model-00003-of-00004.safetensors"}
 
@@ -74,7 +74,7 @@ def test_a_file_changed_while_read_is_not_stable(tmp_path):
 
 
 def _job(path: str, offset: int, nbytes: int, name: str = "t") -> TensorJob:
-    from patcher.safetensors_io import OutputTensor
+    from patcher.model.safetensors_io import OutputTensor
 
     src = TensorSource(path=path, shard="s", name=name, dtype="U8", shape=(nbytes,),
                        offset=offset, nbytes=nbytes)

@@ -28,7 +28,7 @@ from safetensors import safe_open
 from patcher import api
 from patcher.cli import main
 from patcher.errors import PlanError
-from patcher.manifest import read_manifest
+from patcher.integrity.manifest import read_manifest
 from tensor_helpers import (INDEX, OUT_DTYPES, assert_bits_equal, nbytes, random_fp8,
                             read_tensors, ref_fp8_block, ref_fp8_tensor, ref_nvfp4_modelopt,
                             shard_files, shard_metadata, snapshot, tensor_shards, write_model,

@@ -304,7 +304,7 @@ def test_mxfp4_kernel_exact_for_every_byte_and_scale(dtype, device):
     """Every byte (two e2m1 codes) under every finite E8M0 scale, against the float64 reference:
     255 x 512 values per dtype, subnormal, overflowing (inf) and signed-zero results included.
     Scale byte 255 is NaN (OCP MX v1.0)."""
-    from patcher.quant.mxfp4 import dequantize_mxfp4_gpt_oss
+    from patcher.tensors.quant.mxfp4 import dequantize_mxfp4_gpt_oss
 
     blocks = torch.arange(256, dtype=torch.uint8).reshape(1, 1, 16, 16).repeat(1, 255, 1, 1)
     scales = torch.arange(255, dtype=torch.uint8).reshape(1, 255, 1).repeat(1, 1, 16)
@@ -333,7 +333,7 @@ def test_mxfp4_blocks_count_as_quantized_for_the_consistency_warning(tmp_path):
 
 
 def test_mxfp4_blocks_of_another_layout_are_named_with_the_expected_shape():
-    from patcher.tensor_schemes import CompanionError, find_scheme
+    from patcher.tensors.schemes import CompanionError, find_scheme
 
     class T:
         def __init__(self, dtype, shape):

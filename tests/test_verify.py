@@ -1,4 +1,4 @@
-"""patcher.verify: compare a variant directory with its manifest."""
+"""patcher.integrity.verify: compare a variant directory with its manifest."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from patcher.digest_cache import DigestCache
+from patcher.integrity.digest_cache import DigestCache
 from patcher.errors import InputError, VerifyMismatch
-from patcher.manifest import MANIFEST_NAME, build_statement, write_manifest
-from patcher.verify import Mismatch, compare_maps, list_files, verify_dir
+from patcher.integrity.manifest import MANIFEST_NAME, build_statement, write_manifest
+from patcher.integrity.verify import Mismatch, compare_maps, list_files, verify_dir
 
 T = dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)
 FILES = {

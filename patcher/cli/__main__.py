@@ -1,0 +1,5 @@
+"""``python -m patcher.cli``: the ``modelpatch`` command."""
+
+from .commands import main
+
+main()

@@ -1,0 +1,122 @@
+"""The command group behind ``modelpatch``: global options that work before and after the
+subcommand, and errors turned into their documented exit codes (rendered by ``error_report``).
+
+``--debug`` (repeatable), ``-q/--quiet`` and ``--json`` are options of the group and of every
+subcommand alike (``modelpatch --json plan R M`` and ``modelpatch plan R M --json``); each records
+itself in the root context's ``obj``. A subcommand's own ``--json`` keeps its parameter and is
+also set by the group's.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from .error_report import emit
+from ..errors import PatchError
+
+
+def _root_obj(ctx: click.Context) -> dict:
+    root = ctx.find_root()
+    if root.obj is None:
+        root.obj = {}
+    return root.obj
+
+
+def set_debug(ctx: click.Context, _param, value: int) -> int:
+    if value:
+        obj = _root_obj(ctx)
+        obj["debug"] = int(obj.get("debug") or 0) + value
+    return value
+
+
+def set_quiet(ctx: click.Context, _param, value: bool) -> bool:
+    if value:
+        _root_obj(ctx)["quiet"] = True
+        logging.getLogger().setLevel(logging.ERROR)
+        logging.getLogger("modelpatch").setLevel(logging.ERROR)
+    return value
+
+
+def set_json(ctx: click.Context, _param, value: bool) -> bool:
+    if value:
+        _root_obj(ctx)["json"] = True
+    return value
+
+
+DEBUG_HELP = ("List every problem of a bad input; twice (or MODELPATCH_TRACEBACK=1) adds the "
+              "traceback.")
+QUIET_HELP = "No progress bars or informational logs."
+JSON_HELP = "Machine-readable output; errors too, as {\"error\": {...}} on stdout."
+
+
+def _shared_options() -> list[click.Option]:
+    return [click.Option(["--debug"], count=True, expose_value=False, callback=set_debug,
+                         help=DEBUG_HELP),
+            click.Option(["-q", "--quiet"], is_flag=True, expose_value=False,
+                         callback=set_quiet, help=QUIET_HELP),
+            click.Option(["--json"], "as_json", is_flag=True, expose_value=False,
+                         callback=set_json, help=JSON_HELP)]
+
+
+def _with_group_json(callback):
+    """A command callback whose ``as_json`` is also true when the group's ``--json`` is."""
+    def invoke(*args, **kwargs):
+        if (click.get_current_context().find_root().obj or {}).get("json"):
+            kwargs["as_json"] = True
+        return callback(*args, **kwargs)
+
+    invoke.__wrapped__ = callback
+    return invoke
+
+
+def add_shared_options(group: click.Group) -> None:
+    """Give every subcommand of ``group`` (nested groups included) the options it lacks of
+    ``--debug``, ``-q`` and ``--json``; hook the ``--json`` options commands declare themselves."""
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            add_shared_options(command)
+            continue
+        taken = {opt for param in command.params for opt in param.opts}
+        for option in _shared_options():
+            if not taken.intersection(option.opts):
+                command.params.append(option)
+        for param in command.params:
+            if param.name == "as_json" and param.expose_value and param.callback is None:
+                param.callback = set_json
+                command.callback = _with_group_json(command.callback)
+
+
+class ModelpatchGroup(click.Group):
+    """Turns modelpatch errors into their messages and the documented exit codes."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except PatchError as exc:
+            ctx.exit(emit(exc, ctx.obj).exit_code)
+        except click.ClickException as exc:
+            if (ctx.obj or {}).get("json"):
+                emit(exc, ctx.obj, text=False)    # click prints the usage text itself
+            raise
+        except BrokenPipeError:
+            # The reader of stdout went away (`modelpatch recipes list | head`): stop quietly,
+            # as other command-line tools do.
+            sys.stderr.close()
+            ctx.exit(141)
+        except OSError as exc:
+            # An I/O error no layer below turned into an OperationFailed: still one line and
+            # exit code 3, never a traceback (the commands leave their directories consistent
+            # or journaled whatever raises).
+            ctx.exit(emit(exc, ctx.obj).exit_code)
+        except KeyboardInterrupt as exc:
+            # Ctrl-C: 130; SIGTERM/SIGHUP (turned into KeyboardInterrupt("signal N") so that
+            # cleanup runs): 128 + N, as a shell reports a process that signal ended.
+            signum = str(exc).removeprefix("signal ")
+            code = 128 + int(signum) if signum.isdigit() else 130
+            click.echo("modelpatch: interrupted", err=True)
+            if (ctx.obj or {}).get("json"):
+                emit(exc, ctx.obj, text=False, exit_code=code)
+            ctx.exit(code)

@@ -1,0 +1,154 @@
+"""The model card (README.md) of a published variant.
+
+An existing card's text and metadata are kept. The metadata gains ``base_model`` (when the
+base's hub repository is known: ``patcher.model.base_identity``; otherwise any ``base_model``
+there is
+removed, as it would name another model), the ``modelpatch`` tag and the recipe name; the body
+gains (or has replaced) one section between markers that lists what the patch changed. The YAML
+front matter is read and written with ruamel.yaml (round-trip: the card's own keys keep their
+order and comments), never assembled from strings, so no name (a directory called ``a: b`` or
+holding a newline) can add metadata.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import Any
+
+from ...errors import InputError
+from ...integrity.manifest import CHANGES_BYPRODUCT, Manifest
+
+CARD_NAME = "README.md"
+BEGIN, END = "<!-- modelpatch:begin -->", "<!-- modelpatch:end -->"
+_SECTION = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
+# Front matter as huggingface_hub's ModelCard finds it: a leading ``---`` line, then up to the
+# next ``---`` line.
+_FRONT_MATTER = re.compile(r"^(\s*---[\r\n]+)([\S\s]*?)([\r\n]+---(\r\n|\n|$))")
+
+
+def recipe_chain(manifest: Manifest) -> list[tuple[dict, list[dict]]]:
+    """(recipe, changes) of every patch behind ``manifest``, oldest first: stacked patches and
+    variants of variants embed their base's statement, down to the original model."""
+    chain, statement = [], manifest.statement
+    while isinstance(statement, dict):
+        build = statement.get("predicate", {}).get("buildDefinition", {})
+        params = build.get("externalParameters", {})
+        changes = next((item.get("annotations", {}).get("changes", [])
+                        for item in statement["predicate"].get("runDetails", {})
+                        .get("byproducts", []) if item.get("name") == CHANGES_BYPRODUCT), [])
+        chain.append((params.get("recipe", {}), changes))
+        statement = params.get("base_provenance")
+    return chain[::-1]
+
+
+def change_lines(changes: list[dict], limit: int = 40) -> list[str]:
+    lines = []
+    for c in changes:
+        kind = c.get("kind")
+        if kind in ("removed", "set", "renamed", "copied"):
+            target = f"`{c['path']}`" + (f" from `{c['from']}`" if c.get("from") else "")
+            lines.append(f"- `{c['file']}`: {kind} {target}")
+        elif kind == "tensor_converted":
+            b, a = c["before"], c["after"]
+            lines.append(f"- tensor `{c['tensor']}`: {c['how']} {b['dtype']}{b['shape']} -> "
+                         f"{a['dtype']}{a['shape']}")
+        elif kind in ("tensor_dropped", "tensor_renamed"):
+            extra = f" -> `{c['to']}`" if kind == "tensor_renamed" else ""
+            lines.append(f"- tensor `{c['tensor']}`: {kind.split('_')[1]}{extra}")
+        elif kind in ("file_dropped", "file_added"):
+            lines.append(f"- file `{c['file']}`: {kind.split('_')[1]}")
+    if len(lines) > limit:
+        lines = lines[:limit] + [f"- ... and {len(lines) - limit} more (see "
+                                 f"`modelpatch.provenance.json`)"]
+    return lines
+
+
+def _yaml():
+    from ruamel.yaml import YAML
+
+    yaml = YAML(typ="rt", pure=True)
+    yaml.width = 4096                      # no folded lines in the card
+    return yaml
+
+
+def split_card(text: str) -> tuple[dict[str, Any], str]:
+    """(metadata, body) of a model card; metadata is {} without front matter. Malformed front
+    matter is an ``InputError`` naming README.md."""
+    match = _FRONT_MATTER.search(text)
+    if match is None:
+        return {}, text
+    from ruamel.yaml import YAMLError
+
+    try:
+        metadata = _yaml().load(match.group(2))
+    except YAMLError as exc:
+        problem = str(exc).splitlines()[0] if str(exc) else "invalid YAML"
+        raise InputError(f"the model card's YAML front matter is invalid: {problem}",
+                         where=CARD_NAME) from None
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise InputError("the model card's YAML front matter is not a mapping", where=CARD_NAME)
+    return metadata, text[match.end():]
+
+
+def dump_front_matter(metadata: dict[str, Any]) -> str:
+    out = io.StringIO()
+    _yaml().dump(metadata, out)
+    return f"---\n{out.getvalue()}---\n"
+
+
+def render_card(existing: str | None, manifest: Manifest, base_model: str | None,
+                base: str) -> str:
+    """The card for a variant of ``base`` (its path: named in the text when ``base_model``, the
+    hub repository ``ORG/NAME``, is None)."""
+    metadata, body = split_card(existing or "")
+    chain = recipe_chain(manifest)
+    if base_model:
+        metadata["base_model"] = base_model
+    else:
+        metadata.pop("base_model", None)
+    tags = metadata.get("tags")
+    tags = list(tags) if isinstance(tags, list) else ([tags] if tags else [])
+    for tag in ["modelpatch", *(f"modelpatch-recipe:{r['name']}" for r, _ in chain)]:
+        if tag not in tags:
+            tags.append(tag)
+    metadata["tags"] = tags
+    metadata["modelpatch_recipe"] = manifest.recipe["name"]
+    if len(chain) > 1:
+        metadata["modelpatch_recipes"] = [r["name"] for r, _ in chain]
+    section = "\n".join([
+        BEGIN,
+        "## Patched with modelpatch",
+        "",
+        f"This is {_base_text(base_model, base)} with the modelpatch "
+        f"{'recipe' if len(chain) == 1 else 'recipes'} "
+        + ", then ".join(f"`{r['name']}` (sha256 `{r['sha256'][:16]}...`)" for r, _ in chain)
+        + " applied. Every file is listed with its sha256 in `modelpatch.provenance.json`; "
+          "`modelpatch verify` checks a download against it.",
+        "",
+        *_changes_section(chain),
+        END,
+        "",
+    ])
+    body = _SECTION.sub(lambda _: section, body) if _SECTION.search(body) else (
+        body.rstrip("\n") + ("\n\n" if body.strip() else "") + section)
+    return dump_front_matter(metadata) + body
+
+
+def _base_text(base_model: str | None, base: str) -> str:
+    """The base as the card's body names it, on one line whatever the name holds."""
+    if base_model:
+        return f"`{base_model}`"
+    name = " ".join(base.rstrip("/").rsplit("/", 1)[-1].split()).replace("`", "'")
+    return f"the model from `{name}` (hub repository not recorded)"
+
+
+def _changes_section(chain: list[tuple[dict, list[dict]]]) -> list[str]:
+    if len(chain) == 1:
+        return change_lines(chain[0][1]) or ["- no changes"]
+    lines: list[str] = []
+    for recipe, changes in chain:
+        lines += [f"### `{recipe['name']}`", "", *(change_lines(changes) or ["- no changes"]), ""]
+    return lines[:-1]

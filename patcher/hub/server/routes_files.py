@@ -1,0 +1,62 @@
+"""File downloads of the embedded hub: ``GET``/``HEAD /[datasets/]{repo}/resolve/{rev}/{path}``.
+
+What ``hf_hub_download`` reads from the HEAD answer (file_download.get_hf_file_metadata):
+``X-Repo-Commit`` (required), ``X-Linked-Etag`` or ``ETag`` (the cache's blob name: sha256 for LFS
+files, git blob sha1 otherwise), ``X-Linked-Size`` or ``Content-Length``. No redirect is made:
+the file is served from this very URL, streamed from the blob store, with Range support.
+"""
+
+from __future__ import annotations
+
+import os
+
+from starlette.requests import Request
+from starlette.responses import FileResponse, Response
+
+from ..store.naming import check_path
+from ..request_errors import EntryNotFound, HubRequestError
+from .web import Hub, in_thread
+
+
+class BlobResponse(FileResponse):
+    """A FileResponse reading 1 MiB at a time (the default 64 KiB costs a thread hop per read)."""
+
+    chunk_size = 1024 * 1024
+
+
+async def resolve(hub: Hub, request: Request, p: dict[str, str]) -> Response:
+    return await in_thread(_blob_response, hub, request, p)   # file reads and a stat
+
+
+def _blob_response(hub: Hub, request: Request, p: dict[str, str]) -> Response:
+    meta = hub.readable_repo(request, p["kind"], p["repo_id"])
+    commit = hub.store.resolve(meta, p["rev"])
+    path = p["path"]
+    entry = commit.tree.get(path)
+    if entry is None:
+        check_path(path)
+        raise EntryNotFound(f"Entry not found: {path} at {p['rev']}",
+                            headers={"X-Repo-Commit": commit.id})
+    sha, size = entry["sha256"], entry["size"]
+    blob = hub.store.blob_path(sha)
+    try:
+        st = os.stat(blob)
+    except FileNotFoundError:
+        st = None
+    if st is None or st.st_size != size:
+        raise HubRequestError(f"blob {sha} of {path} is missing or damaged in the store",
+                              status=500)
+    etag = sha if entry["lfs"] else entry["git_oid"]
+    headers = {
+        "ETag": f'"{etag}"',
+        "X-Repo-Commit": commit.id,
+        "Content-Length": str(size),
+        "Accept-Ranges": "bytes",
+        "Cache-Control": "private, max-age=0, must-revalidate",
+    }
+    if entry["lfs"]:
+        headers["X-Linked-Etag"] = f'"{sha}"'
+        headers["X-Linked-Size"] = str(size)
+    return BlobResponse(blob, headers=headers, stat_result=st,
+                        media_type="application/octet-stream",
+                        filename=path.rsplit("/", 1)[-1])

@@ -1,0 +1,364 @@
+"""A model directory understood exactly, from headers and JSON only (no tensor data).
+
+``ModelDir.open(path)`` lists the files, refuses symlinks that escape the directory (or its
+Hugging Face cache repo), reads and validates every safetensors header and the shard index, and
+loads JSON files lazily and strictly. Every other command builds on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import posixpath
+import re
+import stat
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterator
+
+from ..errors import ModelDirError, PatchError, ShardIndexError
+from ..config.jsonfile import parse_json
+from .safetensors_io import ShardHeader, TensorInfo, parse_header, read_raw_header
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_SHARD_NAME = "model.safetensors"
+MANIFEST_NAME = "modelpatch.provenance.json"
+STATE_DIR = ".modelpatch"
+# Bookkeeping, not model content: our revert data, git (a directory, or the file a worktree or
+# submodule has), and the huggingface_hub local-dir download cache. One rule for every command:
+# see ``is_model_path``.
+SKIPPED_DIRS = frozenset({STATE_DIR, ".git", ".cache"})
+# Shard names as transformers and huggingface_hub write them: model-00001-of-00004.safetensors.
+_SHARD_NAME = re.compile(r"(?P<stem>.+)-(?P<number>\d{5,})-of-(?P<count>\d{5,})\.safetensors")
+
+
+def is_model_path(relpath: str) -> bool:
+    """Whether ``relpath`` (POSIX, relative to the model root) can belong to the model: not the
+    manifest, nothing under ``SKIPPED_DIRS``. Verify, manifests, revert and publish use it; the
+    model listing skips the same directories (and keeps the manifest, as provenance)."""
+    return relpath != MANIFEST_NAME and relpath.split("/", 1)[0] not in SKIPPED_DIRS
+
+
+@dataclass(frozen=True)
+class ModelFile:
+    """A regular file of the model, reached directly or through a symlink."""
+
+    relpath: str          # POSIX path relative to the model root
+    path: Path            # the entry in the model directory (may be a symlink)
+    size: int
+    link_target: str | None = None   # raw readlink() text when the entry is a symlink
+
+    @property
+    def is_symlink(self) -> bool:
+        return self.link_target is not None
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """``model.safetensors.index.json``: which shard holds each tensor."""
+
+    weight_map: dict[str, str]
+    total_size: int | None
+    metadata: dict[str, Any]
+
+
+@dataclass
+class ModelDir:
+    """A validated, read-only view of a model directory."""
+
+    root: Path
+    files: dict[str, ModelFile]
+    shards: dict[str, ShardHeader]             # relpath -> header, for every *.safetensors
+    index: ShardIndex | None
+    cache_repo: Path | None = None             # the models--org--name dir for HF snapshots
+    warnings: list[str] = field(default_factory=list)
+    _json: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "ModelDir":
+        """Read and validate the model directory at ``path``.
+
+        Raises:
+            ModelDirError, SafetensorsFormatError, ShardIndexError: naming the file and tensor.
+        """
+        root = Path(path)
+        if not root.is_dir():
+            raise ModelDirError("not a directory" if root.exists() else "no such directory",
+                                where=root)
+        cache_repo = _hf_cache_repo(root)
+        files = dict(_list_files(root, cache_repo))
+        shard_names = sorted(p for p in files if p.endswith(".safetensors"))
+        shards = _read_headers(root, shard_names)
+        index = _read_index(root, files)
+        model = cls(root=root, files=files, shards=shards, index=index, cache_repo=cache_repo)
+        model._check_index()
+        return model
+
+    # --- JSON ------------------------------------------------------------------------------
+
+    def has(self, relpath: str) -> bool:
+        return relpath in self.files
+
+    def read_bytes(self, relpath: str) -> bytes:
+        return self.files[relpath].path.read_bytes()
+
+    def json(self, relpath: str) -> Any:
+        """The parsed JSON file ``relpath`` (strict: UTF-8, no duplicate keys), or None if absent."""
+        if relpath not in self._json:
+            if relpath not in self.files:
+                return None
+            self._json[relpath] = parse_json(self.read_bytes(relpath), str(self.root / relpath))
+        return self._json[relpath]
+
+    def json_object(self, relpath: str) -> dict | None:
+        """The JSON file ``relpath`` when it must hold an object: None if absent, else a dict.
+
+        Raises:
+            ModelDirError: the file is valid JSON but not an object (``[1]``, ``"x"``, ``null``).
+        """
+        doc = self.json(relpath)
+        if doc is None and relpath not in self.files:
+            return None
+        if not isinstance(doc, dict):
+            raise ModelDirError(f"is valid JSON but not an object (got {_json_type(doc)})",
+                                where=str(self.root / relpath))
+        return doc
+
+    @property
+    def config(self) -> dict:
+        """config.json, or {} when the directory has none (a non-object is an error)."""
+        return self.json_object("config.json") or {}
+
+    @property
+    def hf_quant_config(self) -> dict | None:
+        """hf_quant_config.json, or None when the directory has none."""
+        return self.json_object("hf_quant_config.json")
+
+    # --- tensors ---------------------------------------------------------------------------
+
+    @cached_property
+    def tensor_shards(self) -> dict[str, str]:
+        """tensor name -> shard relpath, over every shard the model loads."""
+        return {name: shard for shard in self.model_shards
+                for name in self.shards[shard].tensors}
+
+    @property
+    def model_shards(self) -> list[str]:
+        """Shards the model loads: the index's shards, or the single ``model.safetensors``."""
+        if self.index is not None:
+            return sorted(set(self.index.weight_map.values()))
+        return [SINGLE_SHARD_NAME] if SINGLE_SHARD_NAME in self.shards else []
+
+    def tensors(self) -> Iterator[tuple[str, TensorInfo]]:
+        """(shard relpath, tensor) over every tensor the model loads."""
+        for shard in self.model_shards:
+            for info in self.shards[shard].tensors.values():
+                yield shard, info
+
+    def tensor(self, name: str) -> TensorInfo | None:
+        shard = self.tensor_shards.get(name)
+        return self.shards[shard].tensors[name] if shard else None
+
+    # --- validation ------------------------------------------------------------------------
+
+    def _check_index(self) -> None:
+        unloaded = sorted(set(self.shards) - set(self.model_shards))
+        if self.index is None:
+            _refuse_shards_without_index(self.root, self.shards)
+            reason = (f"not loaded: there is no {INDEX_NAME}, and only {SINGLE_SHARD_NAME} "
+                      f"is loaded without one")
+        else:
+            reason = f"not referenced by {INDEX_NAME}"
+        for shard in unloaded:
+            self.warnings.append(f"{shard}: {reason}; left as an opaque file")
+        if self.index is None:
+            return
+        defects = _index_defects(self.root, self.index, self.shards, self.files)
+        if defects:
+            first = defects[0]
+            more = f" (and {len(defects) - 1} more index defects)" if len(defects) > 1 else ""
+            error = ShardIndexError(first.message + more, where=first.where, tensor=first.tensor,
+                                    hint=first.hint)
+            error.defects = defects
+            raise error
+
+
+def _json_type(doc: object) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null",
+            int: "a number", float: "a number"}.get(type(doc), type(doc).__name__)
+
+
+def _shard_set(relpath: str) -> tuple[str, str] | None:
+    """(directory/prefix, shard count) of a file named like a shard of a sharded model."""
+    m = _SHARD_NAME.fullmatch(relpath)
+    return (m["stem"], m["count"]) if m else None
+
+
+def _refuse_shards_without_index(root: Path, shards: dict[str, ShardHeader]) -> None:
+    """Shards named ``model-NNNNN-of-MMMMM.safetensors`` and neither an index nor a
+    ``model.safetensors``: the index is missing, and the model is not an empty one."""
+    if SINGLE_SHARD_NAME in shards:
+        return
+    sharded = [s for s in sorted(set(shards)) if (key := _shard_set(s)) and key[0] == "model"]
+    if sharded:
+        raise ShardIndexError(
+            f"sharded model without {INDEX_NAME}: {len(sharded)} shard file(s) such as "
+            f"{sharded[0]} cannot be loaded without it", where=str(root),
+            hint=f"download {INDEX_NAME} too")
+
+
+def _hf_cache_repo(root: Path) -> Path | None:
+    """The ``models--org--name`` directory when ``root`` is a hub cache snapshot."""
+    real = Path(os.path.realpath(root))
+    if real.parent.name == "snapshots" and "--" in real.parent.parent.name:
+        return real.parent.parent
+    return None
+
+
+def _list_files(root: Path, cache_repo: Path | None) -> Iterator[tuple[str, ModelFile]]:
+    real_root = os.path.realpath(root)
+    allowed = [real_root] + ([str(cache_repo)] if cache_repo else [])
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not (dirpath == str(root) and d in SKIPPED_DIRS))
+        for name in dirnames:
+            if os.path.islink(os.path.join(dirpath, name)):
+                raise ModelDirError("symlinked directories are not supported",
+                                    where=os.path.join(dirpath, name))
+        for name in sorted(filenames):
+            if dirpath == str(root) and name in SKIPPED_DIRS:
+                continue
+            entry = Path(dirpath) / name
+            relpath = entry.relative_to(root).as_posix()
+            yield relpath, _model_file(entry, relpath, allowed)
+
+
+def _model_file(entry: Path, relpath: str, allowed: list[str]) -> ModelFile:
+    if not entry.is_symlink():
+        st = entry.lstat()
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelDirError("not a regular file", where=entry)
+        return ModelFile(relpath, entry, st.st_size)
+    target = os.readlink(entry)
+    real = os.path.realpath(entry)
+    if not any(real == a or real.startswith(a + os.sep) for a in allowed):
+        raise ModelDirError(f"symlink to {target!r} escapes the model directory", where=entry,
+                            hint="copy the file into the directory or link within it")
+    if not os.path.exists(real):
+        raise ModelDirError(f"dangling symlink to {target!r}", where=entry)
+    st = os.stat(real)
+    if not stat.S_ISREG(st.st_mode):
+        raise ModelDirError("symlink does not point to a regular file", where=entry)
+    return ModelFile(relpath, entry, st.st_size, link_target=target)
+
+
+def _read_headers(root: Path, names: list[str]) -> dict[str, ShardHeader]:
+    # Threads overlap the per-file latency of network filesystems for the reads; the parsing
+    # holds the GIL, so it runs here, serially (threads made it slower).
+    with ThreadPoolExecutor(max_workers=min(8, max(1, len(names)))) as pool:
+        raw = list(pool.map(lambda n: read_raw_header(root / n, str(root / n)), names))
+    # Parsing allocates hundreds of thousands of small objects that all stay alive: the cyclic
+    # garbage collector would only rescan them (about 40% of the time at 273k tensors).
+    with _gc_paused():
+        return {name: parse_header(*r, str(root / name)) for name, r in zip(names, raw)}
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _read_index(root: Path, files: dict[str, ModelFile]) -> ShardIndex | None:
+    if INDEX_NAME not in files:
+        return None
+    where = str(root / INDEX_NAME)
+    doc = parse_json(files[INDEX_NAME].path.read_bytes(), where)
+    if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
+        raise ShardIndexError("no weight_map object", where=where)
+    weight_map = doc["weight_map"]
+    bad_names = {s for s in set(map(_hashable, weight_map.values()))
+                 if not (isinstance(s, str) and _safe_relpath(s))}
+    if bad_names:
+        tensor, shard = next((t, s) for t, s in weight_map.items() if _hashable(s) in bad_names)
+        raise ShardIndexError(f"shard name {shard!r} is not a relative path inside the model",
+                              where=where, tensor=tensor)
+    metadata = doc.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise ShardIndexError("metadata is not an object", where=where)
+    total = metadata.get("total_size")
+    if total is not None and not (isinstance(total, int) and not isinstance(total, bool)):
+        raise ShardIndexError(f"metadata.total_size is not an integer: {total!r}", where=where)
+    return ShardIndex(weight_map=dict(weight_map), total_size=total, metadata=metadata)
+
+
+def _hashable(value: object) -> object:
+    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
+
+
+def _safe_relpath(name: str) -> bool:
+    return (bool(name) and not name.startswith("/") and "\\" not in name
+            and posixpath.normpath(name) == name and not name.startswith("../") and name != "..")
+
+
+def _index_defects(root: Path, index: ShardIndex, shards: dict[str, ShardHeader],
+                   files: dict[str, ModelFile]) -> list[PatchError]:
+    where = str(root / INDEX_NAME)
+    defects: list[PatchError] = []
+    for shard in sorted(set(index.weight_map.values())):
+        if shard not in shards:
+            defects.append(ShardIndexError(f"names shard {shard!r}, which does not exist",
+                                           where=where))
+    defects += _unreferenced_siblings(where, index, shards)
+    seen: dict[str, str] = {}
+    for shard in sorted(set(shards) & set(index.weight_map.values())):
+        for name in shards[shard].tensors:
+            if name in seen:
+                defects.append(ShardIndexError(f"present in both {seen[name]} and {shard}",
+                                               where=where, tensor=name))
+                continue
+            seen[name] = shard
+            mapped = index.weight_map.get(name)
+            if mapped is None:
+                defects.append(ShardIndexError(f"in shard {shard} but missing from the index",
+                                               where=where, tensor=name))
+            elif mapped != shard:
+                defects.append(ShardIndexError(f"index places it in {mapped} but it is in {shard}",
+                                               where=where, tensor=name))
+    for name, shard in index.weight_map.items():
+        if shard in shards and name not in shards[shard].tensors and name not in seen:
+            defects.append(ShardIndexError(f"index places it in {shard}, which has no such tensor",
+                                           where=where, tensor=name))
+    if index.total_size is not None and not defects:
+        actual = sum(shards[s].tensors[t].nbytes for t, s in index.weight_map.items())
+        if actual != index.total_size:
+            defects.append(ShardIndexError(
+                f"metadata.total_size is {index.total_size} but the tensors hold {actual} bytes",
+                where=where))
+    return defects
+
+
+def _unreferenced_siblings(where: str, index: ShardIndex,
+                           shards: dict[str, ShardHeader]) -> list[PatchError]:
+    """Shards the index does not name, though named as members of a set of shards it does name
+    (same prefix, same shard count): the index is evidently missing their tensors."""
+    referenced = set(index.weight_map.values())
+    sets = {key: shard for shard in sorted(referenced, reverse=True)
+            if (key := _shard_set(shard)) is not None}
+    defects: list[PatchError] = []
+    for shard in sorted(set(shards) - referenced):
+        key = _shard_set(shard)
+        member_of = sets.get(key) if key else None
+        if member_of is not None:
+            defects.append(ShardIndexError(
+                f"does not reference {shard}, a shard of the same set as {member_of} "
+                f"(it holds {len(shards[shard].tensors)} tensor(s))", where=where,
+                hint="the index is incomplete, or the file is left over from another download"))
+    return defects

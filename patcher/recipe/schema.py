@@ -1,0 +1,428 @@
+"""The typed form of a recipe: frozen dataclasses produced by ``patcher.recipe.load.load_recipe``.
+
+Every operation and condition carries ``loc``, the ``file:line:col`` of the recipe item it came
+from, so that errors and the provenance change log can point at the recipe line.
+
+Values taken from the recipe (``SetOp.value``, ``Check.expected``...) are plain JSON values:
+``dict``, ``list``, ``str``, ``int``, ``float``, ``bool``, ``None``. Treat them as read-only.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+from ..config.json_pointer import join_pointer
+
+RECIPE_FORMAT_VERSIONS = (1,)
+
+# safetensors dtype names (the header's "dtype" field).
+SAFETENSORS_DTYPES = (
+    "BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64",
+    "F16", "BF16", "F32", "F64", "C64",
+    "F8_E4M3", "F8_E5M2", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "F8_E8M0",
+    "F4", "F6_E2M3", "F6_E3M2",
+)
+FLOAT_TARGETS = ("BF16", "F16", "F32")     # cast and dequantize targets, canonical names
+DEQUANT_SCHEMES = ("fp8-tensor", "fp8-block", "nvfp4-modelopt", "nvfp4-compressed-tensors",
+                   "mxfp4-gpt-oss", "auto")
+QUANT_SCHEMES = ("fp8-tensor", "fp8-block")
+QUANT_LAYOUTS = ("modelopt", "deepseek", "compressed-tensors")
+# (scheme, layout) pairs a checkpoint format exists for: ModelOpt FP8 is per-tensor
+# (weight_scale), DeepSeek-V3 is 128x128 blocks (weight_scale_inv), compressed-tensors has both.
+QUANT_COMBINATIONS = (
+    ("fp8-tensor", "modelopt"),
+    ("fp8-tensor", "compressed-tensors"),
+    ("fp8-block", "deepseek"),
+    ("fp8-block", "compressed-tensors"),
+)
+DEFAULT_BLOCK = (128, 128)
+
+
+# ---------------------------------------------------------------------------------- guards
+
+@dataclass(frozen=True)
+class Check:
+    """A leaf condition: ``{file, path, <predicate>: expected}``.
+
+    ``predicate`` is ``exists`` (expected: bool), ``equals`` (any JSON value), ``contains`` (an
+    array holds an element equal to expected, or a string holds expected as a substring) or
+    ``one_of`` (expected: list of values). ``scopes``: the condition holds if it holds with
+    ``path`` read inside ANY of these pointers (``("",)``: the document root).
+    """
+
+    file: str
+    path: str
+    predicate: str
+    expected: Any
+    scopes: tuple[str, ...]
+    message: str | None
+    loc: str
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    conditions: tuple["Condition", ...]
+    scopes: tuple[str, ...]
+    message: str | None
+    loc: str
+
+
+@dataclass(frozen=True)
+class AllOf:
+    conditions: tuple["Condition", ...]
+    scopes: tuple[str, ...]
+    message: str | None
+    loc: str
+
+
+@dataclass(frozen=True)
+class Not:
+    condition: "Condition"
+    scopes: tuple[str, ...]
+    message: str | None
+    loc: str
+
+
+Condition = Union[Check, AnyOf, AllOf, Not]
+
+
+# ---------------------------------------------------------------------------- config ops
+# ``scopes`` on every config op: the op applies with its pointers read inside each scope in turn
+# (``("",)``: the document root only). Scopes that do not exist in the document are skipped.
+
+@dataclass(frozen=True)
+class DropOp:
+    """Remove ``path``. A path missing from every scope is a PlanError unless ``missing_ok``."""
+
+    path: str
+    scopes: tuple[str, ...]
+    missing_ok: bool
+    loc: str
+    kind = "drop"
+
+
+@dataclass(frozen=True)
+class SetOp:
+    """Set ``path`` to ``value``, creating missing parent objects unless ``create_parents`` is
+    False (then a missing parent is an error). ``label`` is the friendly key the op was written
+    with (``set``, ``architectures`` or ``model_type``)."""
+
+    path: str
+    value: Any
+    scopes: tuple[str, ...]
+    loc: str
+    label: str = "set"
+    create_parents: bool = True
+    kind = "set"
+
+
+@dataclass(frozen=True)
+class RenameOp:
+    """Move the value at ``path`` to ``to`` (a key renamed in the same object keeps its place).
+    The target must not exist and its parent must. A source missing from every scope is a PlanError
+    unless ``missing_ok``."""
+
+    path: str
+    to: str
+    scopes: tuple[str, ...]
+    missing_ok: bool
+    loc: str
+    kind = "rename"
+
+
+@dataclass(frozen=True)
+class PatchOp:
+    """One RFC 6902 operation, applied through the ``jsonpatch`` library. ``value`` is meaningful
+    for add/replace/test, ``from_path`` for move/copy. ``missing_ok`` (remove, replace, move,
+    copy): skip the scopes where the path the op reads (``from`` for move/copy) is missing, instead
+    of failing as RFC 6902 does."""
+
+    op: str
+    path: str
+    value: Any
+    from_path: str | None
+    scopes: tuple[str, ...]
+    loc: str
+    missing_ok: bool = False
+    kind = "patch"
+    MISSING_OK_OPS = ("remove", "replace", "move", "copy")
+
+    def read_path(self) -> str:
+        """The pointer this op needs to exist (``from`` for move/copy)."""
+        return self.from_path if self.op in ("move", "copy") and self.from_path else self.path
+
+    def as_json_patch(self, scope: str = "") -> dict[str, Any]:
+        """The RFC 6902 operation object, pointers read inside ``scope``."""
+        out: dict[str, Any] = {"op": self.op, "path": join_pointer(scope, self.path)}
+        if self.op in ("add", "replace", "test"):
+            out["value"] = self.value
+        if self.op in ("move", "copy"):
+            assert self.from_path is not None
+            out["from"] = join_pointer(scope, self.from_path)
+        return out
+
+
+@dataclass(frozen=True)
+class ArrayOp:
+    """An element op on the JSON array at ``path``: ``map`` (``re.sub(regex, to, element)`` on
+    each string element the regex matches), ``filter`` (remove the string elements matching a
+    glob or regex) or ``append`` (add ``value`` unless an equal element is there). A map or filter
+    that matches no element is a PlanError unless ``allow_empty``."""
+
+    action: str                     # map, filter, append
+    path: str
+    globs: tuple[str, ...]
+    regexes: tuple[str, ...]
+    to: str | None
+    value: Any
+    scopes: tuple[str, ...]
+    missing_ok: bool
+    allow_empty: bool
+    loc: str
+    kind = "each"
+
+    def matches(self, element: Any) -> bool:
+        if not isinstance(element, str):
+            return False
+        if self.globs:
+            return any(fnmatch.fnmatchcase(element, g) for g in self.globs)
+        return any(re.search(r, element) for r in self.regexes)
+
+
+ConfigOp = Union[DropOp, SetOp, RenameOp, PatchOp, ArrayOp]
+
+
+# ------------------------------------------------------------------------------ file ops
+
+@dataclass(frozen=True)
+class DropFile:
+    """Leave ``path`` out of the variant. A missing file is fine unless ``missing_ok`` is False."""
+
+    path: str
+    missing_ok: bool
+    loc: str
+    kind = "drop"
+
+
+@dataclass(frozen=True)
+class AddFile:
+    """Write ``content`` (UTF-8 text) as ``path``. Replacing an existing file needs
+    ``overwrite``."""
+
+    path: str
+    content: str
+    overwrite: bool
+    loc: str
+    source: dict | None = None      # from: a file next to the recipe, {"from", "sha256"}
+    kind = "add"
+
+
+FileOp = Union[DropFile, AddFile]
+
+
+# ---------------------------------------------------------------------------- tensor ops
+
+@dataclass(frozen=True)
+class TensorSelect:
+    """Which tensors an op applies to: names matching ANY glob (``fnmatch``, case-sensitive, on
+    the full name) or ANY regex (``re.search``), and, if ``dtypes`` is set, of one of those
+    safetensors dtypes. Exactly one of ``globs``/``regexes`` is non-empty."""
+
+    globs: tuple[str, ...]
+    regexes: tuple[str, ...]
+    dtypes: tuple[str, ...] | None
+    loc: str
+    # ``layers: ">= 61"``: (comparison, bound); the bound is an int once the recipe is bound to a
+    # model (a ``recipe.expr.Template`` before). Only names with a ``layers.N.`` part match.
+    layers: tuple[str, Any] | None = None
+    # ``group: [attention, ...]``: the module groups ``inspect`` reports (inspect_model)
+    groups: tuple[str, ...] | None = None
+
+    def matches(self, name: str, dtype: str | None = None) -> bool:
+        if self.dtypes is not None and dtype is not None and dtype not in self.dtypes:
+            return False
+        if self.layers is not None and not _layer_matches(name, *self.layers):
+            return False
+        if self.groups is not None:
+            from ..model.inspect_model import module_group
+
+            if module_group(name) not in self.groups:
+                return False
+        if not self.globs and not self.regexes:
+            return True
+        if self.globs:
+            return any(fnmatch.fnmatchcase(name, g) for g in self.globs)
+        return any(re.search(r, name) for r in self.regexes)
+
+
+LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+LAYER_COMPARISONS = {">=": lambda a, b: a >= b, ">": lambda a, b: a > b,
+                     "<=": lambda a, b: a <= b, "<": lambda a, b: a < b,
+                     "==": lambda a, b: a == b}
+
+
+def _layer_matches(name: str, comparison: str, bound: Any) -> bool:
+    found = LAYER_RE.search(name)
+    return found is not None and LAYER_COMPARISONS[comparison](int(found.group(1)), bound)
+
+
+@dataclass(frozen=True)
+class DropTensors:
+    kind = "drop"
+
+
+@dataclass(frozen=True)
+class RenameTensors:
+    """New name = ``re.sub(pattern, to, name)``."""
+
+    pattern: str
+    to: str
+    kind = "rename"
+
+
+@dataclass(frozen=True)
+class CopyTensors:
+    """Add a byte-identical copy of each selected tensor named ``re.sub(pattern, to, name)``."""
+
+    pattern: str
+    to: str
+    kind = "copy"
+
+
+@dataclass(frozen=True)
+class CastTensors:
+    to: str  # one of FLOAT_TARGETS
+    kind = "cast"
+
+
+@dataclass(frozen=True)
+class DequantizeTensors:
+    scheme: str  # one of DEQUANT_SCHEMES
+    to: str      # one of FLOAT_TARGETS
+    # fp8-block (or auto) only: (bm, bn); None: the config's weight_block_size, else 128x128
+    block: tuple[int, int] | None = None
+    kind = "dequantize"
+
+
+@dataclass(frozen=True)
+class QuantizeTensors:
+    scheme: str                      # one of QUANT_SCHEMES
+    layout: str                      # one of QUANT_LAYOUTS
+    block: tuple[int, int] | None    # fp8-block only; default (128, 128)
+    kind = "quantize"
+
+
+TensorAction = Union[DropTensors, RenameTensors, CopyTensors, CastTensors, DequantizeTensors, QuantizeTensors]
+
+
+@dataclass(frozen=True)
+class TensorOp:
+    """Apply ``action`` to every tensor ``select`` matches. An empty selection is a PlanError
+    unless ``allow_empty``."""
+
+    select: TensorSelect
+    action: TensorAction
+    allow_empty: bool
+    loc: str
+
+    @property
+    def kind(self) -> str:
+        return self.action.kind
+
+
+# -------------------------------------------------------------------------------- recipe
+
+PARAM_TYPES = ("string", "integer", "number", "boolean", "list")
+
+
+@dataclass(frozen=True)
+class Param:
+    """A declared recipe parameter. ``default`` is ``REQUIRED`` when the caller must give it."""
+
+    name: str
+    type: str           # one of PARAM_TYPES
+    default: Any
+    description: str
+    loc: str
+
+
+REQUIRED: Any = type("Required", (), {"__repr__": lambda self: "<required>"})()
+
+
+@dataclass(frozen=True)
+class Include:
+    """``include:`` item: another recipe, with parameter values (JSON values or templates over
+    the including recipe's parameters and the model's config)."""
+
+    recipe: "Recipe"
+    params: dict[str, Any]
+    loc: str
+
+
+@dataclass(frozen=True)
+class OutputLayout:
+    """The recipe's ``output:`` section: how the variant's shards are laid out."""
+
+    max_shard_size: int | None      # bytes; None keeps the base's shards
+    loc: str
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A loaded, validated recipe.
+
+    ``config`` maps each JSON file (a relative path in the model directory) to its ops, in recipe
+    order. ``text`` is the exact source text and ``sha256`` the hex digest of its UTF-8 bytes
+    (of the file's bytes when loaded from a file). ``source`` is the name used in ``loc``
+    strings; ``path`` the file it was read from, if any.
+    """
+
+    format_version: int
+    name: str
+    description: str
+    requires: tuple[Condition, ...]
+    config: dict[str, tuple[ConfigOp, ...]]
+    files: tuple[FileOp, ...]
+    tensors: tuple[TensorOp, ...]
+    text: str
+    sha256: str
+    source: str
+    path: Path | None = None
+    output: OutputLayout | None = None
+    params: tuple[Param, ...] = ()
+    includes: tuple[Include, ...] = ()
+    # Set by ``recipe.bind.bind_recipe``: the parameter values used, and the recipes combined
+    # (each ``{name, path, sha256, text, params}``) when there is more than one.
+    bound: dict[str, Any] | None = None
+    components: tuple[dict, ...] = ()
+
+    def identity(self) -> dict:
+        """Which recipe this is, for output: name, the absolute file it came from, sha256."""
+        out = {"name": self.name, "path": str(self.path.resolve()) if self.path else None,
+               "sha256": self.sha256}
+        if self.source == "<command line>":     # several recipes given together
+            parts = [c for c in self.components] or [i.recipe.identity() for i in self.includes]
+            out["components"] = [{k: c[k] for k in ("name", "path", "sha256")} for c in parts]
+        return out
+
+    def manifest_record(self) -> dict:
+        """The manifest's ``recipe`` entry: name, sha256, text, and when used, the parameter
+        values and every recipe combined."""
+        out: dict[str, Any] = {"name": self.name, "sha256": self.sha256, "text": self.text}
+        if self.bound:
+            out["params"] = dict(self.bound)
+        if self.components:
+            out["components"] = [dict(c) for c in self.components]
+        return out
+
+    @property
+    def touches_tensors(self) -> bool:
+        return bool(self.tensors) or self.max_shard_size is not None
+
+    @property
+    def max_shard_size(self) -> int | None:
+        return self.output.max_shard_size if self.output else None

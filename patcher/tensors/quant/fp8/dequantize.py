@@ -1,0 +1,146 @@
+"""FP8 dequantization: one scale per tensor or per output channel, or one per block.
+
+Each product ``fp8 * scale`` is rounded once, half to even, to the output dtype, whatever the
+scale's dtype (float32 from ModelOpt and DeepSeek, bfloat16/float16 from compressed-tensors):
+computed in float32 (one rounding), and exactly in float64 for the rows where that float32 value
+could round wrongly again (``patcher.tensors.quant.rounding.round_via_f32``)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..chunks import row_chunks
+from ..kernel_args import check_out_dtype, scale_f64, torch_device
+from ..rounding import round_via_f32
+from .e4m3 import fp8_decode
+from .shapes import (check_block, check_fp8_block_shapes, check_fp8_scale_shape,
+                     fp8_block_scale_shape)
+
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _check_fp8_weight(weight: torch.Tensor) -> None:
+    if weight.dtype not in _FP8_DTYPES:
+        raise ValueError(f"FP8 weight must have dtype float8_e4m3fn, got {weight.dtype}")
+
+
+def dequantize_fp8_per_tensor(weight_fp8: torch.Tensor, scale: torch.Tensor,
+                              out_dtype: torch.dtype = torch.bfloat16, *,
+                              device: str = "cpu") -> torch.Tensor:
+    """Dequantize an FP8 weight with one scale per tensor or per output channel.
+
+    ``W = fp8 * scale`` (ModelOpt and compressed-tensors both multiply), the exact product
+    rounded once, half to even, to ``out_dtype``.
+
+    Args:
+        weight_fp8: float8_e4m3fn weight, any shape (2-D for a per-channel scale).
+        scale: ``weight_scale``: one value, or ``[out, 1]`` / ``[out]`` per channel.
+        out_dtype: bfloat16, float16 or float32.
+        device: where the arithmetic runs (``"cpu"``, ``"cuda"``...). The result is on the CPU.
+
+    Returns:
+        The dequantized weight, shape of ``weight_fp8``, dtype ``out_dtype``, on the CPU.
+
+    Raises:
+        ValueError: wrong weight dtype, scale shape or output dtype.
+    """
+    check_out_dtype(out_dtype)
+    _check_fp8_weight(weight_fp8)
+    kind = check_fp8_scale_shape(weight_fp8.shape, scale.shape)
+    dev = torch_device(device)
+
+    shape = tuple(weight_fp8.shape)
+    cols = shape[-1] if len(shape) else 1
+    w2 = weight_fp8.reshape(-1, cols)
+    out = torch.empty(shape, dtype=out_dtype)
+    out2 = out.view(-1, cols)
+    s64 = scale_f64(scale.reshape(-1, 1), "FP8 scale", dev)
+    s32 = s64.to(torch.float32)                         # exact: the scale was float32 or less
+    for r0, r1 in row_chunks(w2.shape[0], cols):
+        w = w2[r0:r1]
+        s, s_exact = (s32, s64) if kind == "tensor" else (s32[r0:r1], s64[r0:r1])
+
+        def exact_rows(rows, w=w, s_exact=s_exact):
+            return fp8_decode(w[rows.to(w.device)], dev, torch.float64).mul_(
+                s_exact if kind == "tensor" else s_exact[rows])
+
+        y = fp8_decode(w, dev, torch.float32).mul_(s)
+        out2[r0:r1].copy_(round_via_f32(y, out_dtype, exact_rows))
+    return out
+
+
+def dequantize_fp8_block(weight_fp8: torch.Tensor, scale_inv: torch.Tensor,
+                         out_dtype: torch.dtype = torch.bfloat16,
+                         block: tuple[int, int] = (128, 128), *,
+                         device: str = "cpu") -> torch.Tensor:
+    """Dequantize a block-scaled FP8 weight (DeepSeek-V3 ``weight_scale_inv``).
+
+    ``W[i, j] = fp8[i, j] * scale_inv[i // bm, j // bn]``, partial edge blocks included when
+    M or N is not a multiple of the block; the exact product rounded once, half to even, to
+    ``out_dtype``. (DeepSeek's ``weight_dequant`` kernel rounds the product to float32 first;
+    compressed-tensors' ``FP8_BLOCK`` decompression multiplies in the scale's dtype. Both agree
+    with this where their result is correctly rounded; see docs/numerics.md.)
+
+    Args:
+        weight_fp8: float8_e4m3fn weight ``[M, N]``.
+        scale_inv: ``[ceil(M/bm), ceil(N/bn)]`` scales (float32 for DeepSeek-V3, the model
+            dtype for compressed-tensors ``FP8_BLOCK``), or that grid with its size-1
+            dimensions squeezed out, as transformers 5.x saves MoE expert scales.
+        out_dtype: bfloat16, float16 or float32.
+        block: ``(bm, bn)``, from ``quantization_config.weight_block_size``.
+        device: where the arithmetic runs. The result is on the CPU.
+
+    Returns:
+        The dequantized ``[M, N]`` weight in ``out_dtype``, on the CPU.
+
+    Raises:
+        ValueError: wrong weight dtype, a weight that is not 2-D, a scale that is not
+            ``(ceil(M/bm), ceil(N/bn))`` or its squeezed form, or a bad output dtype.
+    """
+    check_out_dtype(out_dtype)
+    _check_fp8_weight(weight_fp8)
+    bm, bn = check_block(block)
+    check_fp8_block_shapes(weight_fp8.shape, scale_inv.shape, (bm, bn))
+    dev = torch_device(device)
+    scale_inv = scale_inv.reshape(fp8_block_scale_shape(weight_fp8.shape, (bm, bn)))
+
+    m, n = weight_fp8.shape
+    out = torch.empty((m, n), dtype=out_dtype)
+    s64 = scale_f64(scale_inv, "block scale", dev)
+    s32 = s64.to(torch.float32)                         # exact: the scale was float32 or less
+    for r0, r1 in row_chunks(m, n, align=bm):
+        w = weight_fp8[r0:r1]
+
+        def exact_rows(rows, w=w, r0=r0):
+            s_rows = s64[(rows + r0) // bm].repeat_interleave(bn, dim=1)[:, :n]
+            return fp8_decode(w[rows.to(w.device)], dev, torch.float64).mul_(s_rows)
+
+        y = fp8_decode(w, dev, torch.float32)
+        _mul_by_block_scales_(y, s32[r0 // bm: (r1 + bm - 1) // bm], (bm, bn))
+        out[r0:r1].copy_(round_via_f32(y, out_dtype, exact_rows))
+    return out
+
+
+def _mul_by_block_scales_(y: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> None:
+    """Multiply the rows ``y`` ``[rows, n]`` (a chunk whose first row starts a row block) in place
+    by their block scales ``s`` ``[row blocks, col blocks]``.
+
+    Works through views of whole blocks ``[row blocks, bm, col blocks, bn]`` times the broadcast
+    scale: no ``[rows, n]`` scale tensor is built. Partial edge blocks (the last rows, the last
+    columns) are views of their own.
+    """
+    bm, bn = block
+    rows, n = y.shape
+    full_cols = n // bn * bn                   # columns in full column blocks
+    whole = rows // bm * bm
+    for part, s_part in ((y[:whole], s[: rows // bm]), (y[whole:], s[rows // bm:])):
+        if part.shape[0] == 0:
+            continue
+        nrb = s_part.shape[0]
+        per = part.shape[0] // nrb
+        if full_cols:
+            part[:, :full_cols].view(nrb, per, full_cols // bn, bn).mul_(
+                s_part[:, : full_cols // bn].reshape(nrb, 1, -1, 1))
+        if full_cols < n:
+            part[:, full_cols:].view(nrb, per, n - full_cols).mul_(
+                s_part[:, full_cols // bn:].reshape(nrb, 1, 1))

@@ -1,0 +1,96 @@
+"""The package layout's rules (docs/architecture.md): which package may import which.
+
+Imports are read with ``ast`` from every module of a package, including imports inside
+functions, and resolved to absolute module names, so a relative import counts like an absolute one.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PATCHER = Path(__file__).resolve().parent.parent / "patcher"
+
+# package -> packages it must not import (directly or from inside a function)
+FORBIDDEN = {
+    "patcher.recipe": ("patcher.execute", "patcher.hub"),
+    "patcher.model": ("patcher.execute", "patcher.hub"),
+    "patcher.config": ("patcher.execute", "patcher.hub"),
+    # the hub's storage is pure standard library: the Starlette side is the server's
+    "patcher.hub.store": ("patcher.hub.server",),
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PATCHER.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(source: str, module: str, is_package: bool) -> list[tuple[int, str]]:
+    """``(line, absolute module)`` for each import in ``source``, the code of ``module``. For
+    ``from X import name`` both ``X`` and ``X.name`` are listed (``name`` may be a module)."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+            found += [(node.lineno, f"{target}.{alias.name}") for alias in node.names]
+    return found
+
+
+def is_within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
+    folder = PATCHER.parent.joinpath(*package.split("."))
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        module = module_name(path)
+        for line, name in imported_modules(path.read_text(), module, path.name == "__init__.py"):
+            if any(is_within(name, banned) for banned in forbidden):
+                found.append(f"{path.relative_to(PATCHER.parent)}:{line} imports {name}")
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_import_direction(package):
+    assert violations(package, FORBIDDEN[package]) == []
+
+
+def test_relative_imports_are_resolved():
+    """The resolver sees through relative imports, imports inside functions and module names
+    imported from a package, so the rule above cannot pass by spelling an import differently."""
+    source = ("from ..execute import engine\n"
+              "def f():\n"
+              "    from ..hub.client.transfer import publish\n"
+              "from .. import hub\n")
+    names = [name for _, name in imported_modules(source, "patcher.recipe.load", False)]
+    assert "patcher.execute.engine" in names
+    assert "patcher.hub.client.transfer" in names
+    assert "patcher.hub" in names
+    assert [name for _, name in imported_modules("from .schema import X\n", "patcher.recipe",
+                                                 True)] == ["patcher.recipe.schema",
+                                                            "patcher.recipe.schema.X"]
+
+
+def test_every_package_says_what_lives_there():
+    for init in sorted(PATCHER.rglob("__init__.py")):
+        docstring = ast.get_docstring(ast.parse(init.read_text()))
+        assert docstring, f"{init.relative_to(PATCHER.parent)} has no docstring"
+
+
+def test_a_forbidden_import_is_reported_with_its_line():
+    """The scan over a real package finds real imports: ``execute`` does import ``integrity``."""
+    found = violations("patcher.execute", ("patcher.integrity",))
+    assert any(v.startswith("patcher/execute/engine.py:") and "patcher.integrity.manifest" in v
+               for v in found), found

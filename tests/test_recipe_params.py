@@ -342,3 +342,29 @@ def test_group_selector_uses_inspects_module_groups_and_keeps_dtype(tmp_path):
                                          "model.layers.1.self_attn.q_proj.weight"]
     with pytest.raises(RecipeError, match="unknown module group 'visual'"):
         load_recipe(HEAD + "tensors:\n  - select: {group: visual}\n    drop: true\n")
+
+
+def test_tensor_ops_of_two_recipes_on_one_tensor_are_refused_naming_both(tmp_path):
+    import torch
+
+    model = _model(tmp_path / "m", {"n": 1},
+                   {"a.weight": torch.ones(2), "b.weight": torch.ones(2)})
+    r1 = _write(tmp_path / "r1.yaml", HEAD.replace("name: t", "name: one") + """tensors:
+  - select: {glob: a.weight}
+    rename: {pattern: '^a', to: c}
+""")
+    r2 = _write(tmp_path / "r2.yaml", HEAD.replace("name: t", "name: two") + """tensors:
+  - select: {glob: '*.weight'}
+    cast: bf16
+""")
+    result = CliRunner().invoke(main, ["plan", str(r1), str(r2), str(model)])
+    assert result.exit_code == 2
+    assert "r2.yaml:5:5" in result.output and "r1.yaml:5:5" in result.output
+    assert "two recipes change the same tensor" in result.output
+    one = _write(tmp_path / "r3.yaml", HEAD + """tensors:
+  - select: {glob: a.weight}
+    rename: {pattern: '^a', to: c}
+  - select: {glob: '*.weight'}
+    cast: bf16
+""")
+    assert CliRunner().invoke(main, ["plan", str(one), str(model)]).exit_code == 0

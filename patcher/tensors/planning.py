@@ -139,12 +139,19 @@ def plan_tensor_ops(recipe, model: ModelDir, changes: list[dict], *, device: str
     result out in the base's shards, or in new ones of at most ``max_shard_size`` bytes."""
     device = check_device(device)
     view = initial_view(model)
+    owner: dict[str, str] = {}      # tensor -> recipe line of the op that made it
+    several = len({op.loc.rsplit(":", 2)[0] for op in recipe.tensors}) > 1
     for op in recipe.tensors:
         names = select(view, op)
+        if several:
+            _check_other_recipe(owner, names, op)
+            before = dict(view)
         if op.kind == "dequantize":
             _dequantize(view, names, op, changes, _fp8_block(op, model))
         else:
             _HANDLERS[op.kind](view, names, op, changes)
+        if several:
+            owner.update((n, op.loc) for n, t in view.items() if before.get(n) is not t)
     if max_shard_size is None:
         files = _shard_plans(model, view, changes, device)
     else:
@@ -152,6 +159,18 @@ def plan_tensor_ops(recipe, model: ModelDir, changes: list[dict], *, device: str
 
         files = reshard_plans(model, view, changes, device, max_shard_size)
     return TensorPlan(files=files, dtypes={name: t.dtype for name, t in view.items()})
+
+
+def _check_other_recipe(owner: dict[str, str], names: list[str], op) -> None:
+    """Refuse an op on a tensor another recipe (of several applied together) already changed;
+    within one recipe, later ops may build on earlier ones."""
+    source = op.loc.rsplit(":", 2)[0]
+    for name in names:
+        other = owner.get(name)
+        if other is not None and other.rsplit(":", 2)[0] != source:
+            raise PlanError(f"two recipes change the same tensor (the other operation is at "
+                            f"{other})", where=op.loc, tensor=name,
+                            hint="apply them one after the other")
 
 
 def _fp8_block(op, model: ModelDir) -> Fp8Block:

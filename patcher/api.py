@@ -214,17 +214,16 @@ def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
         return Path(text)
     from huggingface_hub import snapshot_download
 
-    from .hub.client.transfer import _client, _hub_call, _progress_bars, check_repo_id
+    from .hub.client.connection import check_repo_id, client, hub_call, progress_bars
 
     repo_id, _, revision = text[len(HF_SCHEME):].partition("@")
     if repo_id.count("/") != 1:
         raise InputError(f"{text!r} is not hf://ORG/NAME[@REVISION]")
     check_repo_id(repo_id)
-    client = _client(endpoint)
-    with _progress_bars(progress):
-        return Path(_hub_call("download", repo_id, snapshot_download, repo_id,
-                              revision=revision or None, endpoint=client.endpoint,
-                              token=client.token))
+    hub = client(endpoint)
+    with progress_bars(progress):
+        return Path(hub_call("download", repo_id, snapshot_download, repo_id,
+                             revision=revision or None, endpoint=hub.endpoint, token=hub.token))
 
 
 def publish(directory: str | os.PathLike, repo_id: str, **kwargs):

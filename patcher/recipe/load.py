@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import checks as rc
-from ..errors import InputError, RecipeError
+from ..errors import InputError, RecipeError, YamlProblems
 from ..fsops import NotRegularFile, TooLarge, read_capped
 from .builtin import (  # noqa: F401  (part of the public recipe API)
     builtin_recipe_dir, builtin_recipe_names, resolve_recipe)
@@ -36,7 +36,7 @@ from .schema import (RECIPE_FORMAT_VERSIONS, AddFile, AllOf, AnyOf, Check, Confi
                      DropFile, DropOp, FileOp, Include, Not, OutputLayout, PatchOp, Recipe,
                      RenameOp, SetOp)
 from .tensor_ops import parse_tensor_op
-from .yaml_safe import MAX_RECIPE_BYTES, YamlProblems, compose_recipe
+from .yaml_safe import MAX_RECIPE_BYTES, compose_recipe
 
 __all__ = ["load_recipe", "evaluate_guards", "check_guards", "builtin_recipe_dir",
            "builtin_recipe_names", "resolve_recipe", "Recipe"]

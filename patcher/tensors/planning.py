@@ -12,13 +12,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from ..errors import InputError, PlanError
+from ..errors import CompanionError, InputError, PlanError
 from ..model.model_dir import INDEX_NAME, ModelDir
 from ..plan import Action, FilePlan
 from ..recipe.regex_bound import per_name
 from ..model.safetensors_io import OutputTensor, tensor_nbytes
 from .schemes import (
-    CompanionError,
     Fp8Block,
     QuantScheme,
     config_weight_block,

@@ -19,24 +19,19 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
-import sys
-import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
-from ...errors import HubError, InputError, PatchError, VerifyMismatch
+from ...errors import InputError, PatchError, VerifyMismatch
 from ...fsops import remove_tree
 from ...integrity.manifest import read_manifest
 from ...model.model_dir import MANIFEST_NAME, SKIPPED_DIRS
 from ...integrity.patch_record import patch_dirs, read_record
 from ...cli.render import human_bytes
+from .connection import check_endpoint, check_repo_id, client, hub_call, progress_bars
 from .model_card import CARD_NAME, render_card
 
 log = logging.getLogger("modelpatch")
-HF_HOSTS = ("huggingface.co", "hf.co")
 # The hub's README.md is the model card publish writes, not the variant's file. The variant's own
 # README.md (when it has one) travels under this name; pull puts it back and keeps the card
 # under .modelpatch/hub/, where verify does not look.
@@ -44,138 +39,6 @@ ORIGINAL_README = "modelpatch-original-README.md"
 HUB_FILES = ".modelpatch/hub"                  # what pull sets aside: the hub's, not the variant's
 HUB_CARD_COPY = f"{HUB_FILES}/README.md"
 GIT_ATTRIBUTES = ".gitattributes"
-
-
-def check_endpoint(endpoint: str | None) -> str | None:
-    """``endpoint``, else ``$HF_ENDPOINT`` (None when neither is set), if it is an http(s) URL
-    with a host; otherwise an ``InputError`` naming it (exit code 2), before any request."""
-    value = endpoint if endpoint is not None else (os.environ.get("HF_ENDPOINT") or None)
-    if value is None:
-        return None
-    try:
-        parts = urlparse(value)
-        ok = (parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
-              and not any(c.isspace() or ord(c) < 32 for c in value))
-        _ = parts.port                     # a bad port raises ValueError
-    except ValueError:
-        ok = False
-    if not ok:
-        shown = re.sub(r"//[^/?#]*@", "//***@", value)   # never print credentials in the URL
-        raise InputError(f"hub endpoint {shown!r} is not an http:// or https:// URL",
-                         hint="check --endpoint / HF_ENDPOINT, e.g. https://huggingface.co")
-    return value.rstrip("/")
-
-
-REPO_ID_HINT = ("expected NAMESPACE/NAME: letters, digits, '-', '_' and '.', at most 96, "
-                "no '--' or '..'")
-
-
-def check_repo_id(repo_id: str) -> str:
-    """``repo_id`` if huggingface_hub accepts it (``NAME`` or ``NAMESPACE/NAME``); otherwise an
-    ``InputError`` (exit code 2) naming it, before any request."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError:
-        raise InputError(f"invalid repo id {repo_id!r}", hint=REPO_ID_HINT) from None
-    return repo_id
-
-
-def _client(endpoint: str | None):
-    """An ``HfApi`` for ``endpoint`` (default ``$HF_ENDPOINT``, then huggingface.co), with Xet
-    disabled where the endpoint cannot speak it. A malformed endpoint is an ``InputError``."""
-    endpoint = check_endpoint(endpoint)
-    host = urlparse(endpoint).hostname if endpoint else "huggingface.co"
-    if not any(host == h or (host or "").endswith("." + h) for h in HF_HOSTS):
-        os.environ["HF_HUB_DISABLE_XET"] = "1"
-        from huggingface_hub import constants
-
-        constants.HF_HUB_DISABLE_XET = True
-    from huggingface_hub import HfApi
-
-    return HfApi(endpoint=endpoint)
-
-
-def _hub_call(what: str, repo_id: str, fn, *args, **kwargs):
-    """Run a huggingface_hub call, turning its errors into one-line ``HubError``s (an argument
-    its validators refuse: an ``InputError``)."""
-    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
-
-    try:
-        return fn(*args, **kwargs)
-    except HFValidationError as exc:
-        raise InputError(f"{what}: {str(exc).splitlines()[0] if str(exc) else 'invalid argument'}",
-                         where=repo_id) from None
-    except RepositoryNotFoundError:
-        raise HubError(f"{what}: repository not found or not visible with this token",
-                       where=repo_id, hint="check the name, the endpoint and HF_TOKEN") from None
-    except HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else "?"
-        hint = _STATUS_HINTS.get(status)
-        raise HubError(f"{what}: the hub answered HTTP {status}", where=repo_id,
-                       hint=hint) from None
-    except OSError as exc:
-        raise HubError(f"{what}: {exc.strerror or exc}", where=repo_id) from None
-    except _transport_errors() as exc:      # connection refused, DNS, TLS, timeouts
-        raise HubError(f"{what}: cannot reach the hub ({type(exc).__name__}: "
-                       f"{str(exc).splitlines()[0] if str(exc) else 'no details'})",
-                       where=repo_id, hint="check --endpoint / HF_ENDPOINT") from None
-
-
-_STATUS_HINTS = {
-    401: "check HF_TOKEN or `hf auth login` for this endpoint",
-    403: "the token lacks the permission: check HF_TOKEN or `hf auth login` for this endpoint",
-}
-
-
-@contextmanager
-def _progress_bars(enabled: bool):
-    """huggingface_hub's output for the block. Its bars only with ``enabled`` and on a terminal
-    (``TQDM_POSITION=-1`` forces them, as in huggingface_hub): elsewhere they are cursor-moving
-    escape codes in a log. Its log lines once, not again through the root logger, and with
-    ``enabled=False`` (``-q``) only its errors."""
-    from huggingface_hub.utils import (
-        are_progress_bars_disabled,
-        disable_progress_bars,
-        enable_progress_bars,
-    )
-
-    from huggingface_hub.utils import logging as hf_logging   # configures its logger on import
-
-    hf_log = hf_logging.get_logger()
-    saved = hf_log.level, hf_log.propagate
-    hf_log.propagate = False
-    if not enabled:
-        hf_log.setLevel(logging.ERROR)
-    bars = enabled and (sys.stderr.isatty() or os.environ.get("TQDM_POSITION") == "-1")
-    turn_off = not bars and not are_progress_bars_disabled()
-    with warnings.catch_warnings():       # HF_HUB_DISABLE_PROGRESS_BARS=0 wins: say nothing
-        warnings.simplefilter("ignore")
-        if turn_off:
-            disable_progress_bars()
-    try:
-        yield bars
-    finally:
-        hf_log.setLevel(saved[0])
-        hf_log.propagate = saved[1]
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if turn_off:
-                enable_progress_bars()
-
-
-def _transport_errors() -> tuple[type[BaseException], ...]:
-    """The network error classes of the HTTP library huggingface_hub uses (httpx2, httpx or
-    requests, whichever it imported); they are not OSErrors."""
-    found = []
-    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"),
-                         ("requests", "RequestException")):
-        cls = getattr(sys.modules.get(module), name, None)
-        if isinstance(cls, type) and issubclass(cls, BaseException):
-            found.append(cls)
-    return tuple(found)
 
 
 @dataclass(frozen=True)
@@ -207,7 +70,7 @@ def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None 
         if not report.ok:
             raise VerifyMismatch(f"refusing to publish a variant that does not verify: "
                                  f"{report.summary()}", where=root)
-        with _progress_bars(progress) as bars:
+        with progress_bars(progress) as bars:
             return _upload(root, repo_id, endpoint, private, revision, message, base_model,
                            announce=progress and not bars)
 
@@ -220,11 +83,11 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
     manifest = read_manifest(root)
     base = _base_name(root)
     base_model = base_model or _identified_base_model(base, manifest)
-    api = _client(endpoint)
-    _hub_call("create_repo", repo_id, api.create_repo, repo_id, private=private, exist_ok=True)
+    api = client(endpoint)
+    hub_call("create_repo", repo_id, api.create_repo, repo_id, private=private, exist_ok=True)
     branch = revision or "main"
     if branch != "main":
-        _hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
+        hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
                   exist_ok=True)
     existing = _existing_card(root, api, repo_id, branch)
     card = render_card(existing, manifest, base_model, base).encode("utf-8")
@@ -238,7 +101,7 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
     if announce:                               # a plain line where no bars are shown
         size = sum(size for _, size in manifest.subjects.values())
         log.info("publish: committing %d files (%s) to %s", len(ops), human_bytes(size), repo_id)
-    info = _hub_call("create_commit", repo_id, api.create_commit, repo_id, operations=ops,
+    info = hub_call("create_commit", repo_id, api.create_commit, repo_id, operations=ops,
                      revision=branch,
                      commit_message=message or f"modelpatch: {recipe} applied to "
                                                f"{base_model or _label(base)}")
@@ -288,7 +151,7 @@ def _existing_card(root: Path, api, repo_id: str, revision: str) -> str | None:
         except (EntryNotFoundError, RevisionNotFoundError):
             return None
 
-    path = _hub_call("download the model card", repo_id, download)
+    path = hub_call("download the model card", repo_id, download)
     return None if path is None else Path(path).read_text(encoding="utf-8")
 
 
@@ -311,23 +174,23 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
 
     check_repo_id(repo_id)
     out = Path(os.path.abspath(out or repo_id.split("/")[-1]))
-    api = _client(endpoint)
+    api = client(endpoint)
     with lock_new_path(out):
         if os.path.lexists(out):
             raise InputError("output already exists", where=out)
         remove_stale_staging(out)      # left by a killed pull
-        info = _hub_call("model_info", repo_id, api.model_info, repo_id, revision=revision,
+        info = hub_call("model_info", repo_id, api.model_info, repo_id, revision=revision,
                          files_metadata=True)
         _refuse_state_files([s.rfilename for s in info.siblings or []], repo_id)
         staging = make_staging_dir(out)
         try:
-            with _progress_bars(progress) as bars:
+            with progress_bars(progress) as bars:
                 if progress and not bars:
                     log.info("pull: downloading %d files (%s) of %s@%s",
                              len(info.siblings or []),
                              human_bytes(sum(s.size or 0 for s in info.siblings or [])), repo_id,
                              info.sha[:12])
-                _hub_call("download", repo_id, snapshot_download, repo_id, revision=info.sha,
+                hub_call("download", repo_id, snapshot_download, repo_id, revision=info.sha,
                           local_dir=staging, endpoint=api.endpoint, token=api.token)
             _refuse_state_files(os.listdir(staging), repo_id, ignore=(".cache",))
             remove_tree(staging / ".cache")          # huggingface_hub's local-dir bookkeeping

@@ -1,0 +1,152 @@
+"""Talking to a hub with huggingface_hub: the endpoint and repo id checks made before any
+request, the client (Xet off where the endpoint cannot speak it), one call with its errors turned
+into one-line ``HubError``s, and huggingface_hub's progress bars and log lines.
+
+The token comes from ``HF_TOKEN`` or huggingface_hub's login and is only ever handed to the
+client: never printed, logged or written.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import warnings
+from contextlib import contextmanager
+from urllib.parse import urlparse
+
+from ...errors import HubError, InputError
+
+HF_HOSTS = ("huggingface.co", "hf.co")
+
+def check_endpoint(endpoint: str | None) -> str | None:
+    """``endpoint``, else ``$HF_ENDPOINT`` (None when neither is set), if it is an http(s) URL
+    with a host; otherwise an ``InputError`` naming it (exit code 2), before any request."""
+    value = endpoint if endpoint is not None else (os.environ.get("HF_ENDPOINT") or None)
+    if value is None:
+        return None
+    try:
+        parts = urlparse(value)
+        ok = (parts.scheme.lower() in ("http", "https") and bool(parts.hostname)
+              and not any(c.isspace() or ord(c) < 32 for c in value))
+        _ = parts.port                     # a bad port raises ValueError
+    except ValueError:
+        ok = False
+    if not ok:
+        shown = re.sub(r"//[^/?#]*@", "//***@", value)   # never print credentials in the URL
+        raise InputError(f"hub endpoint {shown!r} is not an http:// or https:// URL",
+                         hint="check --endpoint / HF_ENDPOINT, e.g. https://huggingface.co")
+    return value.rstrip("/")
+
+
+REPO_ID_HINT = ("expected NAMESPACE/NAME: letters, digits, '-', '_' and '.', at most 96, "
+                "no '--' or '..'")
+
+
+def check_repo_id(repo_id: str) -> str:
+    """``repo_id`` if huggingface_hub accepts it (``NAME`` or ``NAMESPACE/NAME``); otherwise an
+    ``InputError`` (exit code 2) naming it, before any request."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise InputError(f"invalid repo id {repo_id!r}", hint=REPO_ID_HINT) from None
+    return repo_id
+
+
+def client(endpoint: str | None):
+    """An ``HfApi`` for ``endpoint`` (default ``$HF_ENDPOINT``, then huggingface.co), with Xet
+    disabled where the endpoint cannot speak it. A malformed endpoint is an ``InputError``."""
+    endpoint = check_endpoint(endpoint)
+    host = urlparse(endpoint).hostname if endpoint else "huggingface.co"
+    if not any(host == h or (host or "").endswith("." + h) for h in HF_HOSTS):
+        os.environ["HF_HUB_DISABLE_XET"] = "1"
+        from huggingface_hub import constants
+
+        constants.HF_HUB_DISABLE_XET = True
+    from huggingface_hub import HfApi
+
+    return HfApi(endpoint=endpoint)
+
+
+def hub_call(what: str, repo_id: str, fn, *args, **kwargs):
+    """Run a huggingface_hub call, turning its errors into one-line ``HubError``s (an argument
+    its validators refuse: an ``InputError``)."""
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
+
+    try:
+        return fn(*args, **kwargs)
+    except HFValidationError as exc:
+        raise InputError(f"{what}: {str(exc).splitlines()[0] if str(exc) else 'invalid argument'}",
+                         where=repo_id) from None
+    except RepositoryNotFoundError:
+        raise HubError(f"{what}: repository not found or not visible with this token",
+                       where=repo_id, hint="check the name, the endpoint and HF_TOKEN") from None
+    except HfHubHTTPError as exc:
+        status = exc.response.status_code if exc.response is not None else "?"
+        hint = _STATUS_HINTS.get(status)
+        raise HubError(f"{what}: the hub answered HTTP {status}", where=repo_id,
+                       hint=hint) from None
+    except OSError as exc:
+        raise HubError(f"{what}: {exc.strerror or exc}", where=repo_id) from None
+    except _transport_errors() as exc:      # connection refused, DNS, TLS, timeouts
+        raise HubError(f"{what}: cannot reach the hub ({type(exc).__name__}: "
+                       f"{str(exc).splitlines()[0] if str(exc) else 'no details'})",
+                       where=repo_id, hint="check --endpoint / HF_ENDPOINT") from None
+
+
+_STATUS_HINTS = {
+    401: "check HF_TOKEN or `hf auth login` for this endpoint",
+    403: "the token lacks the permission: check HF_TOKEN or `hf auth login` for this endpoint",
+}
+
+
+@contextmanager
+def progress_bars(enabled: bool):
+    """huggingface_hub's output for the block. Its bars only with ``enabled`` and on a terminal
+    (``TQDM_POSITION=-1`` forces them, as in huggingface_hub): elsewhere they are cursor-moving
+    escape codes in a log. Its log lines once, not again through the root logger, and with
+    ``enabled=False`` (``-q``) only its errors."""
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    from huggingface_hub.utils import logging as hf_logging   # configures its logger on import
+
+    hf_log = hf_logging.get_logger()
+    saved = hf_log.level, hf_log.propagate
+    hf_log.propagate = False
+    if not enabled:
+        hf_log.setLevel(logging.ERROR)
+    bars = enabled and (sys.stderr.isatty() or os.environ.get("TQDM_POSITION") == "-1")
+    turn_off = not bars and not are_progress_bars_disabled()
+    with warnings.catch_warnings():       # HF_HUB_DISABLE_PROGRESS_BARS=0 wins: say nothing
+        warnings.simplefilter("ignore")
+        if turn_off:
+            disable_progress_bars()
+    try:
+        yield bars
+    finally:
+        hf_log.setLevel(saved[0])
+        hf_log.propagate = saved[1]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if turn_off:
+                enable_progress_bars()
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The network error classes of the HTTP library huggingface_hub uses (httpx2, httpx or
+    requests, whichever it imported); they are not OSErrors."""
+    found = []
+    for module, name in (("httpx2", "TransportError"), ("httpx", "TransportError"),
+                         ("requests", "RequestException")):
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            found.append(cls)
+    return tuple(found)

@@ -123,3 +123,8 @@ class YamlProblems(Exception):
     def __init__(self, problems: list[tuple[int, int, str]]):
         super().__init__(problems)
         self.problems = problems
+
+
+class TemplateError(ValueError):
+    """A recipe ``{reference}`` template that cannot be parsed or evaluated; the recipe loader
+    turns it into a ``RecipeError`` and the binder into a ``PlanError``, both naming the line."""

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 from patcher import api
 from patcher.cli import main
-from patcher.errors import InputError, PlanError, RecipeError
+from patcher.errors import InputError, PlanError, RecipeError, TemplateError
 from patcher.recipe.load import load_recipe
-from patcher.recipe.expr import TemplateError, parse_template
+from patcher.recipe.expr import parse_template
 from tensor_helpers import read_tensors, write_model
 
 HEAD = "modelpatch: 1\nname: t\ndescription: d\n"

@@ -38,7 +38,7 @@ IN_STEP = {("config.json", "/quantization_config/ignore"):
 def parse_array_op(v: rc.Validator, node: Any, action: str, file: str | None,
                    pos: rc.Pos) -> list[tuple[str, ArrayOp]]:
     """[(file, op)]: the op, and its in-step counterpart when asked."""
-    from ..recipe.tensor_ops import _check_regex
+    from ..recipe.tensor_ops import check_regex
 
     v.check_keys(node, ARRAY_KEYS[action], f"'{action}' operation")
     path = v.pointer(node, action, allow_root=False)
@@ -62,7 +62,7 @@ def parse_array_op(v: rc.Validator, node: Any, action: str, file: str | None,
         v.check_keys(match, ("glob", "regex"), "match")
         key = "glob" if "glob" in match else "regex"
         patterns = v.strings(match, key) or ()
-        if key == "regex" and not all(_check_regex(v, p, pp) for p, pp in patterns):
+        if key == "regex" and not all(check_regex(v, p, pp) for p, pp in patterns):
             return []
         texts = tuple(p for p, _ in patterns)
         globs, regexes = (texts, ()) if key == "glob" else ((), texts)

@@ -18,7 +18,8 @@ from typing import Any, Callable
 from ..errors import InputError, PlanError
 from .guards import check_guards
 from ..config.json_pointer import join_pointer, json_equal
-from .expr import Template, TemplateError, config_ref, read_config_ref, walk_templates
+from ..errors import TemplateError
+from .expr import Template, config_ref, read_config_ref, walk_templates
 from .params import bind_tensor_ops, parse_set_value, type_problem
 from .schema import REQUIRED, ArrayOp, DropOp, Include, PatchOp, Recipe, RenameOp, SetOp
 

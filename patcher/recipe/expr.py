@@ -26,16 +26,14 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..errors import TemplateError
+
 REF_RE = re.compile(r"(?<!\{)\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_-]+)*)\}(?!\})")
 CONFIG_FILES = {"config": "config.json", "generation_config": "generation_config.json",
                 "tokenizer_config": "tokenizer_config.json",
                 "hf_quant_config": "hf_quant_config.json"}
 _ARITH_CHARS = re.compile(r"[\s0-9.eE+\-*/%()_a-z]*\Z")
 _PLACEHOLDER = "__ref{}__"
-
-
-class TemplateError(ValueError):
-    """A template that cannot be parsed or evaluated; the message names the problem."""
 
 
 @dataclass(frozen=True)

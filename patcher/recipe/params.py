@@ -25,9 +25,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
+from ..errors import InputError, TemplateError
 from . import checks as rc
-from ..errors import InputError
-from .expr import Template, TemplateError, config_ref, parse_template, walk_templates
+from .expr import Template, config_ref, parse_template, walk_templates
 from .schema import (LAYER_COMPARISONS, PARAM_TYPES, REQUIRED, ArrayOp, PatchOp, Param, SetOp,
                      TensorOp)
 

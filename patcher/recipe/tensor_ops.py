@@ -89,7 +89,7 @@ def _select(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorSelect | None:
     ok = True
     if kinds and kinds[0] == "regex":
         for pattern, ppos in patterns:
-            ok = _check_regex(v, pattern, ppos) and ok
+            ok = check_regex(v, pattern, ppos) and ok
     dtypes = None
     if "dtype" in node:
         names = v.strings(node, "dtype")
@@ -123,7 +123,7 @@ def _groups(v: rc.Validator, node: Any) -> tuple[str, ...] | None:
     return tuple(name for name, _ in names)
 
 
-def _check_regex(v: rc.Validator, pattern: str, pos: rc.Pos) -> bool:
+def check_regex(v: rc.Validator, pattern: str, pos: rc.Pos) -> bool:
     try:
         re.compile(pattern)
         risk = backtracking_risk(pattern)
@@ -309,7 +309,7 @@ def _rename(v: rc.Validator, value: Any, pos: rc.Pos, select: TensorSelect | Non
     if "pattern" in value:
         pattern = v.string(value, "pattern")
         ppos = rc.val_pos(value, "pattern")
-        if pattern is None or not _check_regex(v, pattern, ppos):
+        if pattern is None or not check_regex(v, pattern, ppos):
             return None
     elif select is not None and len(select.regexes) == 1:
         pattern, ppos = select.regexes[0], pos

@@ -40,10 +40,16 @@ def _open(model: str | os.PathLike) -> ModelDir:
     return ModelDir.open(model)
 
 
-def load(recipe: str | os.PathLike | Recipe) -> Recipe:
-    """A recipe from a path, a built-in name, or an already loaded ``Recipe``."""
+def load(recipe: str | os.PathLike | Recipe | list | tuple) -> Recipe:
+    """A recipe from a path, a built-in name, or an already loaded ``Recipe``; a list of those
+    is one recipe applying each in order (``recipe.bind.combine``)."""
+    from .recipe.bind import combine
     from .recipe.load import Recipe, load_recipe, resolve_recipe
 
+    if isinstance(recipe, (list, tuple)):
+        if not recipe:
+            raise InputError("no recipe given")
+        return combine([load(r) for r in recipe])
     return recipe if isinstance(recipe, Recipe) else load_recipe(resolve_recipe(recipe))
 
 
@@ -116,8 +122,11 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
           out: str | os.PathLike | None = None, force: bool = False, link: str = "auto",
           force_copy: bool = False, jobs: int | None = None, device: str = "cpu",
           max_shard_size: int | None = None, progress: Progress | None = None,
-          base_model: str | None = None, allow_noop: bool = False) -> ApplyResult:
+          base_model: str | None = None, allow_noop: bool = False,
+          params: dict | None = None) -> ApplyResult:
     """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``).
+
+    ``params``: values for the recipe's ``params:`` (typed, or strings as ``--set`` gives them).
 
     ``base_model`` (``ORG/NAME``) is recorded in the manifest as the hub repository the base
     is, for the model card; left out, it is read from the base where it says
@@ -142,7 +151,7 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
         base = ModelDir.open(model)
         link = check_mode("copy" if force_copy else link)
         options = {"link": link, "jobs": jobs, "device": device, "in_place": False,
-                   "max_shard_size": max_shard_size}
+                   "max_shard_size": max_shard_size, **({"params": params} if params else {})}
         the_plan = make_plan(loaded, base, options=options)
         require_change(the_plan, allow_noop)
         _log_warnings(the_plan)
@@ -186,9 +195,11 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
                    jobs: int | None = None, device: str = "cpu",
                    max_shard_size: int | None = None,
                    progress: Progress | None = None,
-                   base_model: str | None = None, allow_noop: bool = False) -> ApplyResult:
-    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model`` as for
-    ``apply``. A plan that changes nothing raises ``NothingToChange`` unless ``allow_noop``."""
+                   base_model: str | None = None, allow_noop: bool = False,
+                   params: dict | None = None) -> ApplyResult:
+    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model`` and
+    ``params`` as for ``apply``. A plan that changes nothing raises ``NothingToChange`` unless
+    ``allow_noop``."""
     from .execute.inplace import apply_in_place as run
     from .plan import plan as make_plan, require_change
 
@@ -196,7 +207,7 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     base_model = _checked_base_model(base_model)
     base = _open(model)
     options = {"jobs": jobs, "device": device, "in_place": True,
-               "max_shard_size": max_shard_size}
+               "max_shard_size": max_shard_size, **({"params": params} if params else {})}
     the_plan = make_plan(loaded, base, options=options)
     require_change(the_plan, allow_noop)
     _log_warnings(the_plan)
@@ -239,17 +250,16 @@ def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
         return Path(text)
     from huggingface_hub import snapshot_download
 
-    from .hub.client.transfer import _client, _hub_call, _progress_bars, check_repo_id
+    from .hub.client.connection import check_repo_id, client, hub_call, progress_bars
 
     repo_id, _, revision = text[len(HF_SCHEME):].partition("@")
     if repo_id.count("/") != 1:
         raise InputError(f"{text!r} is not hf://ORG/NAME[@REVISION]")
     check_repo_id(repo_id)
-    client = _client(endpoint)
-    with _progress_bars(progress):
-        return Path(_hub_call("download", repo_id, snapshot_download, repo_id,
-                              revision=revision or None, endpoint=client.endpoint,
-                              token=client.token))
+    hub = client(endpoint)
+    with progress_bars(progress):
+        return Path(hub_call("download", repo_id, snapshot_download, repo_id,
+                             revision=revision or None, endpoint=hub.endpoint, token=hub.token))
 
 
 def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | None = None,

@@ -67,6 +67,10 @@ class PlanError(InputError):
     (an operation on a missing path, an empty tensor selection, a rename collision...)."""
 
 
+class NumericError(InputError):
+    """A tensor's values cannot be computed without damage (overflow to inf, non-finite input)."""
+
+
 class GuardRefused(PatchError):
     """A recipe guard (``requires``) does not hold for the model."""
 
@@ -98,3 +102,29 @@ class LockHeld(OperationFailed):
 
 class HubError(OperationFailed):
     """A hub request failed (network, auth, missing repository)."""
+
+
+# --- internal: raised and caught inside modelpatch, never shown as they are -----------------
+
+
+class CompanionError(ValueError):
+    """A companion tensor of a quantized weight is missing or has the wrong dtype or shape; the
+    planner turns it into a ``PlanError`` naming the tensor."""
+
+
+class NotThisScheme(CompanionError):
+    """The weight itself (its name, dtype or rank) is not stored the way the scheme stores it."""
+
+
+class YamlProblems(Exception):
+    """Problems found in a recipe before composing its YAML: a list of (line, col, message),
+    1-based; the recipe loader turns them into a ``RecipeError``."""
+
+    def __init__(self, problems: list[tuple[int, int, str]]):
+        super().__init__(problems)
+        self.problems = problems
+
+
+class TemplateError(ValueError):
+    """A recipe ``{reference}`` template that cannot be parsed or evaluated; the recipe loader
+    turns it into a ``RecipeError`` and the binder into a ``PlanError``, both naming the line."""

@@ -84,6 +84,13 @@ def fsync_dir(path: Path) -> None:
     fsync_path(path)
 
 
+def make_parents(root: Path, rel: str) -> Path:
+    """``root / rel``, its parent folders created."""
+    target = root / rel
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target
+
+
 def write_file(path: Path, data: bytes, *, mode: int = READ_ONLY) -> None:
     """Create ``path`` (which must not exist) with ``data``, fsync it and set ``mode``."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

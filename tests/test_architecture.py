@@ -72,11 +72,11 @@ def test_relative_imports_are_resolved():
     imported from a package, so the rule above cannot pass by spelling an import differently."""
     source = ("from ..execute import engine\n"
               "def f():\n"
-              "    from ..hub.client.transfer import publish\n"
+              "    from ..hub.client.publish import publish\n"
               "from .. import hub\n")
     names = [name for _, name in imported_modules(source, "patcher.recipe.load", False)]
     assert "patcher.execute.engine" in names
-    assert "patcher.hub.client.transfer" in names
+    assert "patcher.hub.client.publish" in names
     assert "patcher.hub" in names
     assert [name for _, name in imported_modules("from .schema import X\n", "patcher.recipe",
                                                  True)] == ["patcher.recipe.schema",
@@ -94,3 +94,63 @@ def test_a_forbidden_import_is_reported_with_its_line():
     found = violations("patcher.execute", ("patcher.integrity",))
     assert any(v.startswith("patcher/execute/engine.py:") and "patcher.integrity.manifest" in v
                for v in found), found
+
+
+# --------------------------------------------------------------------------- errors
+
+# Exceptions that may live beside their code: the hub server's HTTP answers (their own hierarchy)
+# and internal signals that never leave the module that raises them.
+LOCAL_EXCEPTIONS = {
+    "patcher.hub.request_errors": None,               # every class there
+    "patcher.fsops": {"NotRegularFile", "TooLarge"},  # OSError flavours read_capped raises
+    "patcher.integrity.hashing": {"_Cancelled"},
+    "patcher.integrity.manifest_rules": {"Invalid"},
+    "patcher.tensors.quant.kernel_args": {"NonFiniteInput"},
+}
+
+
+def all_exception_classes():
+    import importlib
+    import pkgutil
+
+    import patcher
+
+    for info in pkgutil.walk_packages(patcher.__path__, "patcher."):
+        if info.name.endswith(".__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for value in vars(module).values():
+            if (isinstance(value, type) and issubclass(value, BaseException)
+                    and value.__module__ == info.name):
+                yield value
+
+
+def test_errors_live_in_errors_py():
+    stray = []
+    for cls in all_exception_classes():
+        allowed = LOCAL_EXCEPTIONS.get(cls.__module__, set())
+        if cls.__module__ != "patcher.errors" and allowed is not None \
+                and cls.__name__ not in allowed:
+            stray.append(f"{cls.__module__}.{cls.__name__}")
+    assert stray == []
+
+
+def test_hub_http_errors_are_not_command_line_errors():
+    from patcher.errors import PatchError
+    from patcher.hub.request_errors import BadRequest, HubRequestError
+
+    assert not issubclass(HubRequestError, PatchError)
+    err = BadRequest("no such\nthing", headers={"Allow": "GET"})
+    assert (err.status, err.message, err.headers) == (400, "no such\nthing", {"Allow": "GET"})
+
+
+def test_no_module_imports_another_modules_private_names():
+    found = []
+    for path in sorted(PATCHER.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or
+                                                     (node.module or "").startswith("patcher")):
+                found += [f"{path.relative_to(PATCHER.parent)}:{node.lineno} {alias.name}"
+                          for alias in node.names
+                          if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert found == []

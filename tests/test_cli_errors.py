@@ -252,8 +252,9 @@ def test_recipes_list_fits_the_terminal_and_cuts_at_a_word(columns):
     assert result.exit_code == 0
     descriptions = {r.name: " ".join(r.description.split()) for r in
                     map(load_recipe, sorted(builtin_recipe_dir().glob("*.yaml")))}
-    lines = result.stdout.splitlines()
+    lines = [line for line in result.stdout.splitlines() if not line.startswith(" ")]
     assert len(lines) == len(descriptions)
+    assert all(len(line) <= columns for line in result.stdout.splitlines())   # params lines too
     for line in lines:
         name, shown = line.split(None, 1)
         full = descriptions[name]

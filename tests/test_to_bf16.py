@@ -333,7 +333,8 @@ def test_mxfp4_blocks_count_as_quantized_for_the_consistency_warning(tmp_path):
 
 
 def test_mxfp4_blocks_of_another_layout_are_named_with_the_expected_shape():
-    from patcher.tensors.schemes import CompanionError, find_scheme
+    from patcher.errors import CompanionError
+    from patcher.tensors.schemes import find_scheme
 
     class T:
         def __init__(self, dtype, shape):

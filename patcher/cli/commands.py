@@ -84,9 +84,26 @@ def _echo_transfer(remote: dict | None) -> None:
 
 
 def _plan_options(in_place: bool, link: str, jobs: int | None, device: str,
-                  max_shard_size: int | None) -> dict:
+                  max_shard_size: int | None, params: dict | None = None) -> dict:
     return {"in_place": in_place, "link": link, "jobs": jobs, "device": device,
-            "max_shard_size": max_shard_size}
+            "max_shard_size": max_shard_size, **({"params": params} if params else {})}
+
+
+def _set_values(items: tuple[str, ...]) -> dict[str, str]:
+    """``--set NAME=VALUE`` options as a dict (typed later, by each parameter's type)."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            raise click.UsageError(f"--set {item!r}: write --set NAME=VALUE")
+        out[name.strip()] = value
+    return out
+
+
+set_option = click.option(
+    "--set", "set_values", multiple=True, metavar="NAME=VALUE",
+    help="A value for a recipe parameter (see `modelpatch recipes show`), typed by the "
+         "parameter's declared type; repeatable.")
 
 
 base_model_option = click.option(
@@ -143,7 +160,7 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
 
 
 @main.command()
-@click.argument("recipe")
+@click.argument("recipe", nargs=-1, required=True)
 @click.argument("model", type=click.Path(file_okay=False, path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable plan.")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
@@ -153,19 +170,23 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
               help="Where apply would write the variant (predicts linking vs copying there).")
 @link_option
 @endpoint_option
-def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: int | None,
-         allow_noop: bool, out: str | None, link: str | None, endpoint: str | None) -> None:
-    """Show what applying RECIPE to MODEL would do (same as apply --dry-run). MODEL may be
-    hf://ORG/NAME[@REV]: planned from its JSON files and safetensors headers alone."""
+@set_option
+def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
+         max_shard_size: int | None, allow_noop: bool, out: str | None, link: str | None,
+         endpoint: str | None, set_values: tuple[str, ...]) -> None:
+    """Show what applying RECIPE (one or more, in order) to MODEL would do (same as apply
+    --dry-run). MODEL may be hf://ORG/NAME[@REV]: planned from its JSON files and safetensors
+    headers alone."""
     from .. import api
 
-    options = _plan_options(False, link or "auto", None, device, max_shard_size)
-    the_plan = api.plan(recipe, model, options=options, out=out, endpoint=endpoint)
+    options = _plan_options(False, link or "auto", None, device, max_shard_size,
+                            _set_values(set_values))
+    the_plan = api.plan(list(recipe), model, options=options, out=out, endpoint=endpoint)
     _show_plan(the_plan, as_json, allow_noop)
 
 
 @main.command()
-@click.argument("recipe")
+@click.argument("recipe", nargs=-1, required=True)
 @click.argument("model")
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
               help="Where to write the variant (default: <model>-<recipe name> beside the "
@@ -189,24 +210,28 @@ def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: in
               help="With MODEL hf://ORG/NAME and a config-only recipe: publish the variant to "
                    "REPO_ID without downloading the shards (they are copied server-side).")
 @endpoint_option
+@set_option
 @quiet_option
 @click.pass_context
 def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, jobs, device,
-          max_shard_size, as_json, allow_noop, base_model, publish_to, endpoint):
-    """Apply RECIPE (a path or a built-in name) to MODEL and write a verified variant."""
+          max_shard_size, as_json, allow_noop, base_model, publish_to, endpoint, set_values):
+    """Apply RECIPE (a path or a built-in name; several are applied in order as one) to MODEL
+    and write a verified variant."""
     from .. import api
     from .render import recipe_source
 
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")
     if publish_to is not None:
-        _apply_and_publish(recipe, model, publish_to, endpoint, as_json, allow_noop, base_model,
+        _apply_and_publish(list(recipe), model, publish_to, endpoint, as_json, allow_noop,
+                           base_model, _set_values(set_values),
                            conflicting=in_place or out or dry_run or max_shard_size)
         return
     if force_copy and link not in (None, "copy"):
         raise click.UsageError(f"--copy is --link copy; it excludes --link {link}")
     link = "copy" if force_copy else link or "auto"
-    recipe = api.load(recipe)
+    recipe = api.load(list(recipe))
+    params = _set_values(set_values)
     if model.startswith(api.HF_SCHEME):
         resolved = api.resolve_model(model, endpoint=endpoint, progress=not ctx.obj.get("quiet"))
         if out is None and not in_place:       # never write beside a cache snapshot
@@ -214,7 +239,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                   f"{recipe.name}"
         model = str(resolved)
     if dry_run:
-        options = _plan_options(in_place, link, jobs, device, max_shard_size)
+        options = _plan_options(in_place, link, jobs, device, max_shard_size, params)
         _show_plan(api.plan(recipe, model, options=options, out=out), as_json, allow_noop)
         return
     if not ctx.obj.get("quiet") and sys.stderr.isatty():   # like the progress bars
@@ -226,12 +251,13 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
         if in_place:
             result = api.apply_in_place(recipe, model, jobs=jobs, device=device,
                                         max_shard_size=max_shard_size, progress=progress,
-                                        base_model=base_model, allow_noop=allow_noop)
+                                        base_model=base_model, allow_noop=allow_noop,
+                                        params=params)
         else:
             result = api.apply(recipe, model, out=out, force=force, link=link,
                                jobs=jobs, device=device, max_shard_size=max_shard_size,
                                progress=progress, base_model=base_model,
-                               allow_noop=allow_noop)
+                               allow_noop=allow_noop, params=params)
     if as_json:
         _emit_json({"output": str(result.output), "recipe": recipe.identity(),
                     "manifest_sha256": result.manifest_sha256,
@@ -244,7 +270,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
 
 
 def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, base_model,
-                       conflicting) -> None:
+                       params, conflicting) -> None:
     from ..hub.client.remote_apply import apply_and_publish
 
     if not model.startswith("hf://"):
@@ -254,7 +280,7 @@ def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, ba
         raise click.UsageError("--publish excludes --in-place, -o/--output, --dry-run and "
                                "--max-shard-size")
     r = apply_and_publish(recipe, model, repo_id, endpoint=endpoint, base_model=base_model,
-                          allow_noop=allow_noop)
+                          allow_noop=allow_noop, params=params)
     if as_json:
         _emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
                     "fetched": r.fetched, "copied_bytes": r.plan.copy_bytes,
@@ -415,15 +441,30 @@ def recipes_list() -> None:
     for path in sorted(builtin_recipe_dir().glob("*.yaml")):
         recipe = load_recipe(path)
         click.echo(f"{recipe.name:<22} {shorten(recipe.description, width - 23)}")
+        if recipe.params:
+            params = " ".join(f"{p.name}={_param_default(p)}" for p in recipe.params)
+            click.echo(" " * 23 + shorten(f"--set {params}", width - 23))
+
+
+def _param_default(param) -> str:
+    from ..recipe.schema import REQUIRED
+
+    return "REQUIRED" if param.default is REQUIRED else json.dumps(param.default)
 
 
 @recipes.command("show")
 @click.argument("name")
 def recipes_show(name: str) -> None:
-    """Print the built-in recipe NAME (or a recipe file)."""
-    from ..recipe.load import resolve_recipe
+    """Print the built-in recipe NAME (or a recipe file), then its parameters."""
+    from ..recipe.load import load_recipe, resolve_recipe
 
-    click.echo(resolve_recipe(name).read_text(encoding="utf-8"), nl=False)
+    path = resolve_recipe(name)
+    click.echo(path.read_text(encoding="utf-8"), nl=False)
+    params = load_recipe(path).params
+    if params:
+        click.echo("\n# Parameters (apply/plan --set NAME=VALUE):")
+    for p in params:
+        click.echo(f"#   {p.name} ({p.type}, default {_param_default(p)}): {p.description}")
 
 
 from ..doctor.command import doctor  # noqa: E402  (its own module; click only)

@@ -25,7 +25,7 @@ from ..integrity.digest_cache import KnownDigests
 from ..errors import InputError, OperationFailed
 from ..model.base_identity import identify
 from ..integrity.shared_inodes import remember_variant
-from ..fsops import link_or_copy, remove_tree, write_file
+from ..fsops import link_or_copy, make_parents, remove_tree, write_file
 from .locking import lock_directory, lock_new_path
 from ..integrity.manifest import build_statement, read_manifest, write_manifest
 from ..model.model_dir import MANIFEST_NAME, STATE_DIR, ModelDir
@@ -193,7 +193,7 @@ class PatchBuilder:
         for fp in self.plan.files:
             if fp.action in (Action.WRITE_JSON, Action.ADD):
                 faults.point(f"file:{fp.path}")
-                write_file(_prepare(dest, fp.path), fp.content)
+                write_file(make_parents(dest, fp.path), fp.content)
                 digests[fp.path] = hashlib.sha256(fp.content).hexdigest()
         shards = [fp for fp in self.plan.files if fp.action is Action.REWRITE_SHARD]
         if shards and self.progress.write_total:
@@ -232,7 +232,7 @@ class PatchBuilder:
         from ..tensors.shard_writer import run_shard_tasks
 
         for fp in shards:
-            _prepare(dest, fp.path)
+            make_parents(dest, fp.path)
         model = self.model
         wanted = {str(model.files[fp.source].path): fp.source for fp in shards
                   if fp.source is not None and self._known_base_digest(fp.source) is None}
@@ -293,8 +293,7 @@ class PatchBuilder:
         statement = build_statement(
             subjects=subjects,
             base_files={p: (base_digests[p], model.files[p].size) for p in base_digests},
-            recipe={"name": plan.recipe.name, "sha256": plan.recipe.sha256,
-                    "text": plan.recipe.text},
+            recipe=plan.recipe.manifest_record(),
             options=plan.options, changes=list(plan.changes), started=self.started,
             finished=_now(), base_statement=base_statement, base_model=base_model)
         return write_manifest(dest, statement)[0]
@@ -309,7 +308,7 @@ def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | No
         progress.copy_total(plan.link.carried_bytes)
     for fp in plan.by_action(Action.LINK):
         faults.point(f"file:{fp.path}")
-        carried(model.files[fp.path].path, _prepare(staging, fp.path),
+        carried(model.files[fp.path].path, make_parents(staging, fp.path),
                 copy=builder.copier(fp.source))
     digests = builder.write_new_files(staging)
     base_digests = builder.base_digests()
@@ -342,12 +341,6 @@ class _Carrier:
         self.bytes[method] = self.bytes.get(method, 0) + size
         if method == "copy" and self.on_copy is not None:
             self.on_copy(size)
-
-
-def _prepare(staging: Path, rel: str) -> Path:
-    target = staging / rel
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return target
 
 
 def _mode(path: Path) -> int:
@@ -385,14 +378,14 @@ def _write_revert_data(record: PatchRecord, model: ModelDir, staging: Path,
     patch_dir = staging / PATCHES_DIR / record.dirname
     originals = patch_dir / "originals"
     for rel in record.replaced + ([MANIFEST_NAME] if record.base_manifest else []):
-        carry(model.files[rel].path, _prepare(originals, rel))
-    write_file(_prepare(patch_dir, RECORD_NAME), encode_record(record))
+        carry(model.files[rel].path, make_parents(originals, rel))
+    write_file(make_parents(patch_dir, RECORD_NAME), encode_record(record))
 
 
 def _link_tree(src: Path, dst: Path, carry: _Carrier) -> None:
     for path in sorted(src.rglob("*")):
         if path.is_file():           # a symlinked original (in-place HF patch) links its blob
-            carry(path, _prepare(dst, path.relative_to(src).as_posix()))
+            carry(path, make_parents(dst, path.relative_to(src).as_posix()))
 
 
 def _now() -> str:

@@ -23,10 +23,10 @@ import posixpath
 from pathlib import Path
 
 from .. import faults
-from .engine import ApplyResult, PatchBuilder, Progress, _prepare
+from .engine import ApplyResult, PatchBuilder, Progress
 from .output_dir import fsync_tree
 from ..errors import ModelDirError, OperationFailed
-from ..fsops import write_file
+from ..fsops import make_parents, write_file
 from .journal import Journal, recover, roll_back, switch
 from .locking import lock_directory
 from ..model.model_dir import MANIFEST_NAME, STATE_DIR, ModelDir
@@ -132,7 +132,7 @@ def _stage_patch(root: Path, plan: Plan, model: ModelDir, builder: PatchBuilder,
     subjects = _subjects(plan, model, staging, digests, base_digests)
     manifest_sha = builder.write_manifest(staging, subjects, base_digests)
     record.manifest_sha256 = manifest_sha
-    write_file(_prepare(patch_dir, RECORD_NAME), encode_record(record))
+    write_file(make_parents(patch_dir, RECORD_NAME), encode_record(record))
     fsync_tree(root / STATE_DIR)
     faults.point("inplace:prepared")
     return subjects, manifest_sha
@@ -169,7 +169,7 @@ def _link_originals(root: Path, model: ModelDir, journal: Journal,
             continue
         if rel in links:
             continue
-        original = _prepare(patch_dir / "originals", rel)
+        original = make_parents(patch_dir / "originals", rel)
         os.symlink(relocated_link(root, rel, f.link_target,
                                   original.relative_to(root).as_posix()), original)
         if os.path.realpath(original) != os.path.realpath(root / rel):

@@ -29,10 +29,9 @@ from pathlib import Path
 
 from .. import faults
 from ..integrity.digest_cache import KnownDigests
-from .engine import _prepare
 from .output_dir import commit, fsync_tree, make_staging_dir, remove_stale_staging
 from ..errors import InputError, ModelDirError, OperationFailed, VerifyMismatch
-from ..fsops import link_or_copy, remove_tree
+from ..fsops import link_or_copy, make_parents, remove_tree
 from .journal import JOURNAL_NAME, Journal, recover, switch
 from .locking import lock_directory, lock_new_path
 from ..model.model_dir import MANIFEST_NAME, STATE_DIR
@@ -283,11 +282,11 @@ def _rebuild_one(source: Path, staging: Path, jobs: int | None, force: bool) -> 
             raise InputError(f"the original of {rel} is missing from the revert data",
                              where=src)
         # (A symlink's own mode says nothing: a copy of its file stays read-only.)
-        _link(src, _prepare(staging, rel),
+        _link(src, make_parents(staging, rel),
               base_file.mode if base_file.link_target is None else None)
     if record.base_manifest:
         src = _original(originals / MANIFEST_NAME, source / MANIFEST_NAME)
-        _link(src, _prepare(staging, MANIFEST_NAME), None)
+        _link(src, make_parents(staging, MANIFEST_NAME), None)
     for older in patch_dirs(source)[:-1]:
         # Older revert data comes along (symlinked originals as links to their files).
         for path in sorted(older.rglob("*")):
@@ -298,6 +297,6 @@ def _rebuild_one(source: Path, staging: Path, jobs: int | None, force: bool) -> 
                 "originals/") else path
             src = _original(path, live)
             if os.path.isfile(src):
-                link_or_copy(src, _prepare(staging / PATCHES_DIR / older.name, rel))
+                link_or_copy(src, make_parents(staging / PATCHES_DIR / older.name, rel))
     _check_restored(staging, record, jobs, force=force)
     return patch_dir.name

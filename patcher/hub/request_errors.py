@@ -1,23 +1,24 @@
 """Errors the embedded hub answers requests with. Each carries the HTTP status and the Hub's
 ``X-Error-Code``, which ``huggingface_hub.utils._http.hf_raise_for_status`` maps to the client's
-RepositoryNotFoundError / RevisionNotFoundError / EntryNotFoundError."""
+RepositoryNotFoundError / RevisionNotFoundError / EntryNotFoundError.
+
+Their own hierarchy, apart from ``patcher.errors``: they become HTTP answers, never the command
+line's exit codes, and the server turns any other exception into a 500."""
 
 from __future__ import annotations
 
-from typing import Any
 
-from ..errors import HubError
-
-
-class HubRequestError(HubError):
-    """A request the hub refuses. ``status`` is the HTTP status, ``code`` the X-Error-Code."""
+class HubRequestError(Exception):
+    """A request the hub refuses. ``status`` is the HTTP status, ``code`` the X-Error-Code,
+    ``headers`` extra response headers."""
 
     status = 400
     code: str | None = None
 
     def __init__(self, message: str, *, status: int | None = None,
-                 headers: dict[str, str] | None = None, **kwargs: Any):
-        super().__init__(message, **kwargs)
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
         if status is not None:
             self.status = status
         self.headers = dict(headers or {})

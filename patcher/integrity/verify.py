@@ -168,11 +168,11 @@ def list_files(directory: str | os.PathLike) -> dict[str, os.stat_result | None]
     symlinked directories) map to None. What ``is_model_path`` leaves out (the manifest,
     ``.modelpatch/``, ``.git``, ``.cache/``) is not listed.
     """
-    from ..model.model_dir import _hf_cache_repo, is_model_path
+    from ..model.model_dir import hf_cache_repo, is_model_path
 
     root = os.fspath(directory)
     out: dict[str, os.stat_result | None] = {}
-    repo = _hf_cache_repo(Path(root))
+    repo = hf_cache_repo(Path(root))
     allowed = [os.path.realpath(root)] + ([str(repo)] if repo else [])
 
     def inside(path: str) -> bool:
@@ -273,9 +273,9 @@ def verify_dir(directory: str | os.PathLike, *, jobs: int | None = None, fast: b
 
 
 def _is_snapshot(root: Path) -> bool:
-    from ..model.model_dir import _hf_cache_repo
+    from ..model.model_dir import hf_cache_repo
 
-    return _hf_cache_repo(root) is not None
+    return hf_cache_repo(root) is not None
 
 
 def _with_shared_inodes(root: Path, report: VerifyReport, listing: Mapping) -> VerifyReport:

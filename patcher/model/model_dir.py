@@ -88,7 +88,7 @@ class ModelDir:
         if not root.is_dir():
             raise ModelDirError("not a directory" if root.exists() else "no such directory",
                                 where=root)
-        cache_repo = _hf_cache_repo(root)
+        cache_repo = hf_cache_repo(root)
         files = dict(_list_files(root, cache_repo))
         shard_names = sorted(p for p in files if p.endswith(".safetensors"))
         shards = _read_headers(root, shard_names)
@@ -210,7 +210,7 @@ def _refuse_shards_without_index(root: Path, shards: dict[str, ShardHeader]) -> 
             hint=f"download {INDEX_NAME} too")
 
 
-def _hf_cache_repo(root: Path) -> Path | None:
+def hf_cache_repo(root: Path) -> Path | None:
     """The ``models--org--name`` directory when ``root`` is a hub cache snapshot."""
     real = Path(os.path.realpath(root))
     if real.parent.name == "snapshots" and "--" in real.parent.parent.name:

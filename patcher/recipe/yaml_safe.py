@@ -17,6 +17,8 @@ from ruamel.yaml.error import MarkedYAMLError, YAMLError
 from ruamel.yaml.events import (AliasEvent, CollectionEndEvent, CollectionStartEvent,
                                 DocumentStartEvent, MappingStartEvent, NodeEvent, ScalarEvent)
 
+from ..errors import YamlProblems
+
 MAX_RECIPE_BYTES = 1 << 20
 MAX_DEPTH = 64
 # Longer plain numbers are refused: Python will not convert an integer of more than 4300 digits,
@@ -26,14 +28,6 @@ _LONG_NUMBER = re.compile(r"[-+]?[0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?")
 _MAX_SCAN_ERRORS = 20
 _CORE_TAGS = frozenset(f"tag:yaml.org,2002:{t}"
                        for t in ("str", "int", "float", "bool", "null", "seq", "map"))
-
-
-class YamlProblems(Exception):
-    """Problems found before composing: a list of (line, col, message), 1-based."""
-
-    def __init__(self, problems: list[tuple[int, int, str]]):
-        super().__init__(problems)
-        self.problems = problems
 
 
 def _mark(mark: Any) -> tuple[int, int]:

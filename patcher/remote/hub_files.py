@@ -34,7 +34,7 @@ class Transfer:
 
 def parse_hf_url(text: str) -> tuple[str, str | None]:
     """(repo id, revision or None) of ``hf://ORG/NAME[@REVISION]``; an ``InputError`` else."""
-    from ..hub.client.transfer import check_repo_id
+    from ..hub.client.connection import check_repo_id
 
     repo_id, at, revision = text[len(HF_SCHEME):].partition("@")
     if not text.startswith(HF_SCHEME) or repo_id.count("/") != 1 or (at and not revision):
@@ -48,12 +48,12 @@ class HubFiles:
     def __init__(self, repo_id: str, revision: str | None, endpoint: str | None):
         from huggingface_hub.utils import build_hf_headers
 
-        from ..hub.client.transfer import _client, _hub_call
+        from ..hub.client.connection import client, hub_call
 
-        api = _client(endpoint)
+        api = client(endpoint)
         self.repo_id, self.endpoint = repo_id, api.endpoint
         self.transfer = Transfer()
-        info = _hub_call("inspect", repo_id, api.model_info, repo_id, revision=revision,
+        info = hub_call("inspect", repo_id, api.model_info, repo_id, revision=revision,
                          files_metadata=True)
         self.transfer.add(0)        # the repository listing (its body is not model bytes)
         self.commit: str = info.sha
@@ -66,13 +66,13 @@ class HubFiles:
 
     def read(self, path: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes ``start`` to ``end - 1`` of ``path`` (default: to its end), by one request."""
-        from ..hub.client.transfer import _hub_call
+        from ..hub.client.connection import hub_call
 
         size = self.sizes[path]
         end = size if end is None else end
         if end <= start:
             return b""
-        return _hub_call("inspect", self.repo_id, self._ranged_get, path, start, end, size)
+        return hub_call("inspect", self.repo_id, self._ranged_get, path, start, end, size)
 
     def _ranged_get(self, path: str, start: int, end: int, size: int) -> bytes:
         from huggingface_hub import hf_hub_url

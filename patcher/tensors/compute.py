@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 
-from ..errors import InputError
+from ..errors import NumericError
 from .quant import fp8, nvfp4
 from .quant.mxfp4 import dequantize_mxfp4_gpt_oss
 from .quant.chunks import CHUNK_ELEMENTS
@@ -21,10 +21,6 @@ from .tasks import TensorJob
 
 _OUT = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 _WIDER = {"F16": "BF16 or F32", "BF16": "F32"}
-
-
-class NumericError(InputError):
-    """A tensor's values cannot be computed without damage (overflow to inf, non-finite input)."""
 
 
 def compute(job: TensorJob, read_inputs: Callable[[], list[torch.Tensor]], cache: dict,

@@ -23,16 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Protocol
 
+from ..errors import CompanionError, NotThisScheme
+
 NVFP4_GROUP = 16
 MXFP4_BLOCK_BYTES = 16          # 32 e2m1 codes, two per byte, share one E8M0 scale
-
-
-class CompanionError(ValueError):
-    """A companion tensor is missing or has the wrong dtype or shape."""
-
-
-class NotThisScheme(CompanionError):
-    """The weight itself (its name, dtype or rank) is not stored the way the scheme stores it."""
 
 
 class _Tensor(Protocol):

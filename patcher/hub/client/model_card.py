@@ -21,6 +21,12 @@ from ...errors import InputError
 from ...integrity.manifest import CHANGES_BYPRODUCT, Manifest
 
 CARD_NAME = "README.md"
+# The hub's README.md is the model card publish writes, not the variant's file. The variant's own
+# README.md (when it has one) travels under this name; pull puts it back and keeps the card
+# under .modelpatch/hub/, where verify does not look.
+ORIGINAL_README = "modelpatch-original-README.md"
+HUB_FILES = ".modelpatch/hub"                  # what pull sets aside: the hub's, not the variant's
+HUB_CARD_COPY = f"{HUB_FILES}/README.md"
 BEGIN, END = "<!-- modelpatch:begin -->", "<!-- modelpatch:end -->"
 _SECTION = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
 # Front matter as huggingface_hub's ModelCard finds it: a leading ``---`` line, then up to the

@@ -19,9 +19,8 @@ from ...errors import VerifyMismatch
 from ...integrity.manifest import read_manifest
 from ...model.model_dir import MANIFEST_NAME
 from ...integrity.patch_record import patch_dirs, read_record
-from .transfer import (ORIGINAL_README, _client, _hub_call, _progress_bars, check_endpoint,
-                     check_repo_id)
-from .model_card import CARD_NAME, render_card
+from .connection import check_endpoint, check_repo_id, client, hub_call, progress_bars
+from .model_card import CARD_NAME, ORIGINAL_README, render_card
 from .server_copies import TransferPlan, plan_transfer
 
 log = logging.getLogger("modelpatch")
@@ -58,7 +57,7 @@ def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None 
         if not report.ok:
             raise VerifyMismatch(f"refusing to publish a variant that does not verify: "
                                  f"{report.summary()}", where=root)
-        with _progress_bars(progress) as bars:
+        with progress_bars(progress) as bars:
             return _upload(root, repo_id, endpoint, private, revision, message, base_model,
                            announce=progress and not bars, plan_only=plan_only)
 
@@ -69,9 +68,9 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
     manifest = read_manifest(root)
     base = _base_name(root)
     base_model = base_model or _identified_base_model(base, manifest)
-    api = _client(endpoint)
+    api = client(endpoint)
     names = {rel: ORIGINAL_README if rel == CARD_NAME else rel for rel in manifest.subjects}
-    plan = _hub_call("check the base repository", repo_id, plan_transfer, api, manifest, base,
+    plan = hub_call("check the base repository", repo_id, plan_transfer, api, manifest, base,
                      base_model, names)
     for note in plan.notes:
         log.warning("publish: %s", note)
@@ -81,9 +80,9 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
                              files=len(names) + 2, plan=plan)
     if announce:                               # a plain line where no bars are shown
         log.info("publish: %s, to %s", plan.summary(), repo_id)
-    _hub_call("create_repo", repo_id, api.create_repo, repo_id, private=private, exist_ok=True)
+    hub_call("create_repo", repo_id, api.create_repo, repo_id, private=private, exist_ok=True)
     if branch != "main":
-        _hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
+        hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
                   exist_ok=True)
     existing = _existing_card(root, api, repo_id, branch)
     card = render_card(existing, manifest, base_model, base).encode("utf-8")
@@ -138,7 +137,7 @@ def _existing_card(root: Path, api, repo_id: str, revision: str) -> str | None:
         except (EntryNotFoundError, RevisionNotFoundError):
             return None
 
-    path = _hub_call("download the model card", repo_id, download)
+    path = hub_call("download the model card", repo_id, download)
     return None if path is None else Path(path).read_text(encoding="utf-8")
 
 
@@ -168,12 +167,12 @@ def commit_variant(api, repo_id: str, branch: str, root: Path, names: dict[str, 
             return _CopyRefused(f"the hub answered HTTP {response.status_code} to the copy "
                                 f"request")
 
-    info = _hub_call("create_commit", repo_id, attempt)
+    info = hub_call("create_commit", repo_id, attempt)
     if isinstance(info, _CopyRefused):
         log.warning("publish: server-side copy refused (%s): uploading the %d files instead",
                     info.reason, len(plan.copies))
         plan.upload_all(f"server-side copy refused ({info.reason})")
-        info = _hub_call("create_commit", repo_id, attempt)
+        info = hub_call("create_commit", repo_id, attempt)
         assert not isinstance(info, _CopyRefused)
     return info.oid
 

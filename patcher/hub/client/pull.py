@@ -21,11 +21,12 @@ from ...fsops import remove_tree
 from ...integrity.manifest import read_manifest
 from ...model.model_dir import MANIFEST_NAME, SKIPPED_DIRS
 from ...cli.render import human_bytes
-from .transfer import (GIT_ATTRIBUTES, HUB_CARD_COPY, HUB_FILES, ORIGINAL_README, _client,
-                     _hub_call, _progress_bars, check_repo_id)
-from .model_card import CARD_NAME
+from .connection import check_repo_id, client, hub_call, progress_bars
+from .model_card import CARD_NAME, HUB_CARD_COPY, HUB_FILES, ORIGINAL_README
 from .pulled_source import write_pulled_source
 from .reuse import Reuse, find_local, link_into
+
+GIT_ATTRIBUTES = ".gitattributes"
 
 log = logging.getLogger("modelpatch")
 
@@ -55,12 +56,12 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
     check_repo_id(repo_id)
     reuse_dirs = [_reuse_dir(d) for d in reuse]
     out = Path(os.path.abspath(out or repo_id.split("/")[-1]))
-    api = _client(endpoint)
+    api = client(endpoint)
     with lock_new_path(out):
         if os.path.lexists(out):
             raise InputError("output already exists", where=out)
         remove_stale_staging(out)      # left by a killed pull
-        info = _hub_call("model_info", repo_id, api.model_info, repo_id, revision=revision,
+        info = hub_call("model_info", repo_id, api.model_info, repo_id, revision=revision,
                          files_metadata=True)
         _refuse_state_files([s.rfilename for s in info.siblings or []], repo_id)
         staging = make_staging_dir(out)
@@ -68,13 +69,13 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
             reused = _reuse_local(staging, info, reuse_dirs)
             missing = [s for s in info.siblings or [] if s.rfilename not in reused.linked]
             downloaded = sum(s.size or 0 for s in missing)
-            with _progress_bars(progress) as bars:
+            with progress_bars(progress) as bars:
                 if progress and not bars:
                     log.info("pull: %s@%s: %d files (%s) reused from local files, %d files (%s) "
                              "to download", repo_id, info.sha[:12], len(reused.linked),
                              human_bytes(reused.bytes), len(missing), human_bytes(downloaded))
                 if missing:
-                    _hub_call("download", repo_id, snapshot_download, repo_id,
+                    hub_call("download", repo_id, snapshot_download, repo_id,
                               revision=info.sha, local_dir=staging, endpoint=api.endpoint,
                               token=api.token,
                               allow_patterns=[_literal(s.rfilename) for s in missing])

@@ -25,7 +25,8 @@ from ...errors import InputError
 from ...integrity.manifest import build_statement, read_manifest, write_manifest
 from ...model.model_dir import MANIFEST_NAME
 from ...plan import Action, require_change
-from .transfer import ORIGINAL_README, _client, _hub_call, check_repo_id
+from .connection import check_repo_id, client, hub_call
+from .model_card import ORIGINAL_README
 from .model_card import CARD_NAME, render_card
 from .publish import _existing_card, commit_variant
 from .server_copies import BaseSource, TransferPlan
@@ -45,7 +46,8 @@ class RemotePublishResult:
 def apply_and_publish(recipe, url: str, repo_id: str, *, endpoint: str | None = None,
                       private: bool = True, revision: str | None = None,
                       message: str | None = None, base_model: str | None = None,
-                      allow_noop: bool = False) -> RemotePublishResult:
+                      allow_noop: bool = False,
+                      params: dict | None = None) -> RemotePublishResult:
     from ...api import load
     from ...plan import plan as make_plan
     from ...remote.model import RemoteModel
@@ -53,16 +55,17 @@ def apply_and_publish(recipe, url: str, repo_id: str, *, endpoint: str | None = 
     check_repo_id(repo_id)
     loaded = load(recipe)
     model = RemoteModel.open(url, endpoint=endpoint)
-    the_plan = make_plan(loaded, model, options={"in_place": False, "max_shard_size": None})
+    options = {"in_place": False, "max_shard_size": None, **({"params": params} if params else {})}
+    the_plan = make_plan(loaded, model, options=options)
     rewrites = [fp.path for fp in the_plan.files if fp.action is Action.REWRITE_SHARD]
     if rewrites:
         raise InputError(f"recipe {loaded.name!r} rewrites {len(rewrites)} shards "
                          f"({rewrites[0]}, ...): --publish from hf:// needs a config-only recipe",
                          where=url, hint="apply without --publish downloads the model first")
     require_change(the_plan, allow_noop)
-    api = _client(endpoint)
+    api = client(endpoint)
     source = BaseSource(model.hub.repo_id, model.hub.commit, "the hf:// input")
-    info = _hub_call("model_info", source.repo_id, api.model_info, source.repo_id,
+    info = hub_call("model_info", source.repo_id, api.model_info, source.repo_id,
                      revision=source.revision, files_metadata=True)
     lfs = {s.rfilename: s.lfs.sha256 for s in info.siblings or [] if s.lfs is not None}
     with tempfile.TemporaryDirectory(prefix="modelpatch-remote-") as tmp:
@@ -84,10 +87,10 @@ def apply_and_publish(recipe, url: str, repo_id: str, *, endpoint: str | None = 
                 plan.uploads[names[fp.path]] = size
         log.info("publish: %s, to %s", plan.summary(), repo_id)
         branch = revision or "main"
-        _hub_call("create_repo", repo_id, api.create_repo, repo_id, private=private,
+        hub_call("create_repo", repo_id, api.create_repo, repo_id, private=private,
                   exist_ok=True)
         if branch != "main":
-            _hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
+            hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
                       exist_ok=True)
         label = f"hf://{source.repo_id}"
         card = render_card(_existing_card(root, api, repo_id, branch), manifest,

@@ -1,11 +1,9 @@
-"""The huggingface_hub client as publish (``publish.py``) and pull (``pull.py``) use it.
+"""Talking to a hub with huggingface_hub: the endpoint and repo id checks made before any
+request, the client (Xet off where the endpoint cannot speak it), one call with its errors turned
+into one-line ``HubError``s, and huggingface_hub's progress bars and log lines.
 
 The token comes from ``HF_TOKEN`` or huggingface_hub's login and is only ever handed to the
-client: never printed, logged or written. huggingface_hub 1.20+ uploads through Xet, which a
-self-hosted hub does not speak: for any endpoint other than huggingface.co, Xet is turned off.
-The endpoint (``endpoint=``, else ``HF_ENDPOINT``) must be an http(s) URL: anything else is an
-``InputError`` before any request. ``progress=False`` silences huggingface_hub's progress bars
-(the CLI's ``-q``).
+client: never printed, logged or written.
 """
 
 from __future__ import annotations
@@ -20,16 +18,7 @@ from urllib.parse import urlparse
 
 from ...errors import HubError, InputError
 
-log = logging.getLogger("modelpatch")
 HF_HOSTS = ("huggingface.co", "hf.co")
-# The hub's README.md is the model card publish writes, not the variant's file. The variant's own
-# README.md (when it has one) travels under this name; pull puts it back and keeps the card
-# under .modelpatch/hub/, where verify does not look.
-ORIGINAL_README = "modelpatch-original-README.md"
-HUB_FILES = ".modelpatch/hub"                  # what pull sets aside: the hub's, not the variant's
-HUB_CARD_COPY = f"{HUB_FILES}/README.md"
-GIT_ATTRIBUTES = ".gitattributes"
-
 
 def check_endpoint(endpoint: str | None) -> str | None:
     """``endpoint``, else ``$HF_ENDPOINT`` (None when neither is set), if it is an http(s) URL
@@ -68,7 +57,7 @@ def check_repo_id(repo_id: str) -> str:
     return repo_id
 
 
-def _client(endpoint: str | None):
+def client(endpoint: str | None):
     """An ``HfApi`` for ``endpoint`` (default ``$HF_ENDPOINT``, then huggingface.co), with Xet
     disabled where the endpoint cannot speak it. A malformed endpoint is an ``InputError``."""
     endpoint = check_endpoint(endpoint)
@@ -83,7 +72,7 @@ def _client(endpoint: str | None):
     return HfApi(endpoint=endpoint)
 
 
-def _hub_call(what: str, repo_id: str, fn, *args, **kwargs):
+def hub_call(what: str, repo_id: str, fn, *args, **kwargs):
     """Run a huggingface_hub call, turning its errors into one-line ``HubError``s (an argument
     its validators refuse: an ``InputError``)."""
     from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
@@ -116,7 +105,7 @@ _STATUS_HINTS = {
 
 
 @contextmanager
-def _progress_bars(enabled: bool):
+def progress_bars(enabled: bool):
     """huggingface_hub's output for the block. Its bars only with ``enabled`` and on a terminal
     (``TQDM_POSITION=-1`` forces them, as in huggingface_hub): elsewhere they are cursor-moving
     escape codes in a log. Its log lines once, not again through the root logger, and with

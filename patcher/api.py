@@ -40,36 +40,78 @@ def _open(model: str | os.PathLike) -> ModelDir:
     return ModelDir.open(model)
 
 
-def load(recipe: str | os.PathLike | Recipe) -> Recipe:
-    """A recipe from a path, a built-in name, or an already loaded ``Recipe``."""
+def load(recipe: str | os.PathLike | Recipe | list | tuple) -> Recipe:
+    """A recipe from a path, a built-in name, or an already loaded ``Recipe``; a list of those
+    is one recipe applying each in order (``recipe.bind.combine``)."""
+    from .recipe.bind import combine
     from .recipe.load import Recipe, load_recipe, resolve_recipe
 
+    if isinstance(recipe, (list, tuple)):
+        if not recipe:
+            raise InputError("no recipe given")
+        return combine([load(r) for r in recipe])
     return recipe if isinstance(recipe, Recipe) else load_recipe(resolve_recipe(recipe))
 
 
-def inspect(model: str | os.PathLike) -> dict:
+def inspect(model: str | os.PathLike, *, endpoint: str | None = None) -> dict:
     """The report of ``inspect``. Raises ModelDirError for a directory with neither a
-    config.json nor a safetensors file: that is not a model (an empty report would pass)."""
+    config.json nor a safetensors file: that is not a model (an empty report would pass).
+    ``hf://org/name[@rev]`` is read from the hub (``endpoint``) without its tensor data; the
+    report's ``remote`` then says what that transferred."""
     from .model.inspect_model import inspect_model
 
-    opened = _open(model)
+    from .remote.model import is_remote
+
+    if not is_remote(model) and str(model).endswith(".gguf") and Path(model).is_file():
+        from .gguf.inspect import inspect_gguf_file
+
+        return inspect_gguf_file(Path(model))
+    opened = open_model(model, endpoint=endpoint)
+    has_gguf = any(rel.endswith(".gguf") for rel in opened.files)
     if not opened.has("config.json") and not opened.shards:
-        raise ModelDirError("not a model directory (no config.json, no *.safetensors)",
-                            where=opened.root)
-    return inspect_model(opened)
+        if not has_gguf:
+            raise ModelDirError("not a model directory (no config.json, no *.safetensors, "
+                                "no *.gguf)", where=opened.root)
+        from .gguf.inspect import inspect_gguf_dir
+
+        return {"format": "gguf", "path": str(opened.root), "models": inspect_gguf_dir(opened)}
+    report = inspect_model(opened)
+    if has_gguf:
+        from .gguf.inspect import inspect_gguf_dir
+
+        report["gguf"] = inspect_gguf_dir(opened)
+    if hasattr(opened, "transfer_report"):
+        report["remote"] = opened.transfer_report()
+    return report
+
+
+def open_model(model: str | os.PathLike, *, endpoint: str | None = None) -> ModelDir:
+    """A local model directory, or ``hf://org/name[@rev]`` read from the hub (``endpoint``)
+    without its tensor data (``patcher.remote.model.RemoteModel``)."""
+    from .remote.model import RemoteModel, is_remote
+
+    if is_remote(model):
+        return RemoteModel.open(str(model), endpoint=endpoint)
+    return _open(model)
 
 
 def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
-         *, options: dict | None = None, out: str | os.PathLike | None = None) -> Plan:
+         *, options: dict | None = None, out: str | os.PathLike | None = None,
+         endpoint: str | None = None) -> Plan:
     """The plan for applying ``recipe`` to ``model``; nothing is written. Unless
     ``options["in_place"]``, it predicts how the base's files will be carried into ``out``
-    (default: where ``apply`` would write) in ``options["link"]`` mode (default ``auto``)."""
+    (default: where ``apply`` would write) in ``options["link"]`` mode (default ``auto``).
+    For ``hf://org/name[@rev]`` (read without its tensor data) there is no such prediction, and
+    ``plan.options["remote"]`` says what reading it transferred."""
     from .execute.engine import default_output
     from .execute.linking import predict_for_plan
     from .plan import plan as make_plan
 
-    loaded, base = load(recipe), _open(model)
+    loaded, base = load(recipe), open_model(model, endpoint=endpoint)
     the_plan = make_plan(loaded, base, options=options)
+    if hasattr(base, "transfer_report"):
+        the_plan.options["remote"] = base.transfer_report()
+        return the_plan
     if the_plan.options.get("in_place"):
         return the_plan
     target = Path(out) if out is not None else default_output(base.root, loaded.name)
@@ -80,8 +122,11 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
           out: str | os.PathLike | None = None, force: bool = False, link: str = "auto",
           force_copy: bool = False, jobs: int | None = None, device: str = "cpu",
           max_shard_size: int | None = None, progress: Progress | None = None,
-          base_model: str | None = None, allow_noop: bool = False) -> ApplyResult:
+          base_model: str | None = None, allow_noop: bool = False,
+          params: dict | None = None) -> ApplyResult:
     """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``).
+
+    ``params``: values for the recipe's ``params:`` (typed, or strings as ``--set`` gives them).
 
     ``base_model`` (``ORG/NAME``) is recorded in the manifest as the hub repository the base
     is, for the model card; left out, it is read from the base where it says
@@ -106,7 +151,7 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
         base = ModelDir.open(model)
         link = check_mode("copy" if force_copy else link)
         options = {"link": link, "jobs": jobs, "device": device, "in_place": False,
-                   "max_shard_size": max_shard_size}
+                   "max_shard_size": max_shard_size, **({"params": params} if params else {})}
         the_plan = make_plan(loaded, base, options=options)
         require_change(the_plan, allow_noop)
         _log_warnings(the_plan)
@@ -150,9 +195,11 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
                    jobs: int | None = None, device: str = "cpu",
                    max_shard_size: int | None = None,
                    progress: Progress | None = None,
-                   base_model: str | None = None, allow_noop: bool = False) -> ApplyResult:
-    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model`` as for
-    ``apply``. A plan that changes nothing raises ``NothingToChange`` unless ``allow_noop``."""
+                   base_model: str | None = None, allow_noop: bool = False,
+                   params: dict | None = None) -> ApplyResult:
+    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model`` and
+    ``params`` as for ``apply``. A plan that changes nothing raises ``NothingToChange`` unless
+    ``allow_noop``."""
     from .execute.inplace import apply_in_place as run
     from .plan import plan as make_plan, require_change
 
@@ -160,7 +207,7 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     base_model = _checked_base_model(base_model)
     base = _open(model)
     options = {"jobs": jobs, "device": device, "in_place": True,
-               "max_shard_size": max_shard_size}
+               "max_shard_size": max_shard_size, **({"params": params} if params else {})}
     the_plan = make_plan(loaded, base, options=options)
     require_change(the_plan, allow_noop)
     _log_warnings(the_plan)
@@ -215,16 +262,35 @@ def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
                              revision=revision or None, endpoint=hub.endpoint, token=hub.token))
 
 
+def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | None = None,
+           rules: tuple[str, ...] = (), endpoint: str | None = None) -> dict:
+    """The ``doctor`` report of ``model`` (a directory or ``hf://org/name[@rev]``, read without
+    its tensor data) for ``engine`` (``vllm==0.15.1``; no version: the installed one) on ``gpu``
+    (``sm120``, ``auto``), with the built-in rules and those in the directories ``rules``."""
+    from .doctor.diagnose import diagnose
+    from .doctor.rules import load_rules
+    from .doctor.target import Target, parse_engine, parse_gpu
+
+    name, version = parse_engine(engine)
+    target = Target(name, version, parse_gpu(gpu))
+    loaded = load_rules(tuple(rules))
+    opened = open_model(model, endpoint=endpoint)
+    report = diagnose(opened, target, loaded)
+    if hasattr(opened, "transfer_report"):
+        report["remote"] = opened.transfer_report()
+    return report
+
+
 def publish(directory: str | os.PathLike, repo_id: str, **kwargs):
-    """Verify and upload a variant in one commit (see ``hub.client.publish``)."""
-    from .hub.client.transfer import publish as run
+    """Verify and upload a variant in one commit (see ``hub.client.publish.publish``)."""
+    from .hub.client.publish import publish as run
 
     _recovered(directory)
     return run(directory, repo_id, **kwargs)
 
 
 def pull(repo_id: str, out: str | os.PathLike | None = None, **kwargs):
-    """Download and verify a published variant (see ``hub.client.pull``)."""
-    from .hub.client.transfer import pull as run
+    """Download and verify a published variant (see ``hub.client.pull.pull``)."""
+    from .hub.client.pull import pull as run
 
     return run(repo_id, out, **kwargs)

@@ -50,6 +50,10 @@ class SafetensorsFormatError(InputError):
     """A safetensors file whose header or layout breaks the format."""
 
 
+class GGUFFormatError(InputError):
+    """A GGUF file that is not well formed."""
+
+
 class ShardIndexError(InputError):
     """The shard index (model.safetensors.index.json) disagrees with the shards."""
 
@@ -123,3 +127,8 @@ class YamlProblems(Exception):
     def __init__(self, problems: list[tuple[int, int, str]]):
         super().__init__(problems)
         self.problems = problems
+
+
+class TemplateError(ValueError):
+    """A recipe ``{reference}`` template that cannot be parsed or evaluated; the recipe loader
+    turns it into a ``RecipeError`` and the binder into a ``PlanError``, both naming the line."""

@@ -17,7 +17,8 @@ from .config.ops import apply_config_ops
 from .errors import NothingToChange, PlanError
 from .config.jsonfile import dump_json_document, load_json_document, unified_diff
 from .model.model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir
-from .recipe.load import Recipe, check_guards
+from .recipe.bind import bind_recipe
+from .recipe.load import Recipe
 
 
 class Action(str, enum.Enum):
@@ -111,7 +112,8 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None) -> Pla
         GuardRefused: a ``requires`` guard does not hold (nothing is planned).
         PlanError: an operation cannot be applied to this model (naming the recipe line).
     """
-    check_guards(recipe, model.json)
+    options = dict(options or {})
+    recipe = bind_recipe(recipe, model.json, options.get("params"))
     changes: list[dict] = []
     warnings: list[str] = list(model.warnings)
     replaced: dict[str, FilePlan] = {}
@@ -120,8 +122,11 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None) -> Pla
         if replaced_file is not None:
             replaced[name] = replaced_file
     replaced.update(_plan_file_ops(recipe, model, changes))
-    options = dict(options or {})
     max_shard_size = options.get("max_shard_size") or recipe.max_shard_size
+    if recipe.gguf is not None:
+        from .gguf.plan import plan_gguf
+
+        replaced.update(plan_gguf(recipe, model, changes, max_shard_size))
     if recipe.tensors or max_shard_size:
         from .tensors.planning import plan_tensor_ops
 
@@ -199,7 +204,7 @@ def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list[dict]) -> dict
                              diff=unified_diff(model.read_bytes(name) if source else None,
                                                content, name))
         changes.append({"kind": "file_added", "file": name, "size": len(content),
-                        "replaced": source is not None})
+                        "replaced": source is not None, **(op.source or {})})
     return out
 
 

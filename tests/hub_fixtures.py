@@ -44,6 +44,7 @@ class RunningHub:
     endpoint: str
     root: Path
     tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
+    traffic: Any = None          # patcher.hub.traffic.Traffic: body bytes either way
 
     def api(self, token: str | bool | None = False):
         """A real ``HfApi`` for this hub; ``token=False`` sends no token."""
@@ -94,7 +95,8 @@ def running_hub(root: Path, tokens: dict[str, dict[str, Any]] | None = None
             raise RuntimeError("the hub did not start")
         time.sleep(0.01)
     try:
-        yield RunningHub(endpoint=f"http://127.0.0.1:{port}", root=root, tokens=dict(tokens or {}))
+        yield RunningHub(endpoint=f"http://127.0.0.1:{port}", root=root, tokens=dict(tokens or {}),
+                         traffic=server.config.app.state.traffic)
     finally:
         server.should_exit = True
         thread.join(timeout=10)

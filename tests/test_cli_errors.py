@@ -149,7 +149,7 @@ def test_inspect_of_a_folder_that_is_no_model(tmp_path):
     result = run("inspect", tmp_path / "notes")
     assert result.exit_code == 2 and result.stdout == ""
     assert _error_lines(result) == [f"modelpatch: error: {tmp_path / 'notes'}: not a model "
-                                    "directory (no config.json, no *.safetensors)"]
+                                    "directory (no config.json, no *.safetensors, no *.gguf)"]
     with pytest.raises(InputError, match="not a model directory"):
         api.inspect(tmp_path / "notes")
 
@@ -252,8 +252,9 @@ def test_recipes_list_fits_the_terminal_and_cuts_at_a_word(columns):
     assert result.exit_code == 0
     descriptions = {r.name: " ".join(r.description.split()) for r in
                     map(load_recipe, sorted(builtin_recipe_dir().glob("*.yaml")))}
-    lines = result.stdout.splitlines()
+    lines = [line for line in result.stdout.splitlines() if not line.startswith(" ")]
     assert len(lines) == len(descriptions)
+    assert all(len(line) <= columns for line in result.stdout.splitlines())   # params lines too
     for line in lines:
         name, shown = line.split(None, 1)
         full = descriptions[name]

@@ -317,7 +317,9 @@ RECIPE_KEYS = ["modelpatch", "name", "description", "requires", "config", "files
                "not", "in", "message", "drop", "set", "value", "rename", "to", "op", "from",
                "missing_ok", "architectures", "model_type", "add", "content", "overwrite",
                "select", "glob", "regex", "dtype", "allow_empty", "cast", "dequantize",
-               "quantize", "scheme", "layout", "block", "pattern", "config.json"]
+               "quantize", "scheme", "layout", "block", "pattern", "config.json",
+               "gguf", "metadata", "strip_nextn", "from_model", "from_key", "token", "multiply",
+               "layers", "key", "type", "first", "last:1", "array[uint32]", "{arch}"]
 
 
 def _check_recipe(data: bytes) -> None:

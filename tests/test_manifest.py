@@ -79,7 +79,7 @@ def test_build_statement_shape():
 def test_versions_never_import_torch():
     code = ("import sys, datetime as d\n"
             "from patcher.integrity.manifest import build_statement, tool_versions\n"
-            "from patcher import verify, digest_cache, hashing\n"
+            "from patcher.integrity import verify, digest_cache, hashing\n"
             "v = tool_versions()\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n"
             "print(v.get('torch', '-'))\n")

@@ -240,8 +240,8 @@ ERROR_CASES = [
     (HEAD + "tensors:\n  - select: {glob: x, §dtpye: [F32]}\n    drop: true\n",
      "unknown key 'dtpye' in select (did you mean 'dtype'?)"),
     (HEAD + "§colour: red\n",
-     "unknown key 'colour' in recipe (expected one of: modelpatch, name, description, requires, "
-     "config, files, tensors, output)"),
+     "unknown key 'colour' in recipe (expected one of: modelpatch, name, description, params, "
+     "include, requires, config, files, tensors, output, gguf)"),
     # required keys and wrong types
     ("§modelpatch: 1\nname: t\n", "recipe needs 'description'"),
     ("modelpatch: §'1'\nname: t\ndescription: d\n",
@@ -334,7 +334,8 @@ ERROR_CASES = [
      "file name '.modelpatch/journal.json' is reserved for modelpatch's own records"),
     (HEAD + "files:\n  - add: §modelpatch.provenance.json\n    content: x\n",
      "file name 'modelpatch.provenance.json' is reserved for modelpatch's own records"),
-    (HEAD + "files:\n  - §add: x.txt\n", "'add' file operation needs 'content'"),
+    (HEAD + "files:\n  - §add: x.txt\n",
+     "files: add needs one of 'content' (the text) and 'from' (a file next to the recipe)"),
     (HEAD + "files:\n  - {drop: a, §add: b, content: c}\n",
      "one operation per list item; found 'drop' and 'add'"),
     (HEAD + "files:\n  - drop: x.json\n  - §drop: x.json\n",
@@ -353,7 +354,7 @@ ERROR_CASES = [
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    rename: §{to: x}\n",
      "rename needs 'pattern' unless select has exactly one regex"),
     (HEAD + "tensors:\n  - select: §{glob: '*', regex: x}\n    drop: true\n",
-     "select needs exactly one of 'glob' and 'regex'"),
+     "select needs exactly one of 'glob' and 'regex' (or 'layers' or 'group' alone)"),
     (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§f33]}\n    drop: true\n",
      "unknown dtype 'f33' (did you mean 'F32'?)"),
     (HEAD + "tensors:\n  - select: {glob: '*', dtype: [§Q4_K]}\n    drop: true\n",
@@ -371,7 +372,7 @@ ERROR_CASES = [
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    drop: true\n    §cast: bf16\n",
      "one action per tensor operation; found 'drop' and 'cast' (write two list items)"),
     (HEAD + "tensors:\n  - §select: {glob: '*'}\n",
-     "a tensor operation needs one of: drop, rename, cast, dequantize, quantize"),
+     "a tensor operation needs one of: drop, rename, copy, cast, dequantize, quantize"),
     (HEAD + "tensors:\n  - §drop: true\n", "tensor operation needs 'select'"),
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: §nvfp4}\n",
      "unknown scheme 'nvfp4' (did you mean 'nvfp4-modelopt' or 'nvfp4-compressed-tensors'?)"),
@@ -409,8 +410,8 @@ def test_all_errors_are_collected_in_document_order():
         "recipe.yaml:4:1", "recipe.yaml:6:3", "recipe.yaml:7:13", "recipe.yaml:9:21"]
     message = first_error(text)
     assert message == ("recipe.yaml:4:1: unknown key 'colour' in recipe (expected one of: "
-                       "modelpatch, name, description, requires, config, files, tensors, output) "
-                       "(and 3 more)")
+                       "modelpatch, name, description, params, include, requires, config, files, "
+                       "tensors, output, gguf) (and 3 more)")
     with pytest.raises(RecipeError) as info:
         load(text)
     assert info.value.where == "recipe.yaml:4:1" and info.value.exit_code == 2
@@ -776,6 +777,17 @@ def _plain(text: str):
 
 
 SCHEMA_VALID = [
+    HEAD + "tensors:\n  - select: {group: [vision, lm_head], dtype: F32}\n    drop: true\n"
+           "  - select: {regex: 'x', group: attention, layers: '< 3'}\n    cast: bf16\n",
+    HEAD + "config:\n  config.json:\n    - each: /quantization_config/ignore\n"
+           "      match: {regex: '^a\\.'}\n      replace: ''\n      in_step: true\n"
+           "    - {each: /q/ignore, match: {glob: 'v*'}, remove: true}\n"
+           "    - {append: /q/ignore, value: lm_head}\n",
+    HEAD + "params:\n  f: {type: number, default: 2, description: x}\ninclude:\n  - yarn\n"
+           "  - {recipe: yarn, params: {factor: '{f}'}}\nconfig:\n  config.json:\n"
+           "    - set: /a\n      value: '{f} * {config.b} // 1'\n",
+    HEAD + "tensors:\n  - select: {layers: '>= {config.num_hidden_layers}'}\n    drop: true\n"
+           "  - select: {glob: 'x*', layers: '< 2'}\n    copy: {pattern: x, to: y}\n",
     HEAD + "output:\n  max_shard_size: 5GB\n",
     HEAD + "output:\n  max_shard_size: 1.5 GiB\n",
     HEAD + "output:\n  max_shard_size: 1000000\n",
@@ -800,6 +812,18 @@ SCHEMA_VALID = [
 ]
 
 SCHEMA_INVALID = [
+    HEAD + "tensors:\n  - select: {group: visual}\n    drop: true\n",
+    HEAD + "tensors:\n  - select: {glob: x, regex: y}\n    drop: true\n",
+    HEAD + "config:\n  config.json:\n    - {each: /a, match: {glob: x}, replace: y}\n",
+    HEAD + "config:\n  config.json:\n    - {each: /a, match: {glob: x}}\n",
+    HEAD + "config:\n  config.json:\n    - {append: /a}\n",
+    HEAD + "files:\n  - {add: x.txt, content: a, from: b.txt}\n",
+    HEAD + "files:\n  - {add: x.txt}\n",
+    HEAD + "params:\n  f: {type: float, description: x}\n",
+    HEAD + "params:\n  f: {type: number}\n",
+    HEAD + "include:\n  - {recipe: yarn, with: {}}\n",
+    HEAD + "tensors:\n  - select: {layers: 'above 2'}\n    drop: true\n",
+    HEAD + "tensors:\n  - select: {glob: x}\n    copy: {to: y}\n    drop: true\n",
     HEAD + "output:\n  max_shard_size: 5 lots\n",
     HEAD + "output:\n  max_shard_size: 5K\n",
     HEAD + "output:\n  max_shard_size: 0\n",

@@ -327,16 +327,16 @@ def peak_rss(command: list[str]) -> int:
 
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss in KiB is Linux's")
-def test_peak_memory_is_bounded_by_one_tensor_not_the_shard(tmp_path):
-    """One 512 MiB shard of 8 x 64 MiB bf16 tensors. Every tensor is cast to fp16 (each read,
-    converted and written on its own) or copied in bulk, and one is dropped. The rewrite's peak
-    RSS must stay far below the shard: interpreter + torch (~150-250 MiB) plus a few tensors'
-    worth (source buffer, converted output). A shard-at-a-time rewrite (load_file/save_file)
-    would need at least 512 MiB more than that.
+def test_peak_memory_is_bounded_by_a_few_tensors_not_the_shard(tmp_path):
+    """One 512 MiB shard of 16 x 32 MiB bf16 tensors. Every tensor is cast to fp16 or copied in
+    bulk, and one is dropped. The rewrite's peak RSS must stay far below the shard: interpreter
+    + torch (~150-250 MiB) plus the pipeline's few tensors (``patcher.shard_pipeline``: the
+    source read ahead, the source and output being computed, the output being written). A
+    shard-at-a-time rewrite (load_file/save_file) would need at least 512 MiB more than that.
 
     The same command on a tiny model measures the fixed cost of the interpreter and torch, so
     the bound on the difference does not depend on how big torch is on this machine."""
-    tensor_mb, count = 64, 8
+    tensor_mb, count = 32, 16
     rows = tensor_mb * 2**20 // 2 // 4096
     pattern = torch.arange(4096, dtype=torch.float32).to(torch.bfloat16)
     shard = {f"layers.{i}.w.weight": pattern.repeat(rows, 1) for i in range(count)}
@@ -345,9 +345,9 @@ def test_peak_memory_is_bounded_by_one_tensor_not_the_shard(tmp_path):
     small = write_model(tmp_path / "small", {"model-00001-of-00001.safetensors": {
         f"layers.{i}.w.weight": pattern.reshape(1, -1).clone() for i in range(count)}})
     recipe = write_recipe(tmp_path / "r.yaml", """
-        - select: {regex: 'layers\\.[0-5]\\.'}
+        - select: {regex: 'layers\\.([0-9]|1[0-3])\\.'}
           cast: fp16
-        - select: {glob: "layers.7.*"}
+        - select: {glob: "layers.15.*"}
           drop: true
         """)
     mp = [sys.executable, "-m", "patcher.cli", "apply", str(recipe)]
@@ -356,14 +356,15 @@ def test_peak_memory_is_bounded_by_one_tensor_not_the_shard(tmp_path):
     shard_bytes = (big / "model-00001-of-00001.safetensors").stat().st_size
     tensor_bytes = tensor_mb * 2**20
     out = read_tensors(tmp_path / "big-out")
-    assert sorted(out) == [f"layers.{i}.w.weight" for i in range(7)]
+    assert sorted(out) == sorted(f"layers.{i}.w.weight" for i in range(15))
     assert out["layers.0.w.weight"].dtype == torch.float16
-    assert out["layers.6.w.weight"].dtype == torch.bfloat16
+    assert out["layers.13.w.weight"].dtype == torch.float16
+    assert out["layers.14.w.weight"].dtype == torch.bfloat16
     del out
     grew = peak - fixed
     print(f"peak RSS {peak / 2**20:.0f} MiB, fixed {fixed / 2**20:.0f} MiB, "
           f"grew {grew / 2**20:.0f} MiB for a {shard_bytes / 2**20:.0f} MiB shard")
-    assert grew < 3 * tensor_bytes, grew            # source + output + slack, not the shard
+    assert grew < 6 * tensor_bytes, grew    # four tensors in the pipeline, chunk temporaries
     assert peak < shard_bytes, peak
 
 

@@ -17,6 +17,7 @@ from .. import __version__
 from .error_report import FlagWording
 from .group import (DEBUG_HELP, JSON_HELP, QUIET_HELP, ModelpatchGroup, add_shared_options,
                     set_debug, set_json, set_quiet)
+from ..tensors.thread_budget import quiet_openmp
 
 
 quiet_option = click.option("-q", "--quiet", is_flag=True, expose_value=False,
@@ -38,6 +39,7 @@ def _emit_json(data) -> None:
 def main(ctx: click.Context) -> None:
     """Declarative, verifiable, reversible patches for model checkpoints."""
     quiet = ctx.ensure_object(dict).get("quiet")
+    quiet_openmp()          # before anything imports torch (patcher.thread_budget)
     logging.basicConfig(level=logging.ERROR if quiet else logging.WARNING,
                         format="modelpatch: %(message)s", stream=sys.stderr)
     for handler in logging.getLogger().handlers:
@@ -46,25 +48,62 @@ def main(ctx: click.Context) -> None:
     logging.getLogger("modelpatch").setLevel(logging.ERROR if quiet else logging.INFO)
 
 
+endpoint_option = click.option(
+    "--endpoint", default=None, envvar="HF_ENDPOINT",
+    help="Hub URL for hf://ORG/NAME[@REV] models (default: huggingface.co, or $HF_ENDPOINT).")
+
+
 @main.command()
-@click.argument("model", type=click.Path(file_okay=False, path_type=str))
+@click.argument("model", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
-def inspect(model: str, as_json: bool) -> None:
-    """Report architectures, quantization, tensors, shards and index health of MODEL."""
+@endpoint_option
+def inspect(model: str, as_json: bool, endpoint: str | None) -> None:
+    """Report architectures, quantization, tensors, shards and index health of MODEL (a
+    directory, one .gguf file, or hf://ORG/NAME[@REV]: only its JSON files and safetensors
+    headers are fetched)."""
     from .. import api
     from .render import render_inspect
 
-    report = api.inspect(model)
+    report = api.inspect(model, endpoint=endpoint)
     if as_json:
         _emit_json(report)
+    elif report.get("format") == "gguf" or report.get("gguf"):
+        from .render_gguf import render_gguf_report
+
+        click.echo(render_gguf_report(report))
     else:
         click.echo(render_inspect(report))
+        _echo_transfer(report.get("remote"))
+
+
+def _echo_transfer(remote: dict | None) -> None:
+    if remote is not None:
+        from ..remote.model import describe_transfer
+
+        click.echo(describe_transfer(remote))
 
 
 def _plan_options(in_place: bool, link: str, jobs: int | None, device: str,
-                  max_shard_size: int | None) -> dict:
+                  max_shard_size: int | None, params: dict | None = None) -> dict:
     return {"in_place": in_place, "link": link, "jobs": jobs, "device": device,
-            "max_shard_size": max_shard_size}
+            "max_shard_size": max_shard_size, **({"params": params} if params else {})}
+
+
+def _set_values(items: tuple[str, ...]) -> dict[str, str]:
+    """``--set NAME=VALUE`` options as a dict (typed later, by each parameter's type)."""
+    out: dict[str, str] = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            raise click.UsageError(f"--set {item!r}: write --set NAME=VALUE")
+        out[name.strip()] = value
+    return out
+
+
+set_option = click.option(
+    "--set", "set_values", multiple=True, metavar="NAME=VALUE",
+    help="A value for a recipe parameter (see `modelpatch recipes show`), typed by the "
+         "parameter's declared type; repeatable.")
 
 
 base_model_option = click.option(
@@ -111,12 +150,17 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
     from .render import render_plan
 
     data = the_plan.to_json()
+    remote = the_plan.options.get("remote")
+    if remote is not None and as_json:
+        data["remote"] = remote
     click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
+    if not as_json:
+        _echo_transfer(remote)
     require_change(the_plan, allow_noop)
 
 
 @main.command()
-@click.argument("recipe")
+@click.argument("recipe", nargs=-1, required=True)
 @click.argument("model", type=click.Path(file_okay=False, path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable plan.")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
@@ -125,17 +169,24 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
               help="Where apply would write the variant (predicts linking vs copying there).")
 @link_option
-def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: int | None,
-         allow_noop: bool, out: str | None, link: str | None) -> None:
-    """Show what applying RECIPE to MODEL would do (same as apply --dry-run)."""
+@endpoint_option
+@set_option
+def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
+         max_shard_size: int | None, allow_noop: bool, out: str | None, link: str | None,
+         endpoint: str | None, set_values: tuple[str, ...]) -> None:
+    """Show what applying RECIPE (one or more, in order) to MODEL would do (same as apply
+    --dry-run). MODEL may be hf://ORG/NAME[@REV]: planned from its JSON files and safetensors
+    headers alone."""
     from .. import api
 
-    options = _plan_options(False, link or "auto", None, device, max_shard_size)
-    _show_plan(api.plan(recipe, model, options=options, out=out), as_json, allow_noop)
+    options = _plan_options(False, link or "auto", None, device, max_shard_size,
+                            _set_values(set_values))
+    the_plan = api.plan(list(recipe), model, options=options, out=out, endpoint=endpoint)
+    _show_plan(the_plan, as_json, allow_noop)
 
 
 @main.command()
-@click.argument("recipe")
+@click.argument("recipe", nargs=-1, required=True)
 @click.argument("model")
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
               help="Where to write the variant (default: <model>-<recipe name> beside the "
@@ -147,34 +198,48 @@ def plan(recipe: str, model: str, as_json: bool, device: str, max_shard_size: in
 @click.option("--copy", "force_copy", is_flag=True, help="Same as --link copy.")
 @link_option
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
-              help="Parallel hashing/rewrite workers (default: all cores).")
+              help="Worker processes for rewritten shards, each with cores/N torch threads "
+                   "(default: half the cores when tensors are computed, all for copies); "
+                   "hashing threads.")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
 @max_shard_size_option
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 @allow_noop_option
 @base_model_option
+@click.option("--publish", "publish_to", default=None, metavar="REPO_ID",
+              help="With MODEL hf://ORG/NAME and a config-only recipe: publish the variant to "
+                   "REPO_ID without downloading the shards (they are copied server-side).")
+@endpoint_option
+@set_option
 @quiet_option
 @click.pass_context
 def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, jobs, device,
-          max_shard_size, as_json, allow_noop, base_model):
-    """Apply RECIPE (a path or a built-in name) to MODEL and write a verified variant."""
+          max_shard_size, as_json, allow_noop, base_model, publish_to, endpoint, set_values):
+    """Apply RECIPE (a path or a built-in name; several are applied in order as one) to MODEL
+    and write a verified variant."""
     from .. import api
     from .render import recipe_source
 
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")
+    if publish_to is not None:
+        _apply_and_publish(list(recipe), model, publish_to, endpoint, as_json, allow_noop,
+                           base_model, _set_values(set_values),
+                           conflicting=in_place or out or dry_run or max_shard_size)
+        return
     if force_copy and link not in (None, "copy"):
         raise click.UsageError(f"--copy is --link copy; it excludes --link {link}")
     link = "copy" if force_copy else link or "auto"
-    recipe = api.load(recipe)
+    recipe = api.load(list(recipe))
+    params = _set_values(set_values)
     if model.startswith(api.HF_SCHEME):
-        resolved = api.resolve_model(model, progress=not ctx.obj.get("quiet"))
+        resolved = api.resolve_model(model, endpoint=endpoint, progress=not ctx.obj.get("quiet"))
         if out is None and not in_place:       # never write beside a cache snapshot
             out = f"{model[len(api.HF_SCHEME):].split('@')[0].split('/')[-1]}-" \
                   f"{recipe.name}"
         model = str(resolved)
     if dry_run:
-        options = _plan_options(in_place, link, jobs, device, max_shard_size)
+        options = _plan_options(in_place, link, jobs, device, max_shard_size, params)
         _show_plan(api.plan(recipe, model, options=options, out=out), as_json, allow_noop)
         return
     if not ctx.obj.get("quiet") and sys.stderr.isatty():   # like the progress bars
@@ -186,12 +251,13 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
         if in_place:
             result = api.apply_in_place(recipe, model, jobs=jobs, device=device,
                                         max_shard_size=max_shard_size, progress=progress,
-                                        base_model=base_model, allow_noop=allow_noop)
+                                        base_model=base_model, allow_noop=allow_noop,
+                                        params=params)
         else:
             result = api.apply(recipe, model, out=out, force=force, link=link,
                                jobs=jobs, device=device, max_shard_size=max_shard_size,
                                progress=progress, base_model=base_model,
-                               allow_noop=allow_noop)
+                               allow_noop=allow_noop, params=params)
     if as_json:
         _emit_json({"output": str(result.output), "recipe": recipe.identity(),
                     "manifest_sha256": result.manifest_sha256,
@@ -201,6 +267,27 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                     "link_method": result.link_method})
     else:
         click.echo(str(result.output))
+
+
+def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, base_model,
+                       params, conflicting) -> None:
+    from ..hub.client.remote_apply import apply_and_publish
+
+    if not model.startswith("hf://"):
+        raise click.UsageError("--publish needs MODEL as hf://ORG/NAME[@REV]; for a local "
+                               "variant run `modelpatch publish`")
+    if conflicting:
+        raise click.UsageError("--publish excludes --in-place, -o/--output, --dry-run and "
+                               "--max-shard-size")
+    r = apply_and_publish(recipe, model, repo_id, endpoint=endpoint, base_model=base_model,
+                          allow_noop=allow_noop, params=params)
+    if as_json:
+        _emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
+                    "fetched": r.fetched, "copied_bytes": r.plan.copy_bytes,
+                    "uploaded_bytes": r.plan.upload_bytes})
+    else:
+        click.echo(f"fetched: {', '.join(r.fetched) or 'nothing'}")
+        click.echo(f"{r.repo_id}@{r.revision} {r.commit}")
 
 
 @main.command()
@@ -260,19 +347,34 @@ def revert(directory, out, all_patches, force, jobs, as_json):
 @click.option("--revision", default=None, help="Branch to commit to (created if needed).")
 @click.option("-m", "--message", default=None, help="Commit message.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Machine-readable result (repo_id, revision, commit, files).")
+              help="Machine-readable result (repo_id, revision, commit, files, copied_bytes, "
+                   "uploaded_bytes).")
+@click.option("--plan", "plan_only", is_flag=True,
+              help="Only show what would be copied server-side from the base repository and "
+                   "what uploaded; change nothing.")
 @base_model_option
 @quiet_option
 @click.pass_context
-def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_json, base_model):
-    """Verify the variant DIRECTORY and upload it to REPO_ID in one commit."""
+def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_json, plan_only,
+            base_model):
+    """Verify the variant DIRECTORY and upload it to REPO_ID in one commit. Files its base
+    repository on the hub already holds are copied there server-side, not uploaded."""
     from .. import api
+    from . import render
 
     r = api.publish(directory, repo_id, endpoint=endpoint, private=private, revision=revision,
-                    message=message, progress=not ctx.obj.get("quiet"), base_model=base_model)
+                    message=message, progress=not ctx.obj.get("quiet"), base_model=base_model,
+                    plan_only=plan_only)
     if as_json:
         _emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
-                    "files": r.files})
+                    "files": r.files, "copied_bytes": r.plan.copy_bytes,
+                    "uploaded_bytes": r.plan.upload_bytes})
+    elif plan_only:
+        click.echo(f"plan: {r.plan.summary()}")
+        for name, (src, size) in sorted(r.plan.copies.items()):
+            click.echo(f"  copy    {name} ({render.human_bytes(size)}) <- {src}")
+        for name, size in sorted(r.plan.uploads.items()):
+            click.echo(f"  upload  {name} ({render.human_bytes(size)})")
     else:
         click.echo(f"{r.repo_id}@{r.revision} {r.commit}")
 
@@ -284,14 +386,17 @@ def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_js
 @click.option("--endpoint", default=None, envvar="HF_ENDPOINT",
               help="Hub URL (default: huggingface.co, or $HF_ENDPOINT).")
 @click.option("--revision", default=None, help="Branch, tag or commit.")
+@click.option("--reuse", "reuse", multiple=True, type=click.Path(file_okay=False, path_type=str),
+              help="Directory whose files to link instead of downloading when their sha256 "
+                   "matches (repeatable; the Hugging Face cache is always searched).")
 @quiet_option
 @click.pass_context
-def pull(ctx, repo_id, out, endpoint, revision):
+def pull(ctx, repo_id, out, endpoint, revision, reuse):
     """Download REPO_ID and verify every file against the hub's digests and the manifest."""
     from .. import api
 
     result = api.pull(repo_id, out, endpoint=endpoint, revision=revision,
-                      progress=not ctx.obj.get("quiet"))
+                      progress=not ctx.obj.get("quiet"), reuse=reuse)
     click.echo(str(result.output))
 
 
@@ -336,16 +441,35 @@ def recipes_list() -> None:
     for path in sorted(builtin_recipe_dir().glob("*.yaml")):
         recipe = load_recipe(path)
         click.echo(f"{recipe.name:<22} {shorten(recipe.description, width - 23)}")
+        if recipe.params:
+            params = " ".join(f"{p.name}={_param_default(p)}" for p in recipe.params)
+            click.echo(" " * 23 + shorten(f"--set {params}", width - 23))
+
+
+def _param_default(param) -> str:
+    from ..recipe.schema import REQUIRED
+
+    return "REQUIRED" if param.default is REQUIRED else json.dumps(param.default)
 
 
 @recipes.command("show")
 @click.argument("name")
 def recipes_show(name: str) -> None:
-    """Print the built-in recipe NAME (or a recipe file)."""
-    from ..recipe.load import resolve_recipe
+    """Print the built-in recipe NAME (or a recipe file), then its parameters."""
+    from ..recipe.load import load_recipe, resolve_recipe
 
-    click.echo(resolve_recipe(name).read_text(encoding="utf-8"), nl=False)
+    path = resolve_recipe(name)
+    click.echo(path.read_text(encoding="utf-8"), nl=False)
+    params = load_recipe(path).params
+    if params:
+        click.echo("\n# Parameters (apply/plan --set NAME=VALUE):")
+    for p in params:
+        click.echo(f"#   {p.name} ({p.type}, default {_param_default(p)}): {p.description}")
 
+
+from ..doctor.command import doctor  # noqa: E402  (its own module; click only)
+
+main.add_command(doctor)
 
 add_shared_options(main)     # after every command: --debug, -q and --json after the subcommand
 

@@ -98,6 +98,8 @@ def _render_quant(q: dict) -> list[str]:
 def recipe_source(recipe: dict) -> str:
     """Which recipe file was run: a file in the current directory must never pass for a
     built-in recipe unnoticed."""
+    if recipe.get("components"):
+        return "\n".join(recipe_source(c) for c in recipe["components"])
     return f"recipe file {recipe.get('path') or '(text)'} sha256 {recipe['sha256']}"
 
 

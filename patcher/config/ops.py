@@ -35,7 +35,7 @@ from ..errors import PlanError
 from .jsonfile import unified_diff  # re-exported: the plan renders config changes with it
 from .json_pointer import (MISSING, deepest_existing, join_pointer, json_equal, json_type,
                            make_pointer, parent_pointer, resolve, split_pointer)
-from ..recipe.schema import ConfigOp, DropOp, PatchOp, RenameOp, SetOp
+from ..recipe.schema import ArrayOp, ConfigOp, DropOp, PatchOp, RenameOp, SetOp
 
 __all__ = ["Change", "apply_config_ops", "unified_diff", "CHANGE_KINDS"]
 
@@ -110,7 +110,7 @@ def _read_path(op: ConfigOp) -> str | None:
     """The pointer an op needs to find in a scope to apply there, or None for ops that apply
     wherever the scope exists (set, add, test; remove/replace/move/copy without missing_ok,
     which fail as RFC 6902 says)."""
-    if isinstance(op, (DropOp, RenameOp)):
+    if isinstance(op, (DropOp, RenameOp, ArrayOp)):
         return op.path
     if isinstance(op, PatchOp) and op.missing_ok:
         return op.read_path()
@@ -131,6 +131,8 @@ def _label(op: ConfigOp) -> str:
         return op.label
     if isinstance(op, PatchOp):
         return op.op
+    if isinstance(op, ArrayOp):
+        return f"{op.action} elements of" if op.action != "append" else "append to"
     return op.kind
 
 
@@ -274,4 +276,10 @@ def _patch(state: _State, op: PatchOp, scope: str) -> None:
     state.add_change(change)
 
 
-_APPLY = {DropOp: _drop, SetOp: _set, RenameOp: _rename, PatchOp: _patch}
+def _array(state: _State, op: ArrayOp, scope: str) -> None:
+    from .arrays import apply_array_op
+
+    apply_array_op(state, op, scope)
+
+
+_APPLY = {DropOp: _drop, SetOp: _set, RenameOp: _rename, PatchOp: _patch, ArrayOp: _array}

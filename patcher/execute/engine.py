@@ -293,8 +293,7 @@ class PatchBuilder:
         statement = build_statement(
             subjects=subjects,
             base_files={p: (base_digests[p], model.files[p].size) for p in base_digests},
-            recipe={"name": plan.recipe.name, "sha256": plan.recipe.sha256,
-                    "text": plan.recipe.text},
+            recipe=plan.recipe.manifest_record(),
             options=plan.options, changes=list(plan.changes), started=self.started,
             finished=_now(), base_statement=base_statement, base_model=base_model)
         return write_manifest(dest, statement)[0]

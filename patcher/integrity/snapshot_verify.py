@@ -40,7 +40,9 @@ def blob_claim(path: Path) -> tuple[str, str] | None:
     return None
 
 
-def _git_blob_sha1(path: Path, on_progress: Callable[[int], None] | None) -> str:
+def git_blob_sha1(path: Path, on_progress: Callable[[int], None] | None = None) -> str:
+    """The git blob id of the file at ``path`` (``huggingface_hub.utils.sha.git_hash`` of its
+    bytes), read in chunks: a file the Hub stores as a regular one may still be of any size."""
     size = os.stat(path).st_size
     digest = hashlib.sha1(b"blob %d\0" % size)
     try:
@@ -72,7 +74,7 @@ def verify_snapshot(root: Path, listing: dict, *, jobs: int | None = None,
     KnownDigests(DigestCache(), use_hf_blob_names=False).record_results(
         results.values(), observed_ns=observed)
     actual = {rel: results[root / rel].sha256 for rel in lfs}
-    actual.update({rel: _git_blob_sha1(root / rel, on_progress)
+    actual.update({rel: git_blob_sha1(root / rel, on_progress)
                    for rel, (kind, _) in claims.items() if kind != "sha256"})
     modified = [Mismatch(rel, claims[rel][1], listing[rel].st_size, actual[rel],
                          listing[rel].st_size, digest=claims[rel][0])

@@ -261,12 +261,12 @@ def _read_headers(root: Path, names: list[str]) -> dict[str, ShardHeader]:
         raw = list(pool.map(lambda n: read_raw_header(root / n, str(root / n)), names))
     # Parsing allocates hundreds of thousands of small objects that all stay alive: the cyclic
     # garbage collector would only rescan them (about 40% of the time at 273k tensors).
-    with _gc_paused():
+    with gc_paused():
         return {name: parse_header(*r, str(root / name)) for name, r in zip(names, raw)}
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -279,8 +279,12 @@ def _gc_paused() -> Iterator[None]:
 def _read_index(root: Path, files: dict[str, ModelFile]) -> ShardIndex | None:
     if INDEX_NAME not in files:
         return None
-    where = str(root / INDEX_NAME)
-    doc = parse_json(files[INDEX_NAME].path.read_bytes(), where)
+    return parse_index(files[INDEX_NAME].path.read_bytes(), str(root / INDEX_NAME))
+
+
+def parse_index(raw: bytes, where: str) -> ShardIndex:
+    """The shard index from the bytes of ``model.safetensors.index.json`` (``where``: its name)."""
+    doc = parse_json(raw, where)
     if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
         raise ShardIndexError("no weight_map object", where=where)
     weight_map = doc["weight_map"]

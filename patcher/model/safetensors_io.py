@@ -109,18 +109,24 @@ def read_raw_header(path: str | os.PathLike,
         if file_size < 8:
             raise SafetensorsFormatError(f"file is {file_size} bytes, too short for a header",
                                          where=where)
-        (header_len,) = struct.unpack("<Q", f.read(8))
-        if header_len > MAX_HEADER_SIZE:
-            raise SafetensorsFormatError(
-                f"header length {header_len} is absurd (limit {MAX_HEADER_SIZE} bytes)", where=where)
-        if header_len > file_size - 8:
-            raise SafetensorsFormatError(
-                f"header length {header_len} runs past the end of the {file_size}-byte file",
-                where=where, hint="the file is truncated or not safetensors")
+        header_len = header_length(f.read(8), file_size, where)
         raw = f.read(header_len)
     if len(raw) != header_len:
         raise SafetensorsFormatError("the file shrank while being read", where=where)
     return path, file_size, raw
+
+
+def header_length(prefix: bytes, file_size: int, where: str) -> int:
+    """The header length the first 8 bytes of a ``file_size``-byte file declare, size-checked."""
+    (header_len,) = struct.unpack("<Q", prefix)
+    if header_len > MAX_HEADER_SIZE:
+        raise SafetensorsFormatError(
+            f"header length {header_len} is absurd (limit {MAX_HEADER_SIZE} bytes)", where=where)
+    if header_len > file_size - 8:
+        raise SafetensorsFormatError(
+            f"header length {header_len} runs past the end of the {file_size}-byte file",
+            where=where, hint="the file is truncated or not safetensors")
+    return header_len
 
 
 def parse_header(path: Path, file_size: int, raw: bytes, where: str) -> ShardHeader:

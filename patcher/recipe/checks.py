@@ -131,6 +131,9 @@ class Validator:
     def __init__(self, source: str):
         self.source = source
         self.problems: list[tuple[int, int, str]] = []
+        self.recipe_path: Any = None               # the file being read, for include: paths
+        self.including: tuple[str, ...] = ()        # the recipes including it (cycle check)
+        self.param_names: set[str] = set()          # declared params, for {references}
 
     def err(self, pos: Pos, message: str) -> None:
         self.problems.append((pos[0], pos[1], message))

@@ -29,16 +29,20 @@ from ..fsops import NotRegularFile, TooLarge, read_capped
 from .builtin import (  # noqa: F401  (part of the public recipe API)
     builtin_recipe_dir, builtin_recipe_names, resolve_recipe)
 from .guards import check_guards, evaluate_guards  # noqa: F401  (re-exported)
+from ..config.arrays import parse_array_op
+from .params import (INCLUDE_KEYS, has_templates, include_path, parse_params, read_beside,
+                     template_ops, template_value, type_problem)
 from .schema import (RECIPE_FORMAT_VERSIONS, AddFile, AllOf, AnyOf, Check, ConfigOp, Condition,
-                     DropFile, DropOp, FileOp, Not, OutputLayout, PatchOp, Recipe, RenameOp, SetOp)
+                     DropFile, DropOp, FileOp, Include, Not, OutputLayout, PatchOp, Recipe,
+                     RenameOp, SetOp)
 from .tensor_ops import parse_tensor_op
 from .yaml_safe import MAX_RECIPE_BYTES, compose_recipe
 
 __all__ = ["load_recipe", "evaluate_guards", "check_guards", "builtin_recipe_dir",
            "builtin_recipe_names", "resolve_recipe", "Recipe"]
 
-TOP_KEYS = ("modelpatch", "name", "description", "requires", "config", "files", "tensors",
-            "output")
+TOP_KEYS = ("modelpatch", "name", "description", "params", "include", "requires", "config",
+            "files", "tensors", "output", "gguf")
 PREDICATES = ("exists", "equals", "contains", "one_of")
 COMBINATORS = ("any_of", "all_of", "not")
 LEAF_KEYS = ("file", "path", *PREDICATES, "in", "message")
@@ -52,13 +56,13 @@ CONFIG_KEYS = {
     "op": ("op", "path", "value", "from", "in", "missing_ok"),
 }
 PATCH_OPS = ("add", "remove", "replace", "move", "copy", "test")
-FILE_KEYS = {"drop": ("drop", "missing_ok"), "add": ("add", "content", "overwrite")}
+FILE_KEYS = {"drop": ("drop", "missing_ok"), "add": ("add", "content", "from", "overwrite")}
 
 
 # ------------------------------------------------------------------------------ loading
 
 def load_recipe(path_or_text: str | bytes | os.PathLike, *,
-                source_name: str | None = None) -> Recipe:
+                source_name: str | None = None, _including: tuple[str, ...] = ()) -> Recipe:
     """Load and validate a recipe.
 
     Args:
@@ -101,6 +105,8 @@ def load_recipe(path_or_text: str | bytes | os.PathLike, *,
     except YamlProblems as exc:
         raise _recipe_error(source, exc.problems) from None
     v = rc.Validator(source)
+    v.recipe_path = path
+    v.including = (*_including, str(path.resolve()) if path is not None else source)
     fields = _top_level(v, root)
     if v.problems:
         raise _recipe_error(source, v.problems)
@@ -157,16 +163,70 @@ def _top_level(v: rc.Validator, root: Any) -> dict[str, Any]:
         v.err(rc.val_pos(root, "name"), f"recipe name {name!r} must match "
               "[a-z0-9][a-z0-9._-]* and be at most 100 characters")
     description = v.string(root, "description")
+    params = parse_params(v, root)
+    v.param_names = {p.name for p in params}
+    includes = tuple(i for i in (
+        _include(v, node, pos) for node, pos in v.items(root, "include")) if i is not None)
     requires = tuple(c for c in (
         _condition(v, node, pos) for node, pos in v.items(root, "requires")) if c is not None)
-    config = _config(v, root)
+    config = template_ops(v, _config(v, root), v.param_names)
     files = tuple(f for f in (
         _file_op(v, node, pos) for node, pos in v.items(root, "files")) if f is not None)
     tensors = tuple(t for t in (
         parse_tensor_op(v, node, pos) for node, pos in v.items(root, "tensors")) if t is not None)
     _cross_check(v, root, config, files)
+    from ..gguf.recipe_section import parse_section
+
     return dict(format_version=version, name=name, description=description, requires=requires,
-                config=config, files=files, tensors=tensors, output=_output(v, root))
+                config=config, files=files, tensors=tensors, output=_output(v, root),
+                params=params, includes=includes, gguf=parse_section(v, root))
+
+
+def _include(v: rc.Validator, node: Any, pos: tuple[int, int]) -> Include | None:
+    """``include: NAME`` or ``{recipe: NAME, params: {...}}``: the recipe, loaded now."""
+    if isinstance(node, str):
+        node = {"recipe": node}
+        values_node: Any = {}
+    elif rc.is_map(node):
+        v.check_keys(node, INCLUDE_KEYS, "include", required=("recipe",))
+        values_node = node.get("params") or {}
+    else:
+        v.err(pos, f"an include is a recipe name or path, or {{recipe: NAME, params: {{...}}}}; "
+              f"got {rc.yaml_type(node)}")
+        return None
+    name = v.check_string(node.get("recipe"), pos) if "recipe" in node else None
+    if name is None:
+        return None
+    try:
+        path = include_path(name, v.recipe_path)
+        if str(path.resolve()) in v.including:
+            v.err(pos, f"include {name!r} includes itself (through "
+                  f"{' -> '.join(Path(p).name for p in v.including)})")
+            return None
+        included = load_recipe(path, _including=v.including)
+    except (RecipeError, InputError) as exc:
+        v.err(pos, f"include {name!r}: {exc}")
+        return None
+    if not rc.is_map(values_node):
+        v.err(pos, f"include {name!r}: params must be a mapping")
+        return None
+    declared = {p.name: p for p in included.params}
+    values = {}
+    for key in values_node:
+        kpos = rc.key_pos(values_node, key)
+        if key not in declared:
+            v.err(kpos, f"include {name!r}: it has no parameter {key!r} (it has: "
+                  f"{', '.join(declared) or 'none'})")
+            continue
+        value = v.json_value(values_node[key], kpos)
+        if value is rc.INVALID:
+            continue
+        value = template_value(v, value, kpos, v.param_names)
+        problem = None if has_templates(value) else type_problem(declared[key].type, value)
+        if problem:
+            v.err(kpos, f"include {name!r}: parameter {key}: {problem}")
+        values[key] = value
+    return Include(included, values, v.loc(pos))
 
 
 def _output(v: rc.Validator, root: Any) -> OutputLayout | None:
@@ -273,11 +333,22 @@ def _config(v: rc.Validator, root: Any) -> dict[str, tuple[ConfigOp, ...]]:
               f"e.g. {{config.json: [{{drop: /x}}]}}; got {rc.yaml_type(section)}")
         return {}
     out: dict[str, tuple[ConfigOp, ...]] = {}
+    in_step: list[tuple[str, ConfigOp]] = []
     for key in section:
         name = v.check_filename(key, rc.key_pos(section, key))
-        ops = [_config_op(v, n, p) for n, p in v.items(section, key)]
+        ops = []
+        for n, p in v.items(section, key):
+            array = [k for k in ("each", "append") if rc.is_map(n) and k in n]
+            if len(array) == 1 and not any(k in n for k in CONFIG_ACTIONS):
+                made = parse_array_op(v, n, array[0], name, p)
+                ops.extend(op for _, op in made[:1])
+                in_step.extend(made[1:])
+            else:
+                ops.append(_config_op(v, n, p))
         if name is not None:
             out[name] = tuple(op for op in ops if op is not None)
+    for file, op in in_step:
+        out[file] = out.get(file, ()) + (op,)
     return out
 
 
@@ -373,7 +444,7 @@ def _file_op(v: rc.Validator, node: Any, pos: tuple[int, int]) -> FileOp | None:
               f"{rc.yaml_type(node)}")
         return None
     actions = [k for k in node if k in FILE_KEYS]
-    all_keys = ("drop", "missing_ok", "add", "content", "overwrite")
+    all_keys = ("drop", "missing_ok", "add", "content", "from", "overwrite")
     if len(actions) != 1:
         if len(actions) > 1:
             v.err(rc.key_pos(node, actions[1]), "one operation per list item; found 'drop' and "
@@ -382,15 +453,24 @@ def _file_op(v: rc.Validator, node: Any, pos: tuple[int, int]) -> FileOp | None:
             v.err(pos, "a file operation needs 'drop' or 'add'")
         return None
     action = actions[0]
-    v.check_keys(node, FILE_KEYS[action], f"'{action}' file operation",
-                 required=("content",) if action == "add" else (), suggest=all_keys)
+    v.check_keys(node, FILE_KEYS[action], f"'{action}' file operation", suggest=all_keys)
     name = v.filename(node, action)
     loc = v.loc(pos)
     if action == "drop":
         missing_ok = v.boolean(node, "missing_ok", default=True)
         return None if name is None else DropFile(name, missing_ok, loc)
-    content = v.string(node, "content", nonempty=False)
+    if ("content" in node) == ("from" in node):
+        v.err(pos, "files: add needs one of 'content' (the text) and 'from' (a file next to the "
+              "recipe)")
+        return None
     overwrite = v.boolean(node, "overwrite", default=False)
+    if "from" in node:
+        source = v.string(node, "from")
+        found = None if source is None else read_beside(v, source, rc.val_pos(node, "from"))
+        if name is None or found is None:
+            return None
+        return AddFile(name, found[0], overwrite, loc, source=found[1])
+    content = v.string(node, "content", nonempty=False)
     return None if name is None or content is None else AddFile(name, content, overwrite, loc)
 
 

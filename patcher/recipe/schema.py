@@ -166,7 +166,34 @@ class PatchOp:
         return out
 
 
-ConfigOp = Union[DropOp, SetOp, RenameOp, PatchOp]
+@dataclass(frozen=True)
+class ArrayOp:
+    """An element op on the JSON array at ``path``: ``map`` (``re.sub(regex, to, element)`` on
+    each string element the regex matches), ``filter`` (remove the string elements matching a
+    glob or regex) or ``append`` (add ``value`` unless an equal element is there). A map or filter
+    that matches no element is a PlanError unless ``allow_empty``."""
+
+    action: str                     # map, filter, append
+    path: str
+    globs: tuple[str, ...]
+    regexes: tuple[str, ...]
+    to: str | None
+    value: Any
+    scopes: tuple[str, ...]
+    missing_ok: bool
+    allow_empty: bool
+    loc: str
+    kind = "each"
+
+    def matches(self, element: Any) -> bool:
+        if not isinstance(element, str):
+            return False
+        if self.globs:
+            return any(fnmatch.fnmatchcase(element, g) for g in self.globs)
+        return any(re.search(r, element) for r in self.regexes)
+
+
+ConfigOp = Union[DropOp, SetOp, RenameOp, PatchOp, ArrayOp]
 
 
 # ------------------------------------------------------------------------------ file ops
@@ -190,6 +217,7 @@ class AddFile:
     content: str
     overwrite: bool
     loc: str
+    source: dict | None = None      # from: a file next to the recipe, {"from", "sha256"}
     kind = "add"
 
 
@@ -208,13 +236,38 @@ class TensorSelect:
     regexes: tuple[str, ...]
     dtypes: tuple[str, ...] | None
     loc: str
+    # ``layers: ">= 61"``: (comparison, bound); the bound is an int once the recipe is bound to a
+    # model (a ``recipe.expr.Template`` before). Only names with a ``layers.N.`` part match.
+    layers: tuple[str, Any] | None = None
+    # ``group: [attention, ...]``: the module groups ``inspect`` reports (inspect_model)
+    groups: tuple[str, ...] | None = None
 
     def matches(self, name: str, dtype: str | None = None) -> bool:
         if self.dtypes is not None and dtype is not None and dtype not in self.dtypes:
             return False
+        if self.layers is not None and not _layer_matches(name, *self.layers):
+            return False
+        if self.groups is not None:
+            from ..model.inspect_model import module_group
+
+            if module_group(name) not in self.groups:
+                return False
+        if not self.globs and not self.regexes:
+            return True
         if self.globs:
             return any(fnmatch.fnmatchcase(name, g) for g in self.globs)
         return any(re.search(r, name) for r in self.regexes)
+
+
+LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+LAYER_COMPARISONS = {">=": lambda a, b: a >= b, ">": lambda a, b: a > b,
+                     "<=": lambda a, b: a <= b, "<": lambda a, b: a < b,
+                     "==": lambda a, b: a == b}
+
+
+def _layer_matches(name: str, comparison: str, bound: Any) -> bool:
+    found = LAYER_RE.search(name)
+    return found is not None and LAYER_COMPARISONS[comparison](int(found.group(1)), bound)
 
 
 @dataclass(frozen=True)
@@ -229,6 +282,15 @@ class RenameTensors:
     pattern: str
     to: str
     kind = "rename"
+
+
+@dataclass(frozen=True)
+class CopyTensors:
+    """Add a byte-identical copy of each selected tensor named ``re.sub(pattern, to, name)``."""
+
+    pattern: str
+    to: str
+    kind = "copy"
 
 
 @dataclass(frozen=True)
@@ -254,7 +316,7 @@ class QuantizeTensors:
     kind = "quantize"
 
 
-TensorAction = Union[DropTensors, RenameTensors, CastTensors, DequantizeTensors, QuantizeTensors]
+TensorAction = Union[DropTensors, RenameTensors, CopyTensors, CastTensors, DequantizeTensors, QuantizeTensors]
 
 
 @dataclass(frozen=True)
@@ -273,6 +335,33 @@ class TensorOp:
 
 
 # -------------------------------------------------------------------------------- recipe
+
+PARAM_TYPES = ("string", "integer", "number", "boolean", "list")
+
+
+@dataclass(frozen=True)
+class Param:
+    """A declared recipe parameter. ``default`` is ``REQUIRED`` when the caller must give it."""
+
+    name: str
+    type: str           # one of PARAM_TYPES
+    default: Any
+    description: str
+    loc: str
+
+
+REQUIRED: Any = type("Required", (), {"__repr__": lambda self: "<required>"})()
+
+
+@dataclass(frozen=True)
+class Include:
+    """``include:`` item: another recipe, with parameter values (JSON values or templates over
+    the including recipe's parameters and the model's config)."""
+
+    recipe: "Recipe"
+    params: dict[str, Any]
+    loc: str
+
 
 @dataclass(frozen=True)
 class OutputLayout:
@@ -304,11 +393,33 @@ class Recipe:
     source: str
     path: Path | None = None
     output: OutputLayout | None = None
+    gguf: Any = None
+    """A ``patcher.gguf.recipe_section.GGUFSection``, or None."""
+    params: tuple[Param, ...] = ()
+    includes: tuple[Include, ...] = ()
+    # Set by ``recipe.bind.bind_recipe``: the parameter values used, and the recipes combined
+    # (each ``{name, path, sha256, text, params}``) when there is more than one.
+    bound: dict[str, Any] | None = None
+    components: tuple[dict, ...] = ()
 
     def identity(self) -> dict:
         """Which recipe this is, for output: name, the absolute file it came from, sha256."""
-        return {"name": self.name, "path": str(self.path.resolve()) if self.path else None,
-                "sha256": self.sha256}
+        out = {"name": self.name, "path": str(self.path.resolve()) if self.path else None,
+               "sha256": self.sha256}
+        if self.source == "<command line>":     # several recipes given together
+            parts = [c for c in self.components] or [i.recipe.identity() for i in self.includes]
+            out["components"] = [{k: c[k] for k in ("name", "path", "sha256")} for c in parts]
+        return out
+
+    def manifest_record(self) -> dict:
+        """The manifest's ``recipe`` entry: name, sha256, text, and when used, the parameter
+        values and every recipe combined."""
+        out: dict[str, Any] = {"name": self.name, "sha256": self.sha256, "text": self.text}
+        if self.bound:
+            out["params"] = dict(self.bound)
+        if self.components:
+            out["components"] = [dict(c) for c in self.components]
+        return out
 
     @property
     def touches_tensors(self) -> bool:

@@ -29,12 +29,13 @@ from typing import Any
 from . import checks as rc
 from .dtype_names import canonical_dtype, dtype_problem
 from .schema import (DEFAULT_BLOCK, DEQUANT_SCHEMES, FLOAT_TARGETS, QUANT_COMBINATIONS,
-                     QUANT_LAYOUTS, QUANT_SCHEMES, CastTensors, DequantizeTensors, DropTensors,
-                     QuantizeTensors, RenameTensors, TensorAction, TensorOp, TensorSelect)
+                     QUANT_LAYOUTS, QUANT_SCHEMES, CastTensors, CopyTensors, DequantizeTensors,
+                     DropTensors, QuantizeTensors, RenameTensors, TensorAction, TensorOp,
+                     TensorSelect)
 
-TENSOR_ACTIONS = ("drop", "rename", "cast", "dequantize", "quantize")
+TENSOR_ACTIONS = ("drop", "rename", "copy", "cast", "dequantize", "quantize")
 TENSOR_KEYS = ("select", "allow_empty", *TENSOR_ACTIONS)
-SELECT_KEYS = ("glob", "regex", "dtype")
+SELECT_KEYS = ("glob", "regex", "dtype", "layers", "group")
 
 
 def parse_tensor_op(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorOp | None:
@@ -67,16 +68,28 @@ def _select(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorSelect | None:
         return None
     v.check_keys(node, SELECT_KEYS, "select")
     kinds = [k for k in ("glob", "regex") if k in node]
-    if len(kinds) != 1:
-        v.err(pos, "select needs exactly one of 'glob' and 'regex'")
+    layers = groups = None
+    if "layers" in node:
+        from .params import parse_layers
+
+        layers = parse_layers(v, node["layers"], rc.val_pos(node, "layers"),
+                              getattr(v, "param_names", set()))
+        if layers is None:
+            return None
+    if "group" in node:
+        groups = _groups(v, node)
+        if groups is None:
+            return None
+    if len(kinds) > 1 or (not kinds and layers is None and groups is None):
+        v.err(pos, "select needs exactly one of 'glob' and 'regex' (or 'layers' or 'group' alone)")
         return None
-    patterns = v.strings(node, kinds[0])
+    patterns = v.strings(node, kinds[0]) if kinds else ()
     if patterns is None:
         return None
     ok = True
-    if kinds[0] == "regex":
+    if kinds and kinds[0] == "regex":
         for pattern, ppos in patterns:
-            ok = _check_regex(v, pattern, ppos) and ok
+            ok = check_regex(v, pattern, ppos) and ok
     dtypes = None
     if "dtype" in node:
         names = v.strings(node, "dtype")
@@ -91,11 +104,26 @@ def _select(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorSelect | None:
     if not ok:
         return None
     texts = tuple(p for p, _ in patterns)
-    return TensorSelect(texts if kinds[0] == "glob" else (),
-                        texts if kinds[0] == "regex" else (), dtypes, v.loc(pos))
+    glob = bool(kinds) and kinds[0] == "glob"
+    return TensorSelect(texts if glob else (), () if glob else texts, dtypes, v.loc(pos),
+                        layers=layers, groups=groups)
 
 
-def _check_regex(v: rc.Validator, pattern: str, pos: rc.Pos) -> bool:
+def _groups(v: rc.Validator, node: Any) -> tuple[str, ...] | None:
+    """``group: attention`` or a list: the module groups ``inspect`` reports."""
+    from ..model.inspect_model import GROUP_NAMES
+
+    names = v.strings(node, "group")
+    if names is None:
+        return None
+    for name, npos in names:
+        if name not in GROUP_NAMES:
+            v.err(npos, f"unknown module group {name!r} (one of {', '.join(GROUP_NAMES)})")
+            return None
+    return tuple(name for name, _ in names)
+
+
+def check_regex(v: rc.Validator, pattern: str, pos: rc.Pos) -> bool:
     try:
         re.compile(pattern)
         risk = backtracking_risk(pattern)
@@ -207,12 +235,14 @@ def _action(v: rc.Validator, node: Any, action: str,
         return None if to is None else CastTensors(to)
     if not rc.is_map(value):
         example = {"rename": "{pattern: '^old\\.', to: 'new.'}",
+                   "copy": "{pattern: 'embed_tokens', to: 'lm_head'}",
                    "dequantize": "{scheme: auto, to: bf16}",
                    "quantize": "{scheme: fp8-block, layout: deepseek}"}[action]
         v.err(pos, f"{action} must be a mapping such as {example}; got {rc.yaml_type(value)}")
         return None
-    if action == "rename":
-        return _rename(v, value, pos, select)
+    if action in ("rename", "copy"):
+        renamed = _rename(v, value, pos, select, action)
+        return renamed if renamed is None or action == "rename" else CopyTensors(renamed.pattern, renamed.to)
     if action == "dequantize":
         return _dequantize(v, value)
     v.check_keys(value, ("scheme", "layout", "block"), "quantize", required=("scheme", "layout"))
@@ -272,20 +302,20 @@ def _block(v: rc.Validator, value: Any, scheme: str,
     return (int(raw[0]), int(raw[1]))
 
 
-def _rename(v: rc.Validator, value: Any, pos: rc.Pos,
-            select: TensorSelect | None) -> RenameTensors | None:
-    v.check_keys(value, ("pattern", "to"), "rename", required=("to",))
+def _rename(v: rc.Validator, value: Any, pos: rc.Pos, select: TensorSelect | None,
+            action: str = "rename") -> RenameTensors | None:
+    v.check_keys(value, ("pattern", "to"), action, required=("to",))
     to = v.string(value, "to", nonempty=False)
     if "pattern" in value:
         pattern = v.string(value, "pattern")
         ppos = rc.val_pos(value, "pattern")
-        if pattern is None or not _check_regex(v, pattern, ppos):
+        if pattern is None or not check_regex(v, pattern, ppos):
             return None
     elif select is not None and len(select.regexes) == 1:
         pattern, ppos = select.regexes[0], pos
     else:
         if select is not None:
-            v.err(pos, "rename needs 'pattern' unless select has exactly one regex")
+            v.err(pos, f"{action} needs 'pattern' unless select has exactly one regex")
         return None
     if to is None:
         return None

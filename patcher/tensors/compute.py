@@ -58,6 +58,8 @@ def _check_overflow(job: TensorJob, out: torch.Tensor, inputs: list[torch.Tensor
     output, chunk by chunk; the rest only when an inf turns up."""
     if not out.is_floating_point():
         return
+    if job.op == "dequantize" and _cannot_overflow(job, inputs, out.dtype):
+        return
     flat = out.reshape(-1)
     chunks = range(0, flat.numel(), CHUNK_ELEMENTS)
     if not any(bool(torch.isinf(flat[i:i + CHUNK_ELEMENTS]).any()) for i in chunks):
@@ -84,6 +86,45 @@ def _check_overflow(job: TensorJob, out: torch.Tensor, inputs: list[torch.Tensor
                        f"{detail}; {target} holds at most {torch.finfo(_OUT[target]).max:.6g}",
                        where=job.inputs[0].shard, tensor=job.inputs[0].name,
                        hint=f"{job.op} to {_WIDER[target]} instead" if target in _WIDER else None)
+
+
+# Largest magnitude of a code of each quantized weight dtype (e4m3fn has no inf; NVFP4 codes are
+# uint8 pairs of e2m1 values, at most 6).
+_CODE_MAX = {torch.float8_e4m3fn: 448.0, torch.uint8: 6.0}
+
+
+def _cannot_overflow(job: TensorJob, inputs: list[torch.Tensor], out: torch.dtype) -> bool:
+    """True when no output value can be inf: the largest code times the largest scale (and the
+    second-level scale, or divided by the global scale), in float64, is under half the range of
+    the output and of every scale dtype the product may be computed in (half: room for the
+    rounding of the steps). A bound from the small scale tensors, instead of a pass over the
+    whole output."""
+    code_max = _CODE_MAX.get(inputs[0].dtype)
+    if code_max is None:
+        return False
+    limit, bound = torch.finfo(out).max, code_max
+    for i, scale in enumerate(inputs[1:], start=1):
+        if not scale.is_floating_point() or not scale.numel():
+            return False
+        if scale.element_size() >= 2:            # float8 scales are widened before any product
+            limit = min(limit, torch.finfo(scale.dtype).max)
+        if job.param("scheme") == "nvfp4-compressed-tensors" and i == 2:
+            low = float(scale.abs().min())
+            bound = bound / low if low > 0 else float("inf")      # the global scale divides
+        else:
+            bound *= _abs_max(scale)
+        if not bound < float("inf"):              # inf or NaN
+            return False
+    return bound <= limit / 2
+
+
+def _abs_max(t: torch.Tensor) -> float:
+    """max |t| as a float (inf or NaN if ``t`` holds one). float8 has no max kernel on the CPU,
+    and its magnitudes order as their 7 low bits, NaN codes above infinities above finite."""
+    if t.element_size() == 1:
+        code = (t.reshape(-1).view(torch.uint8) & 0x7F).max().reshape(1).cpu()
+        return float(code.view(t.dtype).to(torch.float32))
+    return float(t.abs().max())
 
 
 def _dequantize(job: TensorJob, inputs: list[torch.Tensor], device: str) -> torch.Tensor:

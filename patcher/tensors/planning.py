@@ -81,7 +81,12 @@ def _describe_select(sel) -> str:
     kind, patterns = ("glob", sel.globs) if sel.globs else ("regex", sel.regexes)
     text = patterns[0] if len(patterns) == 1 else list(patterns)
     dtypes = f", dtype: {list(sel.dtypes)}" if sel.dtypes else ""
-    return f"{{{kind}: {text!r}{dtypes}}}"
+    layers = f"layers: '{sel.layers[0]} {sel.layers[1]}'" if sel.layers else ""
+    if sel.groups:
+        layers = ", ".join(x for x in (layers, f"group: {list(sel.groups)}") if x)
+    if not patterns:
+        return f"{{{layers}{dtypes}}}"
+    return f"{{{kind}: {text!r}{dtypes}{', ' + layers if layers else ''}}}"
 
 
 def check_device(device: str | None) -> str:
@@ -133,12 +138,19 @@ def plan_tensor_ops(recipe, model: ModelDir, changes: list[dict], *, device: str
     result out in the base's shards, or in new ones of at most ``max_shard_size`` bytes."""
     device = check_device(device)
     view = initial_view(model)
+    owner: dict[str, str] = {}      # tensor -> recipe line of the op that made it
+    several = len({op.loc.rsplit(":", 2)[0] for op in recipe.tensors}) > 1
     for op in recipe.tensors:
         names = select(view, op)
+        if several:
+            _check_other_recipe(owner, names, op)
+            before = dict(view)
         if op.kind == "dequantize":
             _dequantize(view, names, op, changes, _fp8_block(op, model))
         else:
             _HANDLERS[op.kind](view, names, op, changes)
+        if several:
+            owner.update((n, op.loc) for n, t in view.items() if before.get(n) is not t)
     if max_shard_size is None:
         files = _shard_plans(model, view, changes, device)
     else:
@@ -146,6 +158,18 @@ def plan_tensor_ops(recipe, model: ModelDir, changes: list[dict], *, device: str
 
         files = reshard_plans(model, view, changes, device, max_shard_size)
     return TensorPlan(files=files, dtypes={name: t.dtype for name, t in view.items()})
+
+
+def _check_other_recipe(owner: dict[str, str], names: list[str], op) -> None:
+    """Refuse an op on a tensor another recipe (of several applied together) already changed;
+    within one recipe, later ops may build on earlier ones."""
+    source = op.loc.rsplit(":", 2)[0]
+    for name in names:
+        other = owner.get(name)
+        if other is not None and other.rsplit(":", 2)[0] != source:
+            raise PlanError(f"two recipes change the same tensor (the other operation is at "
+                            f"{other})", where=op.loc, tensor=name,
+                            hint="apply them one after the other")
 
 
 def _fp8_block(op, model: ModelDir) -> Fp8Block:
@@ -321,7 +345,32 @@ def _converted(name, t, dtype, shape, how, loc, **extra) -> dict:
     return entry
 
 
-_HANDLERS = {"drop": _drop, "rename": _rename, "cast": _cast, "quantize": _quantize}
+def _copy(view, names, op, changes) -> None:
+    """Add a byte-identical copy of each selected tensor, next to it in its shard."""
+    pattern = re.compile(op.action.pattern)
+    with per_name(f"the copy pattern {op.action.pattern!r}", op.loc) as clock:
+        copies = {}
+        for n in names:
+            clock.start(n)
+            copies[n] = pattern.sub(op.action.to, n)
+    for old, new in copies.items():
+        if new == old or not new or new == "__metadata__":
+            raise PlanError(f"copy would give the tensor the name {new!r}, which is its own, "
+                            f"empty or reserved", where=op.loc, tensor=old)
+        if new in view or list(copies.values()).count(new) > 1:
+            raise PlanError(f"copy collision: {new!r} already exists or is made twice",
+                            where=op.loc, tensor=old)
+        t = view[old]
+        _primary(t, op.loc)
+        view[new] = replace(t, name=new, job=replace(t.job, out=replace(t.job.out, name=new)),
+                            order=t.order + 1e-3)
+        changes.append({"kind": "tensor_added", "tensor": new, "copy_of": old, "shard": t.shard,
+                        "reason": "copy", "before": None, "after": _layout(t),
+                        "recipe_line": op.loc})
+
+
+_HANDLERS = {"drop": _drop, "rename": _rename, "copy": _copy, "cast": _cast,
+             "quantize": _quantize}
 
 
 # --- shards ---------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ ranges. Peak memory is bounded by the largest tensor involved, never the shard. 
 from the bytes as they are written; nothing is read back.
 
 ``--jobs N`` runs shard tasks in N worker processes (see ``_pool_context`` for how they start),
-and each worker's torch uses its share of the cores rather than all of them.
+and each worker's torch uses its share of the cores rather than all of them
+(``patcher.thread_budget``).
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from typing import Callable, Iterator
 
 from ..errors import OperationFailed
 from ..integrity.hash_writer import HashingWriter, hash_while_copying
-from ..integrity.hashing import HashResult, default_jobs
+from ..integrity.hashing import HashResult
 from ..integrity.source_digest import SourceDigest, single_source_in_order
+from .shard_pipeline import Pipeline, read_ahead
 from .tasks import ShardTask, TensorJob
+from .thread_budget import quiet_openmp, split
 
 # safetensors dtype name -> torch dtype attribute name
 _TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
@@ -64,21 +67,21 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
     that file's sha256 (``patcher.integrity.source_digest``), so that it is not read a second time.
 
     With ``jobs`` > 1 the shards are written by worker processes, one task each, the biggest
-    first. Left unset (None), ``jobs`` is the number of cores, except that less than
-    ``SMALL_COMPUTE`` bytes of computed tensors are written here, without workers. The first failure cancels the tasks not started yet and is raised once the running
-    ones end.
+    first. Left unset (None), ``patcher.thread_budget.split`` chooses, except that less than
+    ``SMALL_COMPUTE`` bytes of computed tensors are written here, without workers. The first
+    failure cancels the tasks not started yet and is raised once the running ones end.
     """
     computes = any(j.op != "copy" for t in tasks for j in t.jobs)
     if jobs is None and computes and sum(t.bytes_computed for t in tasks) < SMALL_COMPUTE:
         jobs = 1        # starting workers (each imports torch) would cost more than it saves
-    jobs = max(1, min(jobs or default_jobs(), len(tasks)))
+    jobs, threads = split(jobs, len(tasks), computes=computes)
     results = ShardResults({}, {})
     if jobs <= 1:
+        _use_threads(threads)
         for task in tasks:
             _collect(results, task, write_shard(task, staging / task.output, on_progress,
                                                 hash_sources))
         return results
-    threads = max(1, default_jobs() // jobs)
     context = _pool_context(computes)
     order = sorted(tasks, key=lambda t: t.file_size, reverse=True)
     with ProcessPoolExecutor(max_workers=jobs, mp_context=context,
@@ -127,8 +130,14 @@ def _pool_context(computes: bool):
 
 
 def _init_worker(threads: int, parent: int) -> None:
-    global _torch_threads
     _die_with(parent)
+    quiet_openmp()
+    _use_threads(threads)
+
+
+def _use_threads(threads: int) -> None:
+    """Give torch ``threads`` intra-op threads (now if it is loaded, else at its first use)."""
+    global _torch_threads
     _torch_threads = threads
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
@@ -155,12 +164,13 @@ def write_shard(task: ShardTask, target: Path,
                 on_progress: Callable[[int], None] | None = None,
                 hash_sources: frozenset[str] = frozenset()
                 ) -> tuple[str, str | None, HashResult | None]:
-    """Write ``task``'s shard to ``target`` (which must not exist).
+    """Write ``task``'s shard to ``target`` (which must not exist), reading, computing and
+    writing in a pipeline (``patcher.tensors.shard_pipeline``).
 
     Returns its sha256, and the task's source file with that file's digest if it is in
     ``hash_sources`` and could be hashed along the way (else None, None)."""
-    from .. import faults
-
+    if hasattr(task, "write"):          # a patcher.gguf.task.GGUFTask writes itself
+        return task.write(target, on_progress, hash_sources)
     header = task.header
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb", buffering=0) as raw:
@@ -168,36 +178,12 @@ def write_shard(task: ShardTask, target: Path,
         writer.write(header)
         if on_progress:
             on_progress(len(header))
-        writeback = _Writeback(fd)
         sources: dict[str, int] = {}
-        cache: dict = {}
         source = single_source_in_order(task)
-        digest = (SourceDigest(_fd(sources, source))
-                  if source is not None and source in hash_sources else None)
         try:
-            for group in _groups(task.jobs):
-                for job in group:
-                    faults.point(f"tensor:{job.out.name}")
-                before = writer.size
-                expected = sum(j.out.nbytes for j in group)
-                if group[0].op == "copy":
-                    first = group[0].inputs[0]
-                    copied = [0]
-
-                    def progress(n: int, copied=copied, before=before) -> None:
-                        copied[0] += n
-                        writeback(before + copied[0])
-
-                    hash_while_copying(_fd(sources, first.path), first.offset, expected, writer,
-                                       on_progress=progress, source_digest=digest)
-                else:
-                    _write_pieces(writer, _compute(group[0], sources, cache, task.device,
-                                                   digest), writeback)
-                if writer.size - before != expected:
-                    raise OperationFailed(f"wrote {writer.size - before} bytes, expected "
-                                          f"{expected}", where=target, tensor=group[0].out.name)
-                if on_progress:
-                    on_progress(expected)
+            digest = (SourceDigest(_fd(sources, source))
+                      if source is not None and source in hash_sources else None)
+            _write_jobs(task, writer, _Writeback(fd), sources, digest, on_progress, target)
             source_result = digest.result() if digest is not None else None
         finally:
             for src_fd in sources.values():
@@ -205,6 +191,59 @@ def write_shard(task: ShardTask, target: Path,
         os.fsync(raw.fileno())
         os.fchmod(raw.fileno(), 0o444)
     return writer.sha256, source if source_result else None, source_result
+
+
+def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict[str, int],
+                digest: SourceDigest | None, on_progress, target: Path) -> None:
+    """Every tensor of ``task`` after the header: the reader thread reads the sources of the
+    computed tensors (feeding ``digest``, in order), this thread computes, the writer thread
+    copies the unchanged ranges and writes the computed bytes, in shard order."""
+    from .. import faults
+
+    groups = list(_groups(task.jobs))
+    computed = [g[0] for g in groups if g[0].op != "copy"]
+    device, cache = task.device, {}
+    transfer = _transfer(device, computed)
+
+    def read(job: TensorJob):
+        if job.op == "quantize" and job.param("role") == "scale":
+            return None         # usually taken from the weight job's cache: read if needed
+        return transfer([_read(sources, s, digest, pinned=transfer.pinned) for s in job.inputs])
+
+    def store(group: list[TensorJob], data: memoryview | None) -> None:
+        before = writer.size
+        expected = sum(j.out.nbytes for j in group)
+        if data is None:
+            first = group[0].inputs[0]
+            copied = [0]
+
+            def progress(n: int) -> None:
+                copied[0] += n
+                writeback(before + copied[0])
+
+            hash_while_copying(_fd(sources, first.path), first.offset, expected, writer,
+                               on_progress=progress)
+        else:
+            _write_pieces(writer, data, writeback)
+        if writer.size - before != expected:
+            raise OperationFailed(f"wrote {writer.size - before} bytes, expected {expected}",
+                                  where=target, tensor=group[0].out.name)
+        if on_progress:
+            on_progress(expected)
+
+    with Pipeline() as pipeline:
+        reads = read_ahead(computed, read, pipeline)
+        for group in groups:
+            for job in group:
+                faults.point(f"tensor:{job.out.name}")
+            data = None
+            if group[0].op != "copy":
+                job, future = next(reads)
+                data = _compute(job, pipeline.take(future), sources, cache, device)
+                del future
+            pipeline.write(lambda group=group, data=data: store(group, data))
+            del data
+        pipeline.finish()
 
 
 def _groups(jobs: tuple[TensorJob, ...]) -> Iterator[list[TensorJob]]:
@@ -272,12 +311,12 @@ def _fd(sources: dict[str, int], path: str) -> int:
     return sources[path]
 
 
-def _read(sources: dict[str, int], src, digest: SourceDigest | None = None):
-    """A source tensor as a torch tensor (one read of its bytes, no mmap of the shard), fed to
-    ``digest`` too."""
+def _read(sources: dict[str, int], src, digest: SourceDigest | None = None, pinned=None):
+    """A source tensor as a CPU torch tensor (one read of its bytes, no mmap of the shard), fed
+    to ``digest`` too; read into ``pinned(nbytes)`` (page-locked memory) when given."""
     import torch
 
-    buf = bytearray(src.nbytes)
+    buf = pinned(src.nbytes) if pinned is not None else bytearray(src.nbytes)
     view, fd, offset = memoryview(buf), _fd(sources, src.path), src.offset
     while view:
         n = os.preadv(fd, [view], offset)
@@ -287,13 +326,32 @@ def _read(sources: dict[str, int], src, digest: SourceDigest | None = None):
     if digest is not None:
         digest.feed(src.offset, buf)
     dtype = getattr(torch, _TORCH_DTYPES[src.dtype])
-    if not buf:
+    if not src.nbytes:
         return torch.empty(src.shape, dtype=dtype)
     return torch.frombuffer(buf, dtype=dtype).reshape(src.shape)
 
 
-def _compute(job: TensorJob, sources: dict[str, int], cache: dict, device: str,
-             digest: SourceDigest | None = None) -> memoryview:
+def _transfer(device: str, computed: list[TensorJob]):
+    """What the reader does with the source tensors it read: nothing on the CPU; on CUDA, the
+    asynchronous copy to the GPU from pinned buffers (``patcher.tensors.cuda_transfer``)."""
+    if device == "cpu" or not computed:
+        return _OnCpu()
+    from .cuda_transfer import ToDevice
+
+    return ToDevice(device, max(sum(s.nbytes for s in j.inputs) for j in computed))
+
+
+class _OnCpu:
+    pinned = None
+
+    def __call__(self, tensors):
+        return tensors
+
+
+def _compute(job: TensorJob, inputs, sources: dict[str, int], cache: dict,
+             device: str) -> memoryview:
+    """The output bytes of ``job``; ``inputs``: its source tensors as read ahead (a
+    ``ToDevice`` handle on CUDA; None: read them here if the computation needs them)."""
     from .compute import compute
 
     global _torch_threads
@@ -302,8 +360,13 @@ def _compute(job: TensorJob, sources: dict[str, int], cache: dict, device: str,
 
         torch.set_num_threads(_torch_threads)
         _torch_threads = None
-    tensor = compute(job, lambda: [_read(sources, s, digest) for s in job.inputs], cache, device)
-    return _as_bytes(tensor)
+
+    def read_inputs():
+        if inputs is None:
+            return [_read(sources, s) for s in job.inputs]
+        return inputs.ready() if hasattr(inputs, "ready") else inputs
+
+    return _as_bytes(compute(job, read_inputs, cache, device))
 
 
 def _as_bytes(tensor) -> memoryview:

@@ -13,6 +13,7 @@ holding a newline) can add metadata.
 from __future__ import annotations
 
 import io
+import json
 import re
 from typing import Any
 
@@ -20,6 +21,12 @@ from ...errors import InputError
 from ...integrity.manifest import CHANGES_BYPRODUCT, Manifest
 
 CARD_NAME = "README.md"
+# The hub's README.md is the model card publish writes, not the variant's file. The variant's own
+# README.md (when it has one) travels under this name; pull puts it back and keeps the card
+# under .modelpatch/hub/, where verify does not look.
+ORIGINAL_README = "modelpatch-original-README.md"
+HUB_FILES = ".modelpatch/hub"                  # what pull sets aside: the hub's, not the variant's
+HUB_CARD_COPY = f"{HUB_FILES}/README.md"
 BEGIN, END = "<!-- modelpatch:begin -->", "<!-- modelpatch:end -->"
 _SECTION = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
 # Front matter as huggingface_hub's ModelCard finds it: a leading ``---`` line, then up to the
@@ -58,10 +65,23 @@ def change_lines(changes: list[dict], limit: int = 40) -> list[str]:
             lines.append(f"- tensor `{c['tensor']}`: {kind.split('_')[1]}{extra}")
         elif kind in ("file_dropped", "file_added"):
             lines.append(f"- file `{c['file']}`: {kind.split('_')[1]}")
+        elif kind == "gguf_metadata":
+            lines.append(_gguf_metadata_line(c))
     if len(lines) > limit:
         lines = lines[:limit] + [f"- ... and {len(lines) - limit} more (see "
                                  f"`modelpatch.provenance.json`)"]
     return lines
+
+
+def _gguf_metadata_line(c: dict) -> str:
+    """A GGUF metadata change (``patcher.gguf.metadata``); long values cut to one short line."""
+    if c["op"] == "rename":
+        return f"- GGUF metadata `{c['key']}`: renamed -> `{c['to']}`"
+    if c["op"] == "drop":
+        return f"- GGUF metadata `{c['key']}`: dropped"
+    value = json.dumps(c.get("after"), ensure_ascii=False).replace("`", "'")
+    value = value if len(value) <= 60 else value[:50] + "..."
+    return f"- GGUF metadata `{c['key']}`: set to `{value}`"
 
 
 def _yaml():

@@ -18,6 +18,7 @@ Endpoints (``{type}`` is ``models`` or ``datasets``; ``[datasets/]`` prefixes da
     POST   /api/{type}/{repo}/tag/{rev}          DELETE /api/{type}/{repo}/tag/{tag}
     PUT    /api/{type}/{repo}/settings
     POST   /api/{type}/{repo}/preupload/{rev}    POST /api/{type}/{repo}/commit/{rev}
+    POST   /api/{type}/{repo}/lfs-files/duplicate (cross-repo LFS copies: routes_copy.py)
     POST   /[datasets/]{repo}.git/info/lfs/objects/batch
     PUT    /[datasets/]{repo}.git/info/lfs/objects/upload/{oid}/{size}?expires=&sig=
     POST   /[datasets/]{repo}.git/info/lfs/objects/verify
@@ -53,10 +54,11 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise HubError("the embedded hub needs Starlette and uvicorn",
                    hint="pip install -e '.[hub]' in the modelpatch checkout") from exc
 
-from . import routes_files, routes_repo, routes_upload
+from . import routes_copy, routes_files, routes_repo, routes_upload
 from ..request_errors import BadRequest, HubRequestError
 from ..store.storage import Store
 from .tokens import TokenTable
+from .traffic import CountBytes, Traffic
 from .web import Hub, UrlSigner, error_response, escape_controls, new_signing_key
 
 log = logging.getLogger("modelpatch.hub")
@@ -86,6 +88,7 @@ _ROUTES: list[tuple[frozenset[str], str, Handler]] = [
     ({"PUT"}, _API + r"/settings", routes_repo.update_settings),
     ({"POST"}, _API + rf"/preupload/(?P<rev>{_SEG})", routes_upload.preupload),
     ({"POST"}, _API + rf"/commit/(?P<rev>{_SEG})", routes_upload.commit),
+    ({"POST"}, _API + r"/lfs-files/duplicate", routes_copy.duplicate),
     ({"GET", "POST"}, _API + rf"/xet-(?:read|write)-token/(?P<rev>{_SEG})", routes_upload.no_xet),
     ({"POST"}, _GIT + r"/batch", routes_upload.lfs_batch),
     ({"PUT"}, _GIT + rf"/upload/(?P<oid>{_SEG})/(?P<size>{_SEG})", routes_upload.lfs_upload),
@@ -211,10 +214,12 @@ def create_app(root: Path) -> Starlette:
     if len(tokens) == 0:
         log.warning("no tokens in %s: public repos are readable, nothing is writable",
                     root / "tokens.json")
+    traffic = Traffic()
     app = Starlette(
         routes=[Route("/{path:path}", _EveryMethod())],
-        middleware=[Middleware(_AccessLog)],
+        middleware=[Middleware(_AccessLog), Middleware(CountBytes, traffic=traffic)],
     )
+    app.state.traffic = traffic
     app.state.hub = Hub(store=store, tokens=tokens, signer=UrlSigner(key))
     return app
 

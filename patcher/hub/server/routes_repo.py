@@ -16,6 +16,7 @@ from ..store.naming import DEFAULT_BRANCH, REPO_KINDS, split_repo_id
 from ..store.records import Commit, RepoMeta
 from ..request_errors import BadRequest, EntryNotFound, PayloadTooLarge, Unauthorized
 from ..store.storage import Store
+from .routes_copy import copy_handle
 from .web import (INVALID_CREDENTIALS, LIST_BODY_LIMIT, Hub, in_thread, read_form_or_json,
                   read_json_object, repo_url, require_write, truthy)
 
@@ -244,6 +245,8 @@ def _path_entries(tree: dict[str, dict[str, Any]], paths: list[str]) -> list[dic
     for path in dict.fromkeys(raw.strip("/") for raw in paths):
         if path in tree:
             out.append(file_entry(path, tree[path]))
+            if tree[path]["lfs"]:      # the handle a cross-repo copy names it by (routes_copy)
+                out[-1]["xetHash"] = copy_handle(tree[path]["sha256"])
         elif path in folders:
             out.append(folder_entry(path, tree))
     return out

@@ -1,0 +1,143 @@
+"""A metadata-only GGUF patch (a new chat template), side by side with ``cp``, ``sha256sum`` and
+gguf-py's own ``gguf_new_metadata.py`` on the same file and change.
+
+    PYTHONPATH=. python benchmarks/bench_gguf.py --gb 2 --rounds 3 --workdir /var/tmp/mpg
+
+Needs gguf-py (``pip install -e '.[gguf]'``). The file is generated once (F16 tensors of 64 MiB
+from one random block) and kept in the workdir. Every command runs ``--rounds`` times in turn
+after one warm-up round (page cache warm: the numbers compare the work each tool does, not the
+disk); the report prints medians and the ratio to ``cp``. Output goes to ``--report`` (markdown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+TENSOR_MIB = 64
+# the hasher modelpatch uses (OpenSSL through hashlib), over an mmap as hash_writer.py does
+HASHLIB = ("import hashlib, mmap, sys\nf = open(sys.argv[1], 'rb')\n"
+           "m = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))\n"
+           "h = hashlib.sha256()\nfor o in range(0, len(m), 64 << 20): h.update(m[o:o + (64 << 20)])")
+
+
+def make_gguf(path: Path, gb: float) -> None:
+    import gguf
+
+    n = max(1, int(gb * 1024 / TENSOR_MIB))
+    rows = TENSOR_MIB * 1024 * 1024 // 2 // 4096
+    block = np.random.default_rng(0).standard_normal((rows, 4096)).astype(np.float16)
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(n)
+    w.add_context_length(4096)
+    w.add_token_list([f"tok{i}" for i in range(32000)])
+    w.add_chat_template("{{ messages }}")
+    for i in range(n):
+        w.add_tensor_info(f"blk.{i}.ffn_up.weight", block.shape, block.dtype, block.nbytes)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for _ in range(n):
+        w.write_tensor_data(block)
+    w.close()
+
+
+def commands(work: Path, base: Path) -> dict[str, tuple[list[str], Path]]:
+    tmpl = work / "chat_template.jinja"
+    tmpl.write_text(TEMPLATE)
+    recipe = work / "chat.yaml"
+    recipe.write_text("modelpatch: 1\nname: chat\ndescription: new template\ngguf:\n"
+                      "  metadata:\n    - {set: tokenizer.chat_template, from: chat_template.jinja}\n")
+    new_meta = Path(__import__("gguf").__file__).parent / "scripts" / "gguf_new_metadata.py"
+    out = work / "out"
+    mp = [sys.executable, "-m", "patcher.cli", "-q", "apply", str(recipe), str(base), "-o",
+          str(out)]
+    return {
+        "cp": (["cp", str(base / "model.gguf"), str(out / "model.gguf")], out),
+        "sha256sum": (["sha256sum", str(base / "model.gguf")], None),
+        # the issue's yardstick: one copy plus one sha256, and a copy made durable (modelpatch
+        # fsyncs what it writes; cp and gguf_new_metadata.py do not)
+        "cp, then sha256sum": (["sh", "-c", 'cp "$0" "$1" && sha256sum "$1" >/dev/null',
+                                str(base / "model.gguf"), str(out / "model.gguf")], out),
+        "cp, then sync": (["sh", "-c", 'cp "$0" "$1" && sync "$1"', str(base / "model.gguf"),
+                           str(out / "model.gguf")], out),
+        "python hashlib sha256": ([sys.executable, "-c", HASHLIB, str(base / "model.gguf")],
+                                  None),
+        "modelpatch apply": (mp + ["FRESH_CACHE"], out),
+        "gguf_new_metadata.py": ([sys.executable, str(new_meta), str(base / "model.gguf"),
+                                  str(out / "model.gguf"), "--chat-template-file", str(tmpl),
+                                  "--force"], out),
+    }
+
+
+def run_once(argv: list[str], out: Path | None, work: Path) -> float:
+    """Seconds ``argv`` takes; ``FRESH_CACHE`` at its end: with an empty digest cache (the base
+    is hashed as on a first apply)."""
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}",
+           "MODELPATCH_CACHE_DIR": str(work / "digest-cache")}
+    if argv[-1] == "FRESH_CACHE":
+        argv = argv[:-1]
+        shutil.rmtree(work / "fresh-cache", ignore_errors=True)
+        env["MODELPATCH_CACHE_DIR"] = str(work / "fresh-cache")
+    if out is not None:
+        shutil.rmtree(out, ignore_errors=True)
+        if "patcher.cli" not in argv:
+            out.mkdir()
+    start = time.perf_counter()
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, env=env)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gb", type=float, default=2.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workdir", type=Path, default=Path("/var/tmp/modelpatch-bench-gguf"))
+    ap.add_argument("--report", type=Path, default=REPO / "benchmarks" / "report" / "gguf.md")
+    args = ap.parse_args()
+    base = args.workdir / "base"
+    base.mkdir(parents=True, exist_ok=True)
+    if not (base / "model.gguf").exists():
+        make_gguf(base / "model.gguf", args.gb)
+    size = (base / "model.gguf").stat().st_size
+    cmds = commands(args.workdir, base)
+    times: dict[str, list[float]] = {name: [] for name in cmds}
+    for round_no in range(args.rounds + 1):
+        for name, (argv, out) in cmds.items():
+            t = run_once(argv, out, args.workdir)
+            if round_no:
+                times[name].append(t)
+    shutil.rmtree(args.workdir / "out", ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    lines = [f"# GGUF metadata-only patch: new chat template, {size / 2**30:.2f} GiB file",
+             "", f"{args.rounds} rounds after a warm-up, page cache warm, medians; "
+             f"{os.cpu_count()} CPUs.", "",
+             "| command | median s | GiB/s | x cp |", "|---|---:|---:|---:|"]
+    for name, t in med.items():
+        lines.append(f"| {name} | {t:.2f} | {size / 2**30 / t:.2f} | {t / med['cp']:.2f} |")
+    yardstick = med["cp, then sync"] + 2 * med["python hashlib sha256"]
+    lines += ["", f"modelpatch apply / (cp, then sync + 2 x hashlib sha256) = "
+              f"{med['modelpatch apply'] / yardstick:.2f}; "
+              f"/ (cp, then sha256sum) = {med['modelpatch apply'] / med['cp, then sha256sum']:.2f}.",
+              "", "`modelpatch apply` (empty digest cache: the base's digest is unknown) writes "
+              "the new file with one kernel copy (copy_file_range) and hashes the same mapped "
+              "bytes twice, for the output's sha256 and the base's (manifest and revert data), "
+              "then fsyncs and writes the manifest. `gguf_new_metadata.py` reads with GGUFReader, "
+              "writes with GGUFWriter, neither hashes nor fsyncs, and records nothing.", ""]
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    args.report.write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

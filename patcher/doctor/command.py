@@ -1,0 +1,61 @@
+"""The ``modelpatch doctor`` command (registered on the main group by ``patcher.cli``)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command()
+@click.argument("model")
+@click.option("--engine", default=None, metavar="NAME[==VERSION]",
+              help="vllm, sglang or transformers, with ==VERSION or else the installed version.")
+@click.option("--gpu", default=None, metavar="smNN|auto",
+              help="Compute capability (sm90, sm120, 8.9) or auto (torch, then nvidia-smi).")
+@click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=str),
+              help="A directory of extra rule files (*.yaml); may be repeated.")
+@click.option("--fix", is_flag=True,
+              help="Apply the fixing recipes as one verified variant, then diagnose it.")
+@click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
+              help="With --fix: where to write the variant.")
+@click.option("--in-place", is_flag=True, help="With --fix: patch MODEL itself (revertible).")
+@click.option("--endpoint", default=None, envvar="HF_ENDPOINT",
+              help="Hub URL for hf://ORG/NAME[@REV] (default: huggingface.co, or $HF_ENDPOINT).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+@click.pass_context
+def doctor(ctx, model, engine, gpu, rules_dirs, fix, out, in_place, endpoint, as_json):
+    """Check MODEL (a directory or hf://ORG/NAME[@REV], read without its tensor data) against
+    an engine version and GPU. Exit 1 when a blocker is found (after --fix: when one remains)."""
+    from .. import api
+    from .diagnose import render
+    from .fix import apply_fixes, fixing_recipes
+
+    if (out or in_place) and not fix:
+        raise click.UsageError("-o/--output and --in-place go with --fix")
+    if in_place and out:
+        raise click.UsageError("--in-place and -o/--output exclude each other")
+    if in_place and model.startswith(api.HF_SCHEME):
+        raise click.UsageError("--in-place cannot patch a hub model (it would change the "
+                               "download cache); give -o OUT or nothing")
+    report = api.doctor(model, engine=engine, gpu=gpu, rules=rules_dirs, endpoint=endpoint)
+    final = report
+    recipes = fixing_recipes(report) if fix else []
+    if recipes:
+        quiet = bool((ctx.find_root().obj or {}).get("quiet"))
+        fixed = apply_fixes(model, recipes, out=out, in_place=in_place, endpoint=endpoint,
+                            progress=not quiet)
+        final = api.doctor(fixed, engine=engine, gpu=gpu, rules=rules_dirs)
+        report["fix"] = {"recipes": recipes, "output": str(fixed), "after": final}
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(render(report))
+        if "remote" in report:
+            from ..remote.model import describe_transfer
+
+            click.echo(describe_transfer(report["remote"]))
+        if recipes:
+            click.echo(f"\nfixed with {', '.join(recipes)}: {final['model']}")
+            click.echo(render(final))
+    ctx.exit(1 if final["blockers"] else 0)

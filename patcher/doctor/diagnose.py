@@ -1,0 +1,132 @@
+"""``doctor``: the rules that hold for a model on a target engine and GPU, as findings.
+
+Each finding carries its severity, one line, the evidence (the engine's source or a public
+issue/PR, with the versions it applies to) and the recipe that fixes it. Rules that needed a fact
+the user did not give (``--engine``, ``--gpu``) are listed as not checked, never as passed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config.json_pointer import MISSING, resolve
+from ..model.model_dir import ModelDir
+from .rules import Rule, evaluate
+from .target import Target
+
+MODEL_FACTS = "@model"
+
+
+class _LazyFacts(dict):
+    """A JSON object whose members are computed when a rule first reads them (the guard
+    evaluator reads objects with ``get``): importing transformers costs seconds."""
+
+    def __init__(self, makers: dict):
+        super().__init__()
+        self._makers = makers
+
+    def get(self, key, default=None):
+        if key in self._makers and not super().__contains__(key):
+            self[key] = self._makers[key]()
+        return super().get(key, default)
+
+
+def model_facts(model: ModelDir) -> dict:
+    """What rules read as the file ``@model``: facts derived from the whole model.
+
+    ``quantization``: inspect's summary (``disagreements`` between config.json and
+    hf_quant_config.json among it); ``native_model_type``: whether the installed transformers
+    has a native class for config.json's model_type (None without transformers);
+    ``tensor_count``: tensors the model loads; ``tensor_groups``: their count per module group
+    of ``inspect`` (only groups that have tensors: ``/tensor_groups/lm_head`` exists or not);
+    ``unloaded_shards``: safetensors files the model does not load (not in its index)."""
+    from ..model.inspect_model import quantization_summary
+
+    return _LazyFacts({
+        "quantization": lambda: quantization_summary(model),
+        "native_model_type": lambda: _transformers_knows(model.config.get("model_type")),
+        "tensor_count": lambda: len(model.tensor_shards),
+        "tensor_groups": lambda: _tensor_groups(model),
+        "unloaded_shards": lambda: sorted(set(model.shards) - set(model.model_shards))})
+
+
+def _tensor_groups(model: ModelDir) -> dict[str, int]:
+    from collections import Counter
+
+    from ..model.inspect_model import module_group
+
+    return dict(Counter(module_group(name) for name in model.tensor_shards))
+
+
+def _transformers_knows(model_type: Any) -> bool | None:
+    """Whether the installed transformers has a native class for ``model_type`` (None: no
+    transformers here, or no model_type)."""
+    if not isinstance(model_type, str):
+        return None
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    except ImportError:
+        return None
+    return model_type in CONFIG_MAPPING_NAMES
+
+
+def diagnose(model: ModelDir, target: Target, rules: list[Rule]) -> dict:
+    """The doctor report: findings (blockers first), rules not checked, the target."""
+    facts = None
+
+    def read(file: str) -> Any:
+        nonlocal facts
+        if file == MODEL_FACTS:
+            facts = facts if facts is not None else model_facts(model)
+            return facts
+        return model.json(file)
+
+    findings, not_checked = [], []
+    for rule in rules:
+        missing: set[str] = set()
+        if evaluate(rule.when, read, target, missing):
+            findings.append(_finding(rule, read))
+        elif missing:
+            not_checked.append({"rule": rule.id, "needs": sorted(missing)})
+    findings.sort(key=lambda f: ("blocker", "warning", "info").index(f["severity"]))
+    return {"model": str(model.root), "target": target.facts(), "findings": findings,
+            "not_checked": not_checked,
+            "blockers": sum(f["severity"] == "blocker" for f in findings)}
+
+
+def _finding(rule: Rule, read) -> dict:
+    details = None
+    if rule.details is not None:
+        value = resolve(read(MODEL_FACTS), rule.details)
+        details = None if value is MISSING else value
+    return {"rule": rule.id, "severity": rule.severity, "summary": rule.summary,
+            "details": details, "evidence": list(rule.evidence), "fix": rule.fix,
+            "source": rule.source}
+
+
+def render(report: dict) -> str:
+    t = report["target"]
+    engine = f"{t['engine']}=={t['engine_version']}" if t["engine"] else "no engine given"
+    lines = [f"model      {report['model']}",
+             f"target     {engine}, {t['gpu'] or 'no GPU given'}"]
+    for f in report["findings"]:
+        lines.append(f"{f['severity'].upper():<10} {f['rule']}: {f['summary']}")
+        if f["details"]:
+            shown = f["details"] if isinstance(f["details"], list) else [f["details"]]
+            lines += [f"{'':<11}- {d}" for d in shown]
+        for e in f["evidence"]:
+            lines.append(f"{'':<11}evidence: {e['source']} ({e['versions']})")
+        if f["fix"]:
+            params = f["fix"].get("params") or {}
+            with_params = "".join(f" --set {k}={v}" for k, v in params.items())
+            lines.append(f"{'':<11}fix: modelpatch apply {f['fix']['recipe']}{with_params} MODEL"
+                         f"  (or doctor --fix)")
+    for n in report["not_checked"]:
+        needs = ["--engine NAME==VERSION" if "engine_version" in n["needs"] else "--engine"
+                 ] if {"engine", "engine_version"} & set(n["needs"]) else []
+        needs += ["--gpu"] if "gpu" in n["needs"] else []
+        lines.append(f"{'not run':<10} {n['rule']}: needs {' and '.join(needs)}")
+    blockers = report["blockers"]
+    lines.append(f"{len(report['findings'])} finding(s), {blockers} blocker(s)"
+                 if report["findings"] else "no findings")
+    return "\n".join(lines)

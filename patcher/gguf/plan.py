@@ -1,0 +1,227 @@
+"""Planning a recipe's ``gguf:`` section: metadata edits and tensor drops/renames per file.
+
+Metadata ops apply to the file that holds the model's metadata (the single file, or the first
+file of a split set); tensor ops to every file. A file is rewritten only if something in it
+changes; kept tensor data is copied byte for byte (no requantization).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from collections import Counter
+
+from ..errors import GuardRefused, PlanError
+from ..plan import Action, FilePlan
+from ..recipe.regex_bound import per_name
+from .files import SPLIT_TENSORS, GGUFModel, gguf_models
+from .format import ARRAY, KeyValue, TensorInfo, encode_header, encode_value, layout
+from .metadata import apply_meta_op, arch_key, check_rope_known, describe
+from .recipe_section import GGUFSection, TensorOp
+from .task import GGUFTask
+
+_BLOCK = re.compile(r"blk\.(\d+)\.")
+
+
+def plan_gguf(recipe, model, changes: list[dict],
+              max_shard_size: int | None = None) -> dict[str, FilePlan]:
+    section: GGUFSection = recipe.gguf
+    # A multimodal projector (mmproj) or a LoRA adapter beside the model is not the model:
+    # general.type says which is which (gguf-py's GGUFType), and recipes leave those alone.
+    models = [gm for gm in gguf_models(model) if gm.first.get("general.type") in (None, "model")]
+    if not models:
+        raise PlanError("the recipe has a gguf: section but the model has no .gguf model file "
+                        "(mmproj and adapter files are left alone)", where=model.root)
+    if max_shard_size and not model.shards:
+        raise PlanError("--max-shard-size reshards safetensors; a GGUF keeps its split layout",
+                        where=model.root, hint="llama.cpp's gguf-split splits or merges GGUFs")
+    out: dict[str, FilePlan] = {}
+    for gm in models:
+        out.update(_plan_model(recipe, section, model, gm, changes))
+    return out
+
+
+def _plan_model(recipe, section: GGUFSection, model, gm: GGUFModel, changes) -> dict:
+    arch = gm.architecture
+    if arch is None:
+        raise PlanError("general.architecture is missing or not a string",
+                        where=model.root / gm.files[0])
+    for op in section.metadata:
+        if ".rope.scaling." in op.key:
+            check_rope_known(gm.first.kv, arch, op.loc)
+    _check_guards(recipe, section, gm, arch)
+    first_kv = dict(gm.first.kv)
+    meta_lines: list[str] = []
+    for op in section.metadata:
+        apply_meta_op(op, first_kv, arch, recipe, model, meta_lines, changes, gm.files[0])
+    kept = [dict(h.tensors) for h in gm.headers]
+    renamed: dict[str, str] = {}
+    if section.strip_nextn:
+        _strip_nextn(gm, arch, first_kv, kept, changes, meta_lines, section.loc)
+    block_count = first_kv.get(f"{arch}.block_count")
+    for op in section.tensors:
+        _tensor_op(op, gm, kept, renamed, block_count.value if block_count else None, changes)
+    kvs = [first_kv] + [dict(h.kv) for h in gm.headers[1:]]
+    if len(gm.headers) > 1:
+        _count_split_tensors(kvs, sum(len(k) for k in kept), changes, section.loc)
+    plans = {}
+    for i, (rel, header) in enumerate(zip(gm.files, gm.headers)):
+        if kvs[i] == header.kv and list(kept[i]) == list(header.tensors) and not any(
+                n in renamed for n in kept[i]):
+            continue
+        task = _task(model, rel, header, kvs[i], kept[i], renamed)
+        lines = (meta_lines if i == 0 else []) + [
+            f"# {rel}: {note}\n" for note in task.changed if note.startswith("header fits")]
+        plans[rel] = FilePlan(rel, Action.REWRITE_SHARD, source=rel,
+                              size_before=header.file_size, size_after=task.file_size,
+                              diff="".join(lines) or None, shard_task=task)
+    return plans
+
+
+def _count_split_tensors(kvs: list[dict[str, KeyValue]], total: int, changes: list[dict],
+                         loc: str) -> None:
+    """Every file of a split set says how many tensors the set holds."""
+    before = kvs[0][SPLIT_TENSORS]
+    if before.value == total:
+        return
+    for kv in kvs:
+        kv[SPLIT_TENSORS] = KeyValue(SPLIT_TENSORS, before.vtype,
+                                     encode_value(before.vtype, total))
+    changes.append({"kind": "gguf_metadata", "op": "set", "key": SPLIT_TENSORS,
+                    "before": before.value, "after": total, "recipe_line": loc})
+
+
+def _task(model, rel: str, header, kv: dict[str, KeyValue], kept: dict[str, TensorInfo],
+          renamed: dict[str, str]) -> GGUFTask:
+    alignment = header.alignment
+    tensors = [TensorInfo(renamed.get(n, n), t.shape, t.ggml_type, t.offset, t.nbytes)
+               for n, t in kept.items()]
+    placed = layout(tensors, alignment)
+    head = encode_header(list(kv.items()), placed, alignment)
+    notes = ()
+    same_data = [(t.name, t.offset) for t in placed] == [(t.name, t.offset) for t in
+                                                         header.tensors.values()]
+    if same_data and len(head) <= header.data_offset:
+        # The new metadata fits before the old data section: pad to it, and every tensor keeps
+        # its offset (only the header region differs from the base).
+        notes = (f"header fits the base's header region ({len(head)} of "
+                 f"{header.data_offset} bytes): the tensor data keeps its offsets",)
+        head = head + b"\0" * (header.data_offset - len(head))
+    copies = []
+    for i, (src, dst) in enumerate(zip(kept.values(), placed)):
+        end = dst.offset + dst.nbytes
+        nxt = placed[i + 1].offset if i + 1 < len(placed) else -(-end // alignment) * alignment
+        copies.append((dst.name, header.data_offset + src.offset, src.nbytes, nxt - end))
+    changed = tuple(f"rename {old} -> {new}" for old, new in renamed.items() if old in kept)
+    return GGUFTask(rel, str(model.files[rel].path), head, tuple(copies), changed + notes)
+
+
+def _check_guards(recipe, section: GGUFSection, gm: GGUFModel, arch: str) -> None:
+    for guard in section.requires:
+        key = arch_key(guard.key, arch)
+        kv = gm.first.kv.get(key)
+        problem = None
+        if kv is None:
+            if guard.exists is True or not (guard.missing_ok or guard.exists is False):
+                problem = f"{key} is missing"
+        elif guard.exists is False:
+            problem = f"{key} is present"
+        elif guard.one_of is not None and kv.value not in guard.one_of:
+            problem = f"{key} is {kv.value!r}, not one of {json.dumps(list(guard.one_of))}"
+        elif guard.equals is not None and kv.value != guard.equals:
+            problem = f"{key} is {kv.value!r}, not {guard.equals!r}"
+        if problem:
+            raise GuardRefused(f"recipe {recipe.name!r} refuses this model: "
+                               f"{guard.message or problem} ({guard.loc})")
+
+
+def _selected(op: TensorOp, name: str, block_count: int | None) -> bool:
+    sel = op.select
+    if sel.glob is not None and not fnmatch.fnmatchcase(name, sel.glob):
+        return False
+    if sel.regex is not None and not sel.regex.search(name):
+        return False
+    if sel.layers is not None:
+        m = _BLOCK.match(name)
+        if not m:
+            return False
+        block = int(m[1])
+        first, last, last_n = sel.layers
+        if last_n is not None:
+            if block_count is None:
+                raise PlanError("layers: last:N needs {arch}.block_count in the metadata",
+                                where=op.loc)
+            return block >= block_count - last_n
+        return block >= first and (last is None or block <= last)
+    return True
+
+
+def _tensor_op(op: TensorOp, gm, kept, renamed, block_count, changes) -> None:
+    hits = 0
+    with per_name("gguf tensor select", op.loc) as clock:
+        for i, tensors in enumerate(kept):
+            for name in list(tensors):
+                current = renamed.get(name, name)
+                clock.start(current)
+                if not _selected(op, current, block_count):
+                    continue
+                hits += 1
+                t = tensors[name]
+                if op.drop:
+                    del tensors[name]
+                    changes.append(_dropped(t, current, gm.files[i], op.loc))
+                    continue
+                new = op.rename[0].sub(op.rename[1], current)
+                if new != current:
+                    renamed[name] = new
+                    changes.append({"kind": "tensor_renamed", "tensor": current, "to": new,
+                                    "shard": gm.files[i], "before": _layout(t),
+                                    "after": _layout(t), "recipe_line": op.loc})
+    if hits == 0:
+        raise PlanError("selects no tensor", where=op.loc)
+    counts = Counter(renamed.get(n, n) for k in kept for n in k)
+    dup = sorted(n for n, c in counts.items() if c > 1)
+    if dup:
+        raise PlanError(f"the renames give two tensors the name {dup[0]!r}", where=op.loc)
+
+
+def _strip_nextn(gm, arch, kv, kept, changes, meta_lines, loc) -> None:
+    """Drop the MTP/nextn blocks (the last ``{arch}.nextn_predict_layers`` blocks, as
+    llama.cpp's convert_hf_to_gguf.py appends them) and lower ``{arch}.block_count`` to match;
+    per-layer arrays are cut to the new count and the nextn key set to 0."""
+    n_key, b_key = f"{arch}.nextn_predict_layers", f"{arch}.block_count"
+    n = kv[n_key].value if n_key in kv else 0
+    if not n:
+        raise PlanError(f"strip_nextn: {n_key} is missing or 0: this GGUF has no MTP/nextn "
+                        "layers to drop", where=loc)
+    blocks = kv[b_key].value
+    first_nextn = blocks - n
+    for i, tensors in enumerate(kept):
+        for name in list(tensors):
+            m = _BLOCK.match(name)
+            if m and int(m[1]) >= first_nextn:
+                changes.append(_dropped(tensors.pop(name), name, gm.files[i], loc))
+    for key, new in ((b_key, first_nextn), (n_key, 0)):
+        old = kv[key]
+        kv[key] = KeyValue(key, old.vtype, encode_value(old.vtype, new))
+        meta_lines.append(describe(key, old, kv[key]))
+        changes.append({"kind": "gguf_metadata", "op": "set", "key": key, "before": old.value,
+                        "after": new, "recipe_line": loc})
+    for key, old in list(kv.items()):
+        if key.startswith(f"{arch}.") and old.vtype == ARRAY and old.count == blocks:
+            kv[key] = KeyValue(key, ARRAY, encode_value(ARRAY, old.value[:first_nextn],
+                                                        old.item_type), old.item_type, first_nextn)
+            meta_lines.append(describe(key, old, kv[key]))
+            changes.append({"kind": "gguf_metadata", "op": "set", "key": key,
+                            "before": f"array of {blocks}", "after": f"array of {first_nextn}",
+                            "recipe_line": loc})
+
+
+def _layout(t: TensorInfo) -> dict:
+    return {"dtype": t.type_name, "shape": list(reversed(t.shape))}
+
+
+def _dropped(t: TensorInfo, name: str, shard: str, loc: str) -> dict:
+    return {"kind": "tensor_dropped", "tensor": name, "shard": shard, "before": _layout(t),
+            "after": None, "recipe_line": loc}

@@ -1,0 +1,81 @@
+"""Writing one GGUF file: the new header, then every kept tensor's bytes copied in bulk.
+
+A ``GGUFTask`` rides in a plan's ``rewrite-shard`` entry like a safetensors ``ShardTask`` and is
+written by the same shard writer (``patcher.tensors.shard_writer.write_shard`` hands it to
+``GGUFTask.write``): the output is hashed as it is written, the source ranges are copied by the
+kernel (``copy_file_range``) and hashed from the page cache in the same pass.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..errors import OperationFailed
+
+
+@dataclass(frozen=True)
+class GGUFTask:
+    output: str                              # relpath
+    source_path: str                         # absolute path of the base file
+    header: bytes                            # already padded to the alignment
+    copies: tuple[tuple[str, int, int, int], ...]   # (tensor, abs offset, nbytes, padding)
+    changed: tuple[str, ...] = ()            # summary lines
+    jobs: tuple = ()                         # no computed tensors: no worker needs torch
+    device: str = "cpu"
+
+    @property
+    def file_size(self) -> int:
+        return len(self.header) + sum(n + pad for _, _, n, pad in self.copies)
+
+    @property
+    def bytes_copied(self) -> int:
+        return sum(n for _, _, n, _ in self.copies)
+
+    bytes_computed = 0
+
+    def summary(self) -> dict:
+        return {"tensors": len(self.copies), "bytes_copied": self.bytes_copied,
+                "bytes_computed": 0, "changed": list(self.changed)}
+
+    def write(self, target: Path, on_progress: Callable[[int], None] | None = None,
+              hash_sources: frozenset[str] = frozenset()) -> tuple[str, str | None, object]:
+        """Write the file to ``target`` (which must not exist). Returns its sha256 and, when the
+        source is in ``hash_sources`` and its tensors are read in ascending order, the source
+        path with its digest, computed from the same reads (``patcher.integrity.source_digest``)."""
+        from .. import faults
+        from ..integrity.hash_writer import HashingWriter, hash_while_copying
+        from ..integrity.source_digest import SourceDigest
+
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb", buffering=0) as raw:
+            writer = HashingWriter(raw)
+            writer.write(self.header)
+            if on_progress:
+                on_progress(len(self.header))
+            src = os.open(self.source_path, os.O_RDONLY)
+            try:
+                digest = SourceDigest(src) if self._hash_source(hash_sources) else None
+                for name, offset, nbytes, pad in self.copies:
+                    faults.point(f"tensor:{name}")
+                    hash_while_copying(src, offset, nbytes, writer, on_progress=on_progress,
+                                       source_digest=digest)
+                    if pad:
+                        writer.write(b"\0" * pad)
+                source_result = digest.result() if digest is not None else None
+            finally:
+                os.close(src)
+            if writer.size != self.file_size:
+                raise OperationFailed(f"wrote {writer.size} bytes, expected {self.file_size}",
+                                      where=target)
+            os.fsync(raw.fileno())
+            os.fchmod(raw.fileno(), 0o444)
+        if source_result is None:
+            return writer.sha256, None, None
+        return writer.sha256, self.source_path, source_result
+
+    def _hash_source(self, hash_sources: frozenset[str]) -> bool:
+        offsets = [offset for _, offset, _, _ in self.copies]
+        return self.source_path in hash_sources and offsets == sorted(offsets)

@@ -1,0 +1,198 @@
+"""``publish``: verify a variant and commit it to a hub repository in one commit.
+
+The variant is checked against its provenance manifest, the repository created (private by
+default), and the variant committed without the revert data under ``.modelpatch/``, with a model
+card naming the base and the recipe. Files the base repository already holds are copied
+server-side instead of uploaded (``server_copies.py``); the plan (bytes copied, bytes uploaded,
+and why any file that could have been copied is uploaded) is printed first, or alone with
+``plan_only``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import VerifyMismatch
+from ...integrity.manifest import read_manifest
+from ...model.model_dir import MANIFEST_NAME
+from ...integrity.patch_record import patch_dirs, read_record
+from .connection import check_endpoint, check_repo_id, client, hub_call, progress_bars
+from .model_card import CARD_NAME, ORIGINAL_README, render_card
+from .server_copies import TransferPlan, plan_transfer
+
+log = logging.getLogger("modelpatch")
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    repo_id: str
+    revision: str
+    commit: str | None                 # None for a plan only
+    files: int
+    plan: TransferPlan
+
+
+def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None = None,
+            private: bool = True, revision: str | None = None,
+            message: str | None = None, progress: bool = True,
+            base_model: str | None = None, plan_only: bool = False) -> PublishResult:
+    """Upload the variant at ``directory`` to ``repo_id`` in one commit (``progress=False``:
+    no progress bars; ``plan_only``: decide what to copy and upload, change nothing). The card's
+    ``base_model`` is ``base_model`` if given, else what the variant records or its base's path
+    says (``patcher.base_identity``), else left out."""
+    from ...model.base_identity import check_repo_id as check_base_model
+    from ...execute.locking import lock_directory
+    from ...integrity.verify import verify_dir
+
+    check_endpoint(endpoint)                      # bad usage, before hashing the variant
+    check_repo_id(repo_id)
+    if base_model is not None:
+        check_base_model(base_model)
+    root = Path(directory)
+    with lock_directory(root, exclusive=False):   # no in-place patch between verify and upload
+        report = verify_dir(root)
+        if not report.ok:
+            raise VerifyMismatch(f"refusing to publish a variant that does not verify: "
+                                 f"{report.summary()}", where=root)
+        with progress_bars(progress) as bars:
+            return _upload(root, repo_id, endpoint, private, revision, message, base_model,
+                           announce=progress and not bars, plan_only=plan_only)
+
+
+def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
+            revision: str | None, message: str | None, base_model: str | None,
+            announce: bool, plan_only: bool) -> PublishResult:
+    manifest = read_manifest(root)
+    base = _base_name(root)
+    base_model = base_model or _identified_base_model(base, manifest)
+    api = client(endpoint)
+    names = {rel: ORIGINAL_README if rel == CARD_NAME else rel for rel in manifest.subjects}
+    plan = hub_call("check the base repository", repo_id, plan_transfer, api, manifest, base,
+                     base_model, names)
+    for note in plan.notes:
+        log.warning("publish: %s", note)
+    branch = revision or "main"
+    if plan_only:
+        return PublishResult(repo_id=repo_id, revision=branch, commit=None,
+                             files=len(names) + 2, plan=plan)
+    if announce:                               # a plain line where no bars are shown
+        log.info("publish: %s, to %s", plan.summary(), repo_id)
+    hub_call("create_repo", repo_id, api.create_repo, repo_id, private=private, exist_ok=True)
+    if branch != "main":
+        hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
+                  exist_ok=True)
+    existing = existing_card(root, api, repo_id, branch)
+    card = render_card(existing, manifest, base_model, base).encode("utf-8")
+    extra = {MANIFEST_NAME: str(root / MANIFEST_NAME), CARD_NAME: card}
+    commit_message = message or (f"modelpatch: {manifest.recipe['name']} applied to "
+                                 f"{base_model or _label(base)}")
+    oid = commit_variant(api, repo_id, branch, root, names, plan, extra, commit_message)
+    return PublishResult(repo_id=repo_id, revision=branch, commit=oid, files=len(names) + 2,
+                         plan=plan)
+
+
+def _identified_base_model(base: str, manifest) -> str | None:
+    """The hub repository the variant's original base is, from its manifest or its path; None,
+    with a warning saying how to set it, when neither tells."""
+    import logging
+
+    from ...model.base_identity import identify
+
+    identity = identify(base, manifest.statement)
+    if identity.repo_id is None:
+        logging.getLogger("modelpatch").warning("warning: %s", identity.hint(_label(base)))
+    return identity.repo_id
+
+
+def _label(base: str) -> str:
+    """The base directory's name, to name it in messages (never as a hub repository)."""
+    return base.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _base_name(root: Path) -> str:
+    """Where the original base (the first patch's) was."""
+    dirs = patch_dirs(root)
+    if dirs:
+        base_path = read_record(dirs[0]).base_path
+        if base_path:
+            return base_path
+    return "unknown base"
+
+
+def existing_card(root: Path, api, repo_id: str, revision: str) -> str | None:
+    """The card to keep: the variant's own README.md, else the one already on the hub."""
+    local = root / CARD_NAME
+    if local.is_file():
+        return local.read_text(encoding="utf-8")
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, RevisionNotFoundError
+
+    def download() -> str | None:
+        try:
+            return hf_hub_download(repo_id, CARD_NAME, revision=revision, endpoint=api.endpoint,
+                                   token=api.token)
+        except (EntryNotFoundError, RevisionNotFoundError):
+            return None
+
+    path = hub_call("download the model card", repo_id, download)
+    return None if path is None else Path(path).read_text(encoding="utf-8")
+
+
+def commit_variant(api, repo_id: str, branch: str, root: Path, names: dict[str, str],
+                   plan: TransferPlan, extra: dict[str, str | bytes], message: str) -> str:
+    """Commit the variant: ``plan.copies`` as server-side copies, the rest uploaded, ``extra``
+    (path in repo -> local path or bytes) too. When the hub refuses the copies (no duplicate
+    endpoint, a file it cannot duplicate), says so and uploads those files instead."""
+    local = {name: rel for rel, name in names.items()}
+
+    def attempt():
+        from huggingface_hub.errors import FileDuplicationError, HfHubHTTPError
+
+        try:
+            return api.create_commit(repo_id, operations=_operations(root, local, plan, extra),
+                                     revision=branch, commit_message=message)
+        except FileDuplicationError as exc:
+            return _CopyRefused(str(exc).splitlines()[0])
+        except ValueError as exc:       # huggingface_hub: the hub gave no handle to copy by
+            if not str(exc).startswith("Cannot duplicate LFS file"):
+                raise
+            return _CopyRefused("the hub names no copy handle (xetHash) for the files")
+        except HfHubHTTPError as exc:
+            response = exc.response
+            if response is None or "/lfs-files/duplicate" not in str(response.url):
+                raise
+            return _CopyRefused(f"the hub answered HTTP {response.status_code} to the copy "
+                                f"request")
+
+    info = hub_call("create_commit", repo_id, attempt)
+    if isinstance(info, _CopyRefused):
+        log.warning("publish: server-side copy refused (%s): uploading the %d files instead",
+                    info.reason, len(plan.copies))
+        plan.upload_all(f"server-side copy refused ({info.reason})")
+        info = hub_call("create_commit", repo_id, attempt)
+        assert not isinstance(info, _CopyRefused)
+    return info.oid
+
+
+@dataclass(frozen=True)
+class _CopyRefused:
+    reason: str
+
+
+def _operations(root: Path, local: dict[str, str], plan: TransferPlan,
+                extra: dict[str, str | bytes]) -> list:
+    from huggingface_hub import CommitOperationAdd, CommitOperationCopy
+
+    assert plan.source is not None or not plan.copies
+    ops: list = [CommitOperationCopy(src_path_in_repo=src, path_in_repo=name,
+                                     src_revision=plan.commit, src_repo_id=plan.source.repo_id,
+                                     src_repo_type="model")
+                 for name, (src, _) in sorted(plan.copies.items())]
+    ops += [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(root / local[name]))
+            for name in sorted(plan.uploads)]
+    ops += [CommitOperationAdd(path_in_repo=name, path_or_fileobj=data)
+            for name, data in extra.items()]
+    return ops

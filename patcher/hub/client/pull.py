@@ -1,0 +1,192 @@
+"""``pull``: download a published variant into a staging directory, check every file against
+the hub's own digests (LFS sha256, git blob sha1) and the provenance manifest, and only then
+rename it into place.
+
+Before downloading, LFS files whose bytes are already on this machine (the Hugging Face cache,
+``--reuse DIR``: ``reuse.py``) are linked into the staging directory and verified; only the
+others are downloaded. The repository and commit are recorded in the pulled directory
+(``pulled_source.py``), so a variant made from it can be published with server-side copies.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import InputError, PatchError, VerifyMismatch
+from ...fsops import remove_tree
+from ...integrity.manifest import read_manifest
+from ...integrity.snapshot_verify import git_blob_sha1
+from ...model.model_dir import MANIFEST_NAME, SKIPPED_DIRS
+from ...cli.render import human_bytes
+from .connection import check_repo_id, client, hub_call, progress_bars
+from .model_card import CARD_NAME, HUB_CARD_COPY, HUB_FILES, ORIGINAL_README
+from .pulled_source import write_pulled_source
+from .reuse import Reuse, find_local, link_into
+
+GIT_ATTRIBUTES = ".gitattributes"
+
+log = logging.getLogger("modelpatch")
+
+
+@dataclass(frozen=True)
+class PullResult:
+    output: Path
+    commit: str
+    files: int
+    reused_bytes: int = 0
+    downloaded_bytes: int = 0
+
+
+def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | None = None,
+         revision: str | None = None, progress: bool = True,
+         reuse: list[str | os.PathLike] | tuple = ()) -> PullResult:
+    """Download ``repo_id`` into ``out`` and verify it; nothing appears at ``out`` unless every
+    file matches both the hub's digests and the provenance manifest. ``progress=False``: no
+    progress bars. LFS files already in the Hugging Face cache or under a ``reuse`` directory
+    are linked instead of downloaded. Errors name the repository, never the staging
+    directory."""
+    from huggingface_hub import snapshot_download
+
+    from ...execute.locking import lock_new_path
+    from ...execute.output_dir import make_staging_dir, remove_stale_staging
+
+    check_repo_id(repo_id)
+    reuse_dirs = [_reuse_dir(d) for d in reuse]
+    out = Path(os.path.abspath(out or repo_id.split("/")[-1]))
+    api = client(endpoint)
+    with lock_new_path(out):
+        if os.path.lexists(out):
+            raise InputError("output already exists", where=out)
+        remove_stale_staging(out)      # left by a killed pull
+        info = hub_call("model_info", repo_id, api.model_info, repo_id, revision=revision,
+                         files_metadata=True)
+        _refuse_state_files([s.rfilename for s in info.siblings or []], repo_id)
+        staging = make_staging_dir(out)
+        try:
+            reused = _reuse_local(staging, info, reuse_dirs)
+            missing = [s for s in info.siblings or [] if s.rfilename not in reused.linked]
+            downloaded = sum(s.size or 0 for s in missing)
+            with progress_bars(progress) as bars:
+                if progress and not bars:
+                    log.info("pull: %s@%s: %d files (%s) reused from local files, %d files (%s) "
+                             "to download", repo_id, info.sha[:12], len(reused.linked),
+                             human_bytes(reused.bytes), len(missing), human_bytes(downloaded))
+                if missing:
+                    hub_call("download", repo_id, snapshot_download, repo_id,
+                              revision=info.sha, local_dir=staging, endpoint=api.endpoint,
+                              token=api.token,
+                              allow_patterns=[_literal(s.rfilename) for s in missing])
+            _refuse_state_files(os.listdir(staging), repo_id, ignore=(".cache",))
+            remove_tree(staging / ".cache")          # huggingface_hub's local-dir bookkeeping
+            try:
+                _check_hub_digests(staging, info, repo_id)
+                _require_manifest(staging, repo_id)
+                _restore_readme(staging)
+                _set_aside_git_attributes(staging)
+                _check_manifest(staging, repo_id)
+                write_pulled_source(staging, repo_id, info.sha)
+            except PatchError as exc:
+                _name_the_repo(exc, staging, repo_id)
+                raise
+            os.rename(staging, out)
+        except BaseException:
+            remove_tree(staging)
+            raise
+    return PullResult(output=out, commit=info.sha, files=len(info.siblings or []),
+                      reused_bytes=reused.bytes, downloaded_bytes=downloaded)
+
+
+def _reuse_dir(path: str | os.PathLike) -> Path:
+    if not os.path.isdir(path):
+        raise InputError("--reuse needs a directory", where=path)
+    return Path(path)
+
+
+def _reuse_local(staging: Path, info, reuse_dirs: list[Path]) -> Reuse:
+    wanted = {s.rfilename: (s.lfs.sha256, s.size) for s in info.siblings or []
+              if s.lfs is not None and s.size}
+    return link_into(staging, wanted, find_local(wanted, reuse_dirs))
+
+
+def _literal(name: str) -> str:
+    """``name`` as an fnmatch pattern matching only itself (huggingface_hub's allow_patterns)."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in name)
+
+
+def _refuse_state_files(paths: list[str], repo_id: str, ignore: tuple[str, ...] = ()) -> None:
+    """Refuse a repository holding files in modelpatch's, git's or huggingface_hub's own state
+    directories (``.modelpatch/``, ``.git/``, ``.cache/``): the next command would take them
+    for its own (replay a journal, run a git hook). Compared without case, as a
+    case-insensitive filesystem would. Pull writes its own ``.modelpatch/hub/`` afterwards."""
+    state = {name.lower() for name in SKIPPED_DIRS} - set(ignore)
+    bad = sorted(p for p in paths if p.split("/", 1)[0].lower() in state)
+    if bad:
+        shown = ", ".join(repr(p) for p in bad[:3]) + (f" and {len(bad) - 3} more"
+                                                       if len(bad) > 3 else "")
+        raise InputError(f"refusing to pull: the repository has files in state directories "
+                         f"that only modelpatch, git or huggingface_hub may write: {shown}",
+                         where=repo_id,
+                         hint="a published variant never holds .modelpatch/, .git/ or .cache/")
+
+
+def _name_the_repo(exc: PatchError, staging: Path, repo_id: str) -> None:
+    """Point an error about a file in ``staging`` (gone once pull fails) at the repository."""
+    where, prefix = exc.where, str(staging)
+    if where is None or not (where == prefix or where.startswith(prefix + os.sep)):
+        return
+    rest = where[len(prefix):].lstrip(os.sep)
+    exc.where = f"{repo_id}: {rest}" if rest else repo_id
+    exc.args = (exc.one_line(),)
+
+
+def _check_hub_digests(root: Path, info, repo_id: str) -> None:
+    from ...integrity.hashing import hash_files
+
+    lfs = {s.rfilename: s.lfs.sha256 for s in info.siblings if s.lfs is not None}
+    plain = {s.rfilename: s.blob_id for s in info.siblings if s.lfs is None}
+    got = hash_files([root / rel for rel in lfs])
+    bad = [rel for rel, sha in lfs.items() if got[root / rel] != sha]
+    bad += [rel for rel, oid in plain.items() if oid and git_blob_sha1(root / rel) != oid]
+    if bad:
+        raise VerifyMismatch(f"downloaded files differ from the hub's digests: {', '.join(bad)}",
+                             where=repo_id, hint="the hub's storage may be corrupted")
+
+
+def _restore_readme(root: Path) -> None:
+    """Move the hub's card aside and put the variant's own README.md back."""
+    card = root / CARD_NAME
+    if card.exists():
+        target = root / HUB_CARD_COPY
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(card, target)
+    if (root / ORIGINAL_README).exists():
+        os.rename(root / ORIGINAL_README, card)
+
+
+def _set_aside_git_attributes(root: Path) -> None:
+    """Hugging Face's hub adds a ``.gitattributes`` to every new repository: it is the hub's,
+    not the variant's (unless the manifest lists it), so it goes beside the hub's card."""
+    attributes = root / GIT_ATTRIBUTES
+    if attributes.exists() and GIT_ATTRIBUTES not in read_manifest(root).subjects:
+        target = root / HUB_FILES / GIT_ATTRIBUTES
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(attributes, target)
+
+
+def _require_manifest(root: Path, repo_id: str) -> None:
+    if not (root / MANIFEST_NAME).exists():
+        raise InputError("not a modelpatch variant: no provenance manifest in the repository",
+                         where=repo_id)
+
+
+def _check_manifest(root: Path, repo_id: str) -> None:
+    """Every downloaded file is the one the provenance manifest lists, and nothing is missing."""
+    from ...integrity.verify import verify_dir
+
+    report = verify_dir(root)
+    if not report.ok:
+        raise VerifyMismatch(f"downloaded files do not match the provenance manifest: "
+                             f"{report.summary()}", where=repo_id)

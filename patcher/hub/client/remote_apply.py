@@ -1,0 +1,149 @@
+"""``apply RECIPE hf://ORG/NAME --publish ORG/NAME-VARIANT``: a config-only variant of a hub
+repository, made and published without downloading its shards.
+
+The recipe is planned from the repository's JSON files and safetensors headers alone
+(``patcher.remote``). A plan that rewrites a shard is refused: that needs the tensor data
+(apply without --publish downloads the model). Otherwise only small files are fetched whole: the
+JSON files the plan reads, and every other regular (non-LFS) file, to know its sha256 for the
+manifest. The LFS files' sha256 come from the hub's listing at the resolved commit. The
+variant's manifest is built as a local apply builds it, then the variant is committed: each
+unchanged LFS file a server-side copy from the base repository at that commit, the rest
+uploaded (``publish.commit_variant``: the same fallbacks as ``publish``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import InputError
+from ...integrity.manifest import build_statement, read_manifest, write_manifest
+from ...model.model_dir import MANIFEST_NAME
+from ...plan import Action, require_change
+from .connection import check_repo_id, client, hub_call
+from .model_card import ORIGINAL_README
+from .model_card import CARD_NAME, render_card
+from .publish import existing_card, commit_variant
+from .server_copies import BaseSource, TransferPlan
+
+log = logging.getLogger("modelpatch")
+
+
+@dataclass(frozen=True)
+class RemotePublishResult:
+    repo_id: str
+    revision: str
+    commit: str
+    fetched: list[str]               # files fetched whole (besides the shards' headers)
+    plan: TransferPlan
+
+
+def apply_and_publish(recipe, url: str, repo_id: str, *, endpoint: str | None = None,
+                      private: bool = True, revision: str | None = None,
+                      message: str | None = None, base_model: str | None = None,
+                      allow_noop: bool = False,
+                      params: dict | None = None) -> RemotePublishResult:
+    from ...api import load
+    from ...plan import plan as make_plan
+    from ...remote.model import RemoteModel
+
+    check_repo_id(repo_id)
+    loaded = load(recipe)
+    model = RemoteModel.open(url, endpoint=endpoint)
+    options = {"in_place": False, "max_shard_size": None, **({"params": params} if params else {})}
+    the_plan = make_plan(loaded, model, options=options)
+    rewrites = [fp.path for fp in the_plan.files if fp.action is Action.REWRITE_SHARD]
+    if rewrites:
+        raise InputError(f"recipe {loaded.name!r} rewrites {len(rewrites)} shards "
+                         f"({rewrites[0]}, ...): --publish from hf:// needs a config-only recipe",
+                         where=url, hint="apply without --publish downloads the model first")
+    require_change(the_plan, allow_noop)
+    api = client(endpoint)
+    source = BaseSource(model.hub.repo_id, model.hub.commit, "the hf:// input")
+    info = hub_call("model_info", source.repo_id, api.model_info, source.repo_id,
+                     revision=source.revision, files_metadata=True)
+    lfs = {s.rfilename: s.lfs.sha256 for s in info.siblings or [] if s.lfs is not None}
+    with tempfile.TemporaryDirectory(prefix="modelpatch-remote-") as tmp:
+        root = Path(tmp)
+        digests, fetched = _write_small_files(root, model, the_plan, lfs)
+        manifest = _write_manifest(root, model, the_plan, digests, lfs,
+                                   base_model or source.repo_id)
+        log.info("apply: fetched %s of %s@%s; no shard downloaded", ", ".join(fetched) or
+                 "nothing", source.repo_id, source.revision[:12])
+        names = {rel: ORIGINAL_README if rel == CARD_NAME else rel for rel in manifest.subjects}
+        plan = TransferPlan(source=source, commit=source.revision)
+        for fp in the_plan.files:
+            if fp.action is Action.DROP:
+                continue
+            size = manifest.subjects[fp.path][1]
+            if fp.action is Action.LINK and fp.source in lfs:
+                plan.copies[names[fp.path]] = (fp.source, size)
+            else:
+                plan.uploads[names[fp.path]] = size
+        log.info("publish: %s, to %s", plan.summary(), repo_id)
+        branch = revision or "main"
+        hub_call("create_repo", repo_id, api.create_repo, repo_id, private=private,
+                  exist_ok=True)
+        if branch != "main":
+            hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
+                      exist_ok=True)
+        label = f"hf://{source.repo_id}"
+        card = render_card(existing_card(root, api, repo_id, branch), manifest,
+                           base_model or source.repo_id, label).encode("utf-8")
+        extra = {MANIFEST_NAME: str(root / MANIFEST_NAME), CARD_NAME: card}
+        oid = commit_variant(api, repo_id, branch, root, names, plan, extra, message or
+                             f"modelpatch: {loaded.name} applied to {source.repo_id}")
+    return RemotePublishResult(repo_id, branch, oid, fetched, plan)
+
+
+def _write_small_files(root: Path, model, the_plan, lfs: dict[str, str]
+                       ) -> tuple[dict[str, str], list[str]]:
+    """Write every output file that is not an unchanged LFS file under ``root``; returns the
+    sha256 of every base file the plan reads and every file written, and the base files
+    fetched whole."""
+    digests: dict[str, str] = {}
+    fetched = []
+    for fp in the_plan.files:
+        if fp.source is not None and fp.source not in lfs:
+            data = model.read_bytes(fp.source)
+            fetched.append(fp.source)
+            digests[fp.source] = hashlib.sha256(data).hexdigest()
+            if fp.action is Action.LINK:
+                _write(root / fp.path, data)
+        elif fp.source is not None:
+            digests[fp.source] = lfs[fp.source]
+        if fp.action in (Action.WRITE_JSON, Action.ADD):
+            _write(root / fp.path, fp.content)
+    return digests, sorted(fetched)
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+
+
+def _write_manifest(root: Path, model, the_plan, digests: dict[str, str], lfs: dict[str, str],
+                    base_model: str):
+    subjects = {}
+    for fp in the_plan.files:
+        if fp.action is Action.LINK:
+            subjects[fp.path] = (digests[fp.source], model.files[fp.source].size)
+        elif fp.action in (Action.WRITE_JSON, Action.ADD):
+            subjects[fp.path] = (hashlib.sha256(fp.content).hexdigest(), len(fp.content))
+    base_statement = (json.loads(model.read_bytes(MANIFEST_NAME))
+                      if MANIFEST_NAME in model.files else None)
+    now = _dt.datetime.now(_dt.timezone.utc)
+    recipe = the_plan.recipe
+    statement = build_statement(
+        subjects=subjects,
+        base_files={rel: (sha, model.files[rel].size) for rel, sha in digests.items()},
+        recipe={"name": recipe.name, "sha256": recipe.sha256, "text": recipe.text},
+        options=the_plan.options, changes=list(the_plan.changes), started=now, finished=now,
+        base_statement=base_statement, base_model=base_model)
+    write_manifest(root, statement)
+    return read_manifest(root)

@@ -1,0 +1,1 @@
+"""Models on a hub, read without downloading their tensor data (``hf://org/name[@rev]``)."""

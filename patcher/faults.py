@@ -18,6 +18,11 @@ Points are named by the engine and the journal: ``file:<path>``, ``hashing``, ``
 ``commit``, ``tensor:<name>``, ``inplace:<stage>``, ``revert:<stage>``, ``journal:<stage>``,
 ``journal:<action>:<path>`` (before a journal step) and ``journal:<action>:<path>:taken`` (after
 it, before the journal records it). Without either variable, ``point`` costs one test.
+
+The faults are armed only inside the test suite: ``MODELPATCH_FAULT`` is ignored unless
+``PYTEST_CURRENT_TEST`` is set too (pytest sets it while a test runs, and the commands a test
+starts inherit it), so a stray variable in a user's environment can never kill modelpatch or
+its parent process.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ def _parse(spec: str) -> dict[str, tuple[str, int]]:
     return faults
 
 
-_FAULTS = _parse(os.environ.get(_ENV, ""))
+_FAULTS = _parse(os.environ.get(_ENV, "")) if os.environ.get("PYTEST_CURRENT_TEST") else {}
 _TRACE = os.environ.get(_TRACE_ENV) or None
 
 

@@ -126,7 +126,9 @@ def _stage_patch(root: Path, plan: Plan, model: ModelDir, builder: PatchBuilder,
     base_digests = builder.base_digests()
     record = builder.record(base_digests, mode="in-place")
     patch_dir = root / journal.patch_dir
-    assert patch_dir.name == record.dirname
+    if patch_dir.name != record.dirname:
+        raise OperationFailed(f"patch directory {patch_dir.name!r} is not the record's "
+                              f"{record.dirname!r}", where=patch_dir)
     record.links = _link_originals(root, model, journal, patch_dir)
     record.made_dirs = _new_dirs(root, journal)
     subjects = _subjects(plan, model, staging, digests, base_digests)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Synthetic large checkpoints for the benchmarks, written at disk speed.
 
-Two shapes, with the real tensor names, dtypes and companion layouts (DESIGN.md section 1):
+Two shapes, with the real tensor names, dtypes and companion layouts (docs/architecture.md §1):
 
 ``nvfp4`` -- shaped like nvidia/Kimi-K2.5-NVFP4: a ``KimiK25ForConditionalGeneration`` config
     wrapping a DeepSeek-V3 ``text_config``; text weights under ``language_model.model.``; a small

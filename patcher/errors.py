@@ -3,9 +3,9 @@
 The CLI turns any ``PatchError`` into ``modelpatch: error: <message>`` on stderr and exits with
 ``exit_code``; nothing else prints tracebacks (unless ``--debug``).
 
-Exit codes (DESIGN.md section 3): 0 success; 1 verification mismatch or a recipe guard refused the
-model; 2 bad usage or bad input; 3 the operation failed for a reason outside the input (I/O error,
-full disk, lock held by another process).
+Exit codes (docs/architecture.md §3): 0 success; 1 verification mismatch or a recipe guard
+refused the model; 2 bad usage or bad input; 3 the operation failed for a reason outside the
+input (I/O error, full disk, lock held by another process).
 """
 
 from __future__ import annotations

@@ -105,7 +105,7 @@ def assert_bits_equal(a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:
                              f"{b.flatten()[i].item()!r}")
 
 
-# --- references straight from DESIGN.md section 1, in float32 -------------------------------
+# --- references straight from docs/architecture.md §1, in float32 -------------------------------
 
 def ref_nvfp4_modelopt(packed: torch.Tensor, scale: torch.Tensor, scale_2: torch.Tensor,
                        dtype: torch.dtype) -> torch.Tensor:

@@ -48,7 +48,8 @@ def _tensor(model: Path, name: str) -> torch.Tensor:
 
 def _dequant_nvfp4(packed: torch.Tensor, scale: torch.Tensor,
                    scale_2: torch.Tensor) -> torch.Tensor:
-    """DESIGN.md: W = LUT[code] * weight_scale[r, c // 16] * weight_scale_2, even element low."""
+    """docs/architecture.md §1: W = LUT[code] * weight_scale[r, c // 16] * weight_scale_2, even
+    element low."""
     codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1)
     return E2M1[codes.long()] * scale.float().repeat_interleave(16, dim=1) * scale_2
 

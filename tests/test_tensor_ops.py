@@ -1,8 +1,8 @@
 """Tensor transforms through the whole pipeline (plan, streamed shard rewrite, index, manifest),
 applied with ``patcher.api`` and read back with safetensors.
 
-* Dequantization equals the DESIGN.md formulas computed exactly and rounded once by the
-  independent reference (tests/exact_reference.py), bit for bit, in bf16, fp16 and fp32:
+* Dequantization equals the docs/architecture.md §1 formulas computed exactly and rounded once
+  by the independent reference (tests/exact_reference.py), bit for bit, in bf16, fp16 and fp32:
   ModelOpt NVFP4 (the Kimi example), DeepSeek FP8 block (the DeepSeek example, partial edge
   blocks), FP8 per tensor and per channel (ModelOpt F32 scales).
 * Data packed by compressed-tensors' own compressors dequantizes to exactly what
@@ -80,7 +80,8 @@ def cross_shard_companions(model: Path, suffix: str) -> list[str]:
 @pytest.mark.parametrize("to", ["bf16", "fp16", "fp32"])
 def test_nvfp4_modelopt_dequantized_bit_exact(kimi_dir, tmp_path, to):
     """The built-in recipe (bf16) and a custom one (fp16, fp32): every ModelOpt NVFP4 weight
-    equals the DESIGN.md formula in float32, rounded once; scales found across shards."""
+    equals the docs/architecture.md §1 formula in float32, rounded once; scales found across
+    shards."""
     assert cross_shard_companions(kimi_dir, "weight_scale"), "fixture lost its cross-shard case"
     before = snapshot(kimi_dir)
     if to == "bf16":

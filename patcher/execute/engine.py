@@ -1,6 +1,6 @@
 """The executor: carries out a ``Plan`` as a new variant, atomically.
 
-Steps (DESIGN.md section 2): staging directory beside the output; unchanged files linked
+Steps (docs/architecture.md §2): staging directory beside the output; unchanged files linked
 (reflink, hardlink, else copy); changed files written read-only and hashed while written; every
 output digest known or computed once; revert data and the provenance manifest written; fsync; one
 atomic rename into place; fsync of the parent. On any error, signal or interrupt the staging

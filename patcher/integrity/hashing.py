@@ -1,6 +1,6 @@
 """sha256 of files: fast, parallel, and while writing.
 
-sha256 everywhere (DESIGN.md section 2), so a digest here equals a Hugging Face LFS oid.
+sha256 everywhere (docs/architecture.md §2), so a digest here equals a Hugging Face LFS oid.
 
 Measured on the 2-core development VM (AMD EPYC with SHA-NI, OpenSSL 3.0, a 2 GiB file in the
 page cache):

@@ -1,6 +1,6 @@
 """The provenance manifest, ``modelpatch.provenance.json`` at a variant's root.
 
-It is an in-toto Statement v1 whose predicate is SLSA Provenance v1 (DESIGN.md section 3):
+It is an in-toto Statement v1 whose predicate is SLSA Provenance v1 (docs/architecture.md §3):
 
 .. code-block:: text
 

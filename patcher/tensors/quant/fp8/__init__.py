@@ -1,6 +1,6 @@
 """FP8 (e4m3) weight kernels: dequantize and quantize, per tensor, per channel and per block.
 
-Formats (confirmed against the producers' code; see DESIGN.md section 1):
+Formats (confirmed against the producers' code; see docs/architecture.md §1):
 
 * ModelOpt FP8 (``quant_algo: FP8``): ``weight`` float8_e4m3fn and ``weight_scale`` float32
   (a scalar; ``FP8_PC_PT`` writes one scale per output row). ModelOpt exports

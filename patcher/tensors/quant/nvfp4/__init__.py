@@ -1,6 +1,6 @@
 """NVFP4 weight kernels: e2m1 packing, dequantization and quantization.
 
-Formats (confirmed against the producers' code; see DESIGN.md section 1):
+Formats (confirmed against the producers' code; see docs/architecture.md §1):
 
 * Packing (both producers): two e2m1 codes per byte, the even element in the LOW nibble
   (ModelOpt: ``packed = (q[..., 1::2] << 4) | q[..., 0::2]``; compressed-tensors:

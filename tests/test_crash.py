@@ -483,8 +483,11 @@ def test_kill_at_random_instants(scenarios, name, tmp_path):
     assert problems == []
 
 
-def test_report_coverage(request):
-    """Runs last in this module: how many distinct kill instants the tests above covered."""
+@pytest.fixture(scope="module", autouse=True)
+def _coverage_report(request):
+    """After this module's tests, in whatever order they ran: the distinct kill instants they
+    covered, in .pytest_cache/crash-coverage.json and as a line of output (``-s``)."""
+    yield
     path = Path(request.config.rootpath) / ".pytest_cache" / "crash-coverage.json"
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(sorted(map(list, _COVERED)), indent=0))

@@ -482,6 +482,9 @@ def test_previous_output_hidden_by_an_interrupted_force_run_is_put_back(template
     assert api.verify(out).ok and leftovers(out) == []
 
 
-def test_report_io_coverage():
-    """Runs last in this module: how many distinct I/O fault points the tests above covered."""
+@pytest.fixture(scope="module", autouse=True)
+def _coverage_report():
+    """After this module's tests, in whatever order they ran: how many distinct I/O fault points
+    they covered (a line of output, ``-s``)."""
+    yield
     print(f"\n{len(_COVERED)} distinct I/O fault points covered")

@@ -1,8 +1,8 @@
 """Numeric kernels in ``patcher.tensors.quant``: FP8 (per tensor, per channel, per block) and NVFP4.
 
-* ModelOpt NVFP4 and DeepSeek block FP8 dequantization equal the DESIGN.md formulas computed
-  exactly and rounded once by the independent reference (tests/exact_reference.py), in
-  bfloat16, float16 and float32, including partial edge blocks and several row chunks.
+* ModelOpt NVFP4 and DeepSeek block FP8 dequantization equal the docs/architecture.md §1 formulas
+  computed exactly and rounded once by the independent reference (tests/exact_reference.py),
+  in bfloat16, float16 and float32, including partial edge blocks and several row chunks.
   (Exhaustive sweeps: test_exact_rounding.py; agreement with the producers' own dequantizers:
   test_producer_numerics.py.)
 * quantize -> dequantize stays within each format's rounding bound (derived below).
@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -75,7 +76,7 @@ def random_positive_fp8(shape, gen) -> torch.Tensor:
 
 
 def reference_unpack(packed: torch.Tensor) -> torch.Tensor:
-    """DESIGN.md: two codes per byte, even element in the LOW nibble."""
+    """docs/architecture.md §1: two codes per byte, even element in the LOW nibble."""
     codes = torch.empty((*packed.shape[:-1], packed.shape[-1] * 2), dtype=torch.uint8)
     codes[..., 0::2] = packed & 0x0F
     codes[..., 1::2] = packed >> 4
@@ -83,7 +84,7 @@ def reference_unpack(packed: torch.Tensor) -> torch.Tensor:
 
 
 def reference_e2m1(codes: torch.Tensor) -> torch.Tensor:
-    """DESIGN.md: codes 0..7 = 0, .5, 1, 1.5, 2, 3, 4, 6; bit 3 = sign. float32."""
+    """docs/architecture.md §1: codes 0..7 = 0, .5, 1, 1.5, 2, 3, 4, 6; bit 3 = sign. float32."""
     magnitude = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=torch.float32)[(codes & 7).long()]
     return torch.where((codes & 8) != 0, -magnitude, magnitude)
 
@@ -136,7 +137,7 @@ def test_e2m1_table_matches_design():
     assert E2M1_VALUES[8:].tolist() == [-0.0, -0.5, -1, -1.5, -2, -3, -4, -6]
 
 
-# --- ModelOpt NVFP4 dequantization vs the DESIGN.md formula ----------------------------------
+# --- ModelOpt NVFP4 dequantization vs the docs/architecture.md §1 formula -------------------------
 
 def test_nvfp4_modelopt_hand_computed():
     # codes [1, 2, 15, 8, 7, 0, ...]: 0.5, 1, -6, -0, 6, 0; scale 2.0 for the group; s2 0.25
@@ -173,7 +174,7 @@ def test_nvfp4_modelopt_accepts_global_scale_of_shape_1(gen):
     assert torch.equal(a, b)
 
 
-# --- DeepSeek block FP8 dequantization vs the DESIGN.md formula ------------------------------
+# --- DeepSeek block FP8 dequantization vs the docs/architecture.md §1 formula ---------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(300, 200), (128, 256), (1, 1), (129, 257)])
@@ -227,7 +228,9 @@ def test_fp8_per_tensor_and_per_channel_modelopt(dtype, gen, small_chunks):
 
 # --- compressed-tensors: data made by its own compressors ------------------------------------
 
-ct = pytest.importorskip("compressed_tensors")
+# Only the tests that call compressed-tensors skip without it (the package is a test extra).
+needs_compressed_tensors = pytest.mark.skipif(
+    importlib.util.find_spec("compressed_tensors") is None, reason="needs compressed-tensors")
 
 
 def _ct_nvfp4(w: torch.Tensor, global_scale_dim: int = 1):
@@ -256,6 +259,7 @@ def _nvfp4_test_weight(gen, shape=(300, 512)):
     return w.to(torch.bfloat16)
 
 
+@needs_compressed_tensors
 def test_nvfp4_ct_and_modelopt_agree_through_reciprocal_global_scale(gen):
     """compressed-tensors' ModelOpt converter sets weight_global_scale = 1 / weight_scale_2.
     The two formulas round differently, so compare values, not bits."""
@@ -267,6 +271,7 @@ def test_nvfp4_ct_and_modelopt_agree_through_reciprocal_global_scale(gen):
     torch.testing.assert_close(a, b, rtol=2e-7, atol=0)
 
 
+@needs_compressed_tensors
 def test_nvfp4_quantize_ct_layout_matches_ct(gen):
     """Our compressed-tensors-layout quantizer picks the same scales and codes as
     compressed-tensors' calculate_qparams + NVFP4PackedCompressor.compress (float32 weights)."""

@@ -50,6 +50,10 @@ class SafetensorsFormatError(InputError):
     """A safetensors file whose header or layout breaks the format."""
 
 
+class GGUFFormatError(InputError):
+    """A GGUF file that is not well formed."""
+
+
 class ShardIndexError(InputError):
     """The shard index (model.safetensors.index.json) disagrees with the shards."""
 

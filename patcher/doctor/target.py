@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..errors import InputError
 
 ENGINES = ("vllm", "sglang", "transformers")
-_GPU = re.compile(r"sm_?(\d+)(\d)[a-z]?")     # sm120: major 12, minor 0
+GPU_NAME = re.compile(r"sm_?(\d+)(\d)[a-z]?")     # sm120: major 12, minor 0
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def parse_gpu(text: str | None) -> int | None:
     text = text.strip().lower()
     if text == "auto":
         return detect_gpu()
-    m = _GPU.fullmatch(text) or re.fullmatch(r"(\d+)\.(\d)", text)
+    m = GPU_NAME.fullmatch(text) or re.fullmatch(r"(\d+)\.(\d)", text)
     if not m:
         raise InputError(f"--gpu {text}: give a compute capability such as sm90, sm120, 8.9 "
                          f"or auto")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..errors import GGUFFormatError
 from . import require_gguf
 
 MAX_HEADER_BYTES = 256 << 20       # metadata + tensor infos; real ones (vocab, merges) take ~20 MiB
@@ -32,10 +32,6 @@ SUPPORTED_VERSIONS = (2, 3)       # version 1 used 32-bit counts and is long gon
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
            10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
-
-
-class GGUFFormatError(InputError):
-    """A GGUF file that is not well formed."""
 
 
 @dataclass(frozen=True)

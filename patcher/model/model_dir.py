@@ -261,12 +261,12 @@ def _read_headers(root: Path, names: list[str]) -> dict[str, ShardHeader]:
         raw = list(pool.map(lambda n: read_raw_header(root / n, str(root / n)), names))
     # Parsing allocates hundreds of thousands of small objects that all stay alive: the cyclic
     # garbage collector would only rescan them (about 40% of the time at 273k tensors).
-    with _gc_paused():
+    with gc_paused():
         return {name: parse_header(*r, str(root / name)) for name, r in zip(names, raw)}
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     enabled = gc.isenabled()
     gc.disable()
     try:

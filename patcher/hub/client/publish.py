@@ -84,7 +84,7 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
     if branch != "main":
         hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
                   exist_ok=True)
-    existing = _existing_card(root, api, repo_id, branch)
+    existing = existing_card(root, api, repo_id, branch)
     card = render_card(existing, manifest, base_model, base).encode("utf-8")
     extra = {MANIFEST_NAME: str(root / MANIFEST_NAME), CARD_NAME: card}
     commit_message = message or (f"modelpatch: {manifest.recipe['name']} applied to "
@@ -122,7 +122,7 @@ def _base_name(root: Path) -> str:
     return "unknown base"
 
 
-def _existing_card(root: Path, api, repo_id: str, revision: str) -> str | None:
+def existing_card(root: Path, api, repo_id: str, revision: str) -> str | None:
     """The card to keep: the variant's own README.md, else the one already on the hub."""
     local = root / CARD_NAME
     if local.is_file():

@@ -28,7 +28,7 @@ from ...plan import Action, require_change
 from .connection import check_repo_id, client, hub_call
 from .model_card import ORIGINAL_README
 from .model_card import CARD_NAME, render_card
-from .publish import _existing_card, commit_variant
+from .publish import existing_card, commit_variant
 from .server_copies import BaseSource, TransferPlan
 
 log = logging.getLogger("modelpatch")
@@ -93,7 +93,7 @@ def apply_and_publish(recipe, url: str, repo_id: str, *, endpoint: str | None = 
             hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
                       exist_ok=True)
         label = f"hf://{source.repo_id}"
-        card = render_card(_existing_card(root, api, repo_id, branch), manifest,
+        card = render_card(existing_card(root, api, repo_id, branch), manifest,
                            base_model or source.repo_id, label).encode("utf-8")
         extra = {MANIFEST_NAME: str(root / MANIFEST_NAME), CARD_NAME: card}
         oid = commit_variant(api, repo_id, branch, root, names, plan, extra, message or

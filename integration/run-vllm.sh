@@ -5,7 +5,7 @@
 #
 # Creates integration/.venv-vllm (git-ignored) on first use: `pip install vllm` (a CUDA torch of
 # several GB; the check itself runs on CPU with VLLM_TARGET_DEVICE=cpu), then this project with
-# --no-deps (pyproject's torch pin would replace vLLM's torch) plus its two small dependencies
+# --no-deps (vLLM pins its own torch; nothing of ours may move it) plus its two small dependencies
 # vLLM does not bring. VLLM_SPEC overrides the requirement (default: vllm, the newest release).
 # The work directory is a fresh temporary one unless --work is given; it is kept for inspection.
 set -euo pipefail

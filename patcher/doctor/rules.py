@@ -31,7 +31,7 @@ from ..recipe import load as recipe_module
 from ..recipe import checks as rc
 from ..errors import RecipeError
 from ..fsops import NotRegularFile, TooLarge, read_capped
-from ..recipe.guards import evaluate_condition
+from ..recipe.guards import evaluate as evaluate_guard
 from ..recipe.yaml_safe import YamlProblems, compose_recipe
 from .target import GPU_NAME, Target
 
@@ -96,7 +96,7 @@ def load_rule(path: Path) -> Rule:
         text = read_capped(path, 1 << 20).decode("utf-8")
         root = compose_recipe(text)
     except YamlProblems as exc:
-        raise recipe_module._recipe_error(source, exc.problems) from None
+        raise recipe_module.recipe_error(source, exc.problems) from None
     except (OSError, UnicodeDecodeError, NotRegularFile, TooLarge) as exc:
         raise RecipeError(f"cannot read rule file: {exc}", where=source) from None
     v = rc.Validator(source)
@@ -104,7 +104,7 @@ def load_rule(path: Path) -> Rule:
     if root is not None and not rc.is_map(root):
         v.err((1, 1), "a rule file is a mapping (doctor, id, severity, summary, when, ...)")
     if v.problems or rule is None:
-        raise recipe_module._recipe_error(source, v.problems or [(1, 1, "empty rule file")])
+        raise recipe_module.recipe_error(source, v.problems or [(1, 1, "empty rule file")])
     return rule
 
 
@@ -125,7 +125,7 @@ def _rule(v: rc.Validator, root: Any, source: str) -> Rule | None:
     if fix is not None and not (isinstance(fix, dict) and isinstance(fix.get("recipe"), str)):
         v.err(rc.val_pos(root, "fix"), "fix is {recipe: NAME} (a built-in recipe)")
     details = v.pointer(root, "details") if "details" in root else None
-    when = _condition(v, root["when"], rc.val_pos(root, "when")) if "when" in root else None
+    when = parse_condition(v, root["when"], rc.val_pos(root, "when")) if "when" in root else None
     if v.problems or when is None:
         return None
     return Rule(rule_id, severity, " ".join(summary.split()), evidence, fix, details, when,
@@ -146,14 +146,14 @@ def _has_fact(node: Any) -> bool:
     return rc.is_seq(node) and any(_has_fact(x) for x in node)
 
 
-def _condition(v: rc.Validator, node: Any, pos: tuple[int, int], top: bool = True):
+def parse_condition(v: rc.Validator, node: Any, pos: tuple[int, int], top: bool = True):
     """A fact leaf, a combinator over facts, or (with no fact inside) a recipe guard. The
     rule's own ``any_of``/``all_of``/``not`` is always ours: it stops at the first deciding
     condition, so an expensive ``@model`` fact is computed only when the cheap ones hold."""
     plain_combo = rc.is_map(node) and len(node) == 1 and next(iter(node)) in \
         recipe_module.COMBINATORS
     if not _has_fact(node) and not (top and plain_combo):
-        return recipe_module._condition(v, node, pos)
+        return recipe_module.parse_condition(v, node, pos)
     loc = v.loc(pos)
     facts = [k for k in node if k in FACT_KEYS]
     if facts:
@@ -166,9 +166,9 @@ def _condition(v: rc.Validator, node: Any, pos: tuple[int, int], top: bool = Tru
         return None
     kind = kinds[0]
     if kind == "not":
-        child = _condition(v, node[kind], rc.val_pos(node, kind), top=False)
+        child = parse_condition(v, node[kind], rc.val_pos(node, kind), top=False)
         return None if child is None else Combo(kind, (child,), loc)
-    children = [_condition(v, n, p, top=False) for n, p in v.items(node, kind, nonempty=True)]
+    children = [parse_condition(v, n, p, top=False) for n, p in v.items(node, kind, nonempty=True)]
     return None if any(c is None for c in children) else Combo(kind, tuple(children), loc)
 
 
@@ -214,7 +214,7 @@ def evaluate(cond: Any, read: Callable[[str], Any], target: Target,
         if cond.kind == "not":
             return not next(results)
         return any(results) if cond.kind == "any_of" else all(results)
-    return evaluate_condition(cond, read, "")[0]
+    return evaluate_guard(cond, read, "")[0]
 
 
 def _fact_holds(fact: Fact, target: Target, missing: set[str]) -> bool:

@@ -80,14 +80,14 @@ def _bind(recipe: Recipe, read_json: ReadJson, values: dict[str, Any],
             inc_values = {k: v for k, v in values.items()
                           if k in {p.name for p in inc.recipe.params}}
         else:
-            inc_values = {k: _evaluate(v, lookup, inc.loc) for k, v in inc.params.items()}
+            inc_values = {k: evaluate(v, lookup, inc.loc) for k, v in inc.params.items()}
         parts.extend(_bind(inc.recipe, read_json, inc_values))
     if composite:
         return parts
     check_guards(recipe, read_json)
     config = {file: tuple(_bind_op(op, lookup) for op in ops)
               for file, ops in recipe.config.items()}
-    tensors = bind_tensor_ops(recipe.tensors, lambda t, loc: _evaluate(t, lookup, loc))
+    tensors = bind_tensor_ops(recipe.tensors, lambda t, loc: evaluate(t, lookup, loc))
     parts.append((replace(recipe, config=config, tensors=tensors, includes=(), params=(),
                           bound=typed), typed))
     return parts
@@ -131,7 +131,7 @@ def _lookup(typed: dict[str, Any], read_json: ReadJson) -> Callable[[str], Any]:
     return lookup
 
 
-def _evaluate(value: Any, lookup: Callable[[str], Any], loc: str) -> Any:
+def evaluate(value: Any, lookup: Callable[[str], Any], loc: str) -> Any:
     def one(template: Template) -> Any:
         try:
             return template.evaluate(lookup)
@@ -142,7 +142,7 @@ def _evaluate(value: Any, lookup: Callable[[str], Any], loc: str) -> Any:
 
 def _bind_op(op, lookup):
     if isinstance(op, (SetOp, PatchOp, ArrayOp)) and op.value is not None:
-        return replace(op, value=_evaluate(op.value, lookup, op.loc))
+        return replace(op, value=evaluate(op.value, lookup, op.loc))
     return op
 
 

@@ -42,13 +42,13 @@ def evaluate_guards(recipe: Recipe, read_json: Callable[[str], Any | None]) -> l
 
     failures = []
     for condition in recipe.requires:
-        holds, why = evaluate_condition(condition, read, "")
+        holds, why = evaluate(condition, read, "")
         if not holds:
             failures.append(f"{condition.loc}: {condition.message or why}")
     return failures
 
 
-def evaluate_condition(cond: Condition, read: ReadJson, prefix: str) -> tuple[bool, str]:
+def evaluate(cond: Condition, read: ReadJson, prefix: str) -> tuple[bool, str]:
     """(holds, why it does not) for ``cond`` with its pointers read under ``prefix``."""
     reasons = []
     for scope in cond.scopes:
@@ -66,9 +66,9 @@ def _evaluate_in(cond: Condition, read: ReadJson, prefix: str) -> tuple[bool, st
     if isinstance(cond, Check):
         return _check(cond, read, join_pointer(prefix, cond.path))
     if isinstance(cond, Not):
-        holds, _ = evaluate_condition(cond.condition, read, prefix)
+        holds, _ = evaluate(cond.condition, read, prefix)
         return (not holds), f"expected not: {_describe(cond.condition, prefix)}"
-    results = [evaluate_condition(c, read, prefix) for c in cond.conditions]
+    results = [evaluate(c, read, prefix) for c in cond.conditions]
     if isinstance(cond, AnyOf):
         if any(h for h, _ in results):
             return True, ""

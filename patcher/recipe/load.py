@@ -103,13 +103,13 @@ def load_recipe(path_or_text: str | bytes | os.PathLike, *,
     try:
         root = compose_recipe(text[1:] if text.startswith("\ufeff") else text)
     except YamlProblems as exc:
-        raise _recipe_error(source, exc.problems) from None
+        raise recipe_error(source, exc.problems) from None
     v = rc.Validator(source)
     v.recipe_path = path
     v.including = (*_including, str(path.resolve()) if path is not None else source)
     fields = _top_level(v, root)
     if v.problems:
-        raise _recipe_error(source, v.problems)
+        raise recipe_error(source, v.problems)
     return Recipe(**fields, text=text, sha256=hashlib.sha256(data).hexdigest(), source=source,
                   path=path)
 
@@ -130,7 +130,7 @@ def _read_capped(path: Path, source: str) -> bytes:
         raise InputError(f"cannot read recipe: {exc.strerror or exc}", where=source) from None
 
 
-def _recipe_error(source: str, problems: list[tuple[int, int, str]]) -> RecipeError:
+def recipe_error(source: str, problems: list[tuple[int, int, str]]) -> RecipeError:
     ordered = sorted(problems, key=lambda p: (p[0], p[1]))
     line, col, message = ordered[0]
     if len(ordered) > 1:
@@ -168,7 +168,7 @@ def _top_level(v: rc.Validator, root: Any) -> dict[str, Any]:
     includes = tuple(i for i in (
         _include(v, node, pos) for node, pos in v.items(root, "include")) if i is not None)
     requires = tuple(c for c in (
-        _condition(v, node, pos) for node, pos in v.items(root, "requires")) if c is not None)
+        parse_condition(v, node, pos) for node, pos in v.items(root, "requires")) if c is not None)
     config = template_ops(v, _config(v, root), v.param_names)
     files = tuple(f for f in (
         _file_op(v, node, pos) for node, pos in v.items(root, "files")) if f is not None)
@@ -265,7 +265,7 @@ def _cross_check(v: rc.Validator, root: Any, config: dict[str, tuple[ConfigOp, .
 
 # ---------------------------------------------------------------------------- conditions
 
-def _condition(v: rc.Validator, node: Any, pos: tuple[int, int]) -> Condition | None:
+def parse_condition(v: rc.Validator, node: Any, pos: tuple[int, int]) -> Condition | None:
     if not rc.is_map(node):
         v.err(pos, f"a condition must be a mapping such as {{file: config.json, path: /x, "
               f"exists: true}}; got {rc.yaml_type(node)}")
@@ -284,9 +284,9 @@ def _condition(v: rc.Validator, node: Any, pos: tuple[int, int]) -> Condition | 
         message = v.string(node, "message")
         if kind == "not":
             child = node[kind]
-            inner = _condition(v, child, rc.val_pos(node, kind))
+            inner = parse_condition(v, child, rc.val_pos(node, kind))
             return None if inner is None else Not(inner, scopes, message, loc)
-        children = [_condition(v, n, p) for n, p in v.items(node, kind, nonempty=True)]
+        children = [parse_condition(v, n, p) for n, p in v.items(node, kind, nonempty=True)]
         if any(c is None for c in children):
             return None
         cls = AnyOf if kind == "any_of" else AllOf

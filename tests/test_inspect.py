@@ -616,8 +616,9 @@ def test_inspect_reads_no_tensor_data_and_imports_no_torch(tmp_path: Path):
     assert "patcher.cli" in imported  # the importtime output was really parsed
     assert not {m for m in imported if m.split(".")[0] in ("torch", "numpy", "safetensors")}
     assert measure["heavy"] == []
-    # Two inspect runs over 8 GiB of tensor data: read() moved a few KiB (headers, JSON) ...
-    assert measure["rchar"] < 256 << 10, measure
+    # Two inspect runs over 8 GiB of tensor data: read() moved a few KiB of headers and JSON,
+    # plus the module files Python reads at start-up (about 280 KiB for both runs) ...
+    assert measure["rchar"] < 512 << 10, measure
     # ... and nothing touched the data through mmap either: reading a hole through mmap or
     # read() puts its pages in the page cache; only readahead past a header may be there.
     for shard in set(weight_map.values()):

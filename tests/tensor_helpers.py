@@ -170,3 +170,27 @@ def snapshot(root: Path) -> dict[str, tuple]:
 def listing(directory: Path) -> list[str]:
     """Names in ``directory`` (hidden ones too): staging directories must not be left over."""
     return sorted(os.listdir(directory))
+
+
+def ct_fp8(preset: str, w: torch.Tensor):
+    """``w`` compressed by compressed-tensors' FP8 preset ``preset`` (its own scale computation
+    and compressor), and compressed-tensors' own decompression of it."""
+    from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
+    from compressed_tensors.quantization import QuantizationScheme, quant_scheme
+    from compressed_tensors.quantization.utils.helpers import calculate_qparams
+
+    scheme = QuantizationScheme(targets=["Linear"], **getattr(quant_scheme, preset))
+    args = scheme.weights
+    if args.strategy == "tensor":
+        lo, hi = w.amin(), w.amax()
+    elif args.strategy == "channel":
+        lo, hi = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
+    else:
+        bh, bw = args.block_structure
+        padded = torch.nn.functional.pad(w, (0, -w.shape[1] % bw, 0, -w.shape[0] % bh))
+        blocks = padded.reshape(padded.shape[0] // bh, bh, padded.shape[1] // bw, bw)
+        lo, hi = blocks.amin((1, 3)), blocks.amax((1, 3))
+    scale, _ = calculate_qparams(lo, hi, args)
+    compressed = FloatQuantizationCompressor.compress({"weight": w, "weight_scale": scale}, scheme)
+    theirs = FloatQuantizationCompressor.decompress(dict(compressed), scheme)["weight"]
+    return compressed, theirs

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from exact_reference import round_exact_product, round_exact_quotient
+from tensor_helpers import ct_fp8
 from patcher.tensors.quant import (
     dequantize_fp8_block,
     dequantize_fp8_per_tensor,
@@ -50,28 +51,6 @@ def agree_where_correct(ours: torch.Tensor, theirs: torch.Tensor, exact: np.ndar
 ct = pytest.importorskip("compressed_tensors")
 
 
-def _ct_fp8(preset_name: str, w: torch.Tensor):
-    """``w`` compressed by compressed-tensors' FP8 presets, and its own decompression."""
-    from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
-    from compressed_tensors.quantization import QuantizationScheme, quant_scheme
-    from compressed_tensors.quantization.utils.helpers import calculate_qparams
-
-    scheme = QuantizationScheme(targets=["Linear"], **getattr(quant_scheme, preset_name))
-    args = scheme.weights
-    if args.strategy == "tensor":
-        lo, hi = w.amin(), w.amax()
-    elif args.strategy == "channel":
-        lo, hi = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
-    else:
-        bh, bw = args.block_structure
-        padded = torch.nn.functional.pad(w, (0, -w.shape[1] % bw, 0, -w.shape[0] % bh))
-        blocks = padded.reshape(padded.shape[0] // bh, bh, padded.shape[1] // bw, bw)
-        lo, hi = blocks.amin((1, 3)), blocks.amax((1, 3))
-    scale, _ = calculate_qparams(lo, hi, args)
-    compressed = FloatQuantizationCompressor.compress({"weight": w, "weight_scale": scale}, scheme)
-    theirs = FloatQuantizationCompressor.decompress(dict(compressed), scheme)["weight"]
-    return compressed, theirs
-
 
 def _fp8_exact(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     w = weight.double()
@@ -90,7 +69,7 @@ def test_ct_fp8_decompression_equal_in_the_scale_dtype(preset, model_dtype):
     value is exact in float32, so torch rounds it once. Bit-identical in every element."""
     gen = torch.Generator().manual_seed(3)
     w = (torch.randn(160, 200, generator=gen) * torch.rand(160, 1, generator=gen))
-    c, theirs = _ct_fp8(preset, w.to(model_dtype))
+    c, theirs = ct_fp8(preset, w.to(model_dtype))
     assert theirs.dtype == model_dtype == c["weight_scale"].dtype
     deq = dequantize_fp8_block if preset == "FP8_BLOCK" else dequantize_fp8_per_tensor
     ours = deq(c["weight"], c["weight_scale"], model_dtype)

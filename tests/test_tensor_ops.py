@@ -29,7 +29,7 @@ from patcher import api
 from patcher.cli import main
 from patcher.errors import PlanError
 from patcher.integrity.manifest import read_manifest
-from tensor_helpers import (INDEX, OUT_DTYPES, assert_bits_equal, nbytes, random_fp8,
+from tensor_helpers import (INDEX, OUT_DTYPES, assert_bits_equal, ct_fp8, nbytes, random_fp8,
                             read_tensors, ref_fp8_block, ref_fp8_tensor, ref_nvfp4_modelopt,
                             shard_files, shard_metadata, snapshot, tensor_shards, write_model,
                             write_recipe)
@@ -215,27 +215,6 @@ def _ct_nvfp4(w: torch.Tensor) -> dict[str, torch.Tensor]:
     return packed, theirs
 
 
-def _ct_fp8(preset: str, w: torch.Tensor):
-    from compressed_tensors.compressors.naive_quantized.base import FloatQuantizationCompressor
-    from compressed_tensors.quantization import QuantizationScheme, quant_scheme
-    from compressed_tensors.quantization.utils.helpers import calculate_qparams
-
-    scheme = QuantizationScheme(targets=["Linear"], **getattr(quant_scheme, preset))
-    args = scheme.weights
-    if args.strategy == "tensor":
-        lo, hi = w.amin(), w.amax()
-    elif args.strategy == "channel":
-        lo, hi = w.amin(1, keepdim=True), w.amax(1, keepdim=True)
-    else:
-        bh, bw = args.block_structure
-        padded = torch.nn.functional.pad(w, (0, -w.shape[1] % bw, 0, -w.shape[0] % bh))
-        blocks = padded.reshape(padded.shape[0] // bh, bh, padded.shape[1] // bw, bw)
-        lo, hi = blocks.amin((1, 3)), blocks.amax((1, 3))
-    scale, _ = calculate_qparams(lo, hi, args)
-    packed = FloatQuantizationCompressor.compress({"weight": w, "weight_scale": scale}, scheme)
-    theirs = FloatQuantizationCompressor.decompress(dict(packed), scheme)["weight"]
-    return packed, theirs
-
 
 def test_compressed_tensors_packed_data_equals_its_own_decompression(tmp_path):
     """NVFP4 (weight_packed / weight_scale / weight_global_scale, input_global_scale dropped)
@@ -267,7 +246,7 @@ def test_compressed_tensors_packed_data_equals_its_own_decompression(tmp_path):
         expected[stem + "weight"] = theirs
     for preset, shape in [("FP8", (200, 144)), ("FP8_DYNAMIC", (96, 64)),
                           ("FP8_BLOCK", (300, 200))]:
-        packed, theirs = _ct_fp8(preset, weight(*shape))
+        packed, theirs = ct_fp8(preset, weight(*shape))
         stem = f"model.layers.0.self_attn.{preset.lower()}_proj."
         shards["model-00001-of-00002.safetensors"][stem + "weight"] = packed["weight"]
         shards["model-00002-of-00002.safetensors"][stem + "weight_scale"] = packed["weight_scale"]

@@ -108,7 +108,7 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     from .plan import plan as make_plan
 
     loaded, base = load(recipe), open_model(model, endpoint=endpoint)
-    the_plan = make_plan(loaded, base, options=options)
+    the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
     if hasattr(base, "transfer_report"):
         the_plan.options["remote"] = base.transfer_report()
         return the_plan
@@ -123,10 +123,12 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
           force_copy: bool = False, jobs: int | None = None, device: str = "cpu",
           max_shard_size: int | None = None, progress: Progress | None = None,
           base_model: str | None = None, allow_noop: bool = False,
-          params: dict | None = None) -> ApplyResult:
+          params: dict | None = None, endpoint: str | None = None) -> ApplyResult:
     """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``).
 
-    ``params``: values for the recipe's ``params:`` (typed, or strings as ``--set`` gives them).
+    ``params``: values for the recipe's ``params:`` (typed, or strings as ``--set`` gives them;
+    ``RECIPE.NAME`` for one of several recipes). ``endpoint``: the hub of ``from: hf://``
+    sources (default ``$HF_ENDPOINT``, then huggingface.co).
 
     ``base_model`` (``ORG/NAME``) is recorded in the manifest as the hub repository the base
     is, for the model card; left out, it is read from the base where it says
@@ -152,7 +154,7 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
         link = check_mode("copy" if force_copy else link)
         options = {"link": link, "jobs": jobs, "device": device, "in_place": False,
                    "max_shard_size": max_shard_size, **({"params": params} if params else {})}
-        the_plan = make_plan(loaded, base, options=options)
+        the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
         require_change(the_plan, allow_noop)
         _log_warnings(the_plan)
         target = Path(out) if out is not None else default_output(base.root, loaded.name)
@@ -196,9 +198,9 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
                    max_shard_size: int | None = None,
                    progress: Progress | None = None,
                    base_model: str | None = None, allow_noop: bool = False,
-                   params: dict | None = None) -> ApplyResult:
-    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model`` and
-    ``params`` as for ``apply``. A plan that changes nothing raises ``NothingToChange`` unless
+                   params: dict | None = None, endpoint: str | None = None) -> ApplyResult:
+    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model``,
+    ``params`` and ``endpoint`` as for ``apply``. A plan that changes nothing raises ``NothingToChange`` unless
     ``allow_noop``."""
     from .execute.inplace import apply_in_place as run
     from .plan import plan as make_plan, require_change
@@ -208,7 +210,7 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     base = _open(model)
     options = {"jobs": jobs, "device": device, "in_place": True,
                "max_shard_size": max_shard_size, **({"params": params} if params else {})}
-    the_plan = make_plan(loaded, base, options=options)
+    the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
     require_change(the_plan, allow_noop)
     _log_warnings(the_plan)
     return run(the_plan, base, jobs=jobs, progress=progress, base_model=base_model)

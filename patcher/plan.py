@@ -105,16 +105,21 @@ def _file_json(f: FilePlan) -> dict:
     return out
 
 
-def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None) -> Plan:
-    """Compute the plan for applying ``recipe`` to ``model``.
+def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None,
+         endpoint: str | None = None) -> Plan:
+    """Compute the plan for applying ``recipe`` to ``model``. ``from:`` sources on a hub are
+    fetched from ``endpoint`` (default ``$HF_ENDPOINT``, then huggingface.co), once: the plan
+    holds their bytes.
 
     Raises:
         GuardRefused: a ``requires`` guard does not hold (nothing is planned).
         PlanError: an operation cannot be applied to this model (naming the recipe line).
     """
     options = dict(options or {})
-    recipe = bind_recipe(recipe, model.json, options.get("params"))
-    changes: list[dict] = []
+    from .remote.sources import SourceFetcher, source_changes
+
+    recipe = bind_recipe(recipe, model.json, options.get("params"), SourceFetcher(endpoint))
+    changes: list[dict] = source_changes(recipe, endpoint)
     warnings: list[str] = list(model.warnings)
     replaced: dict[str, FilePlan] = {}
     for name, ops in recipe.config.items():

@@ -101,9 +101,10 @@ def _set_values(items: tuple[str, ...]) -> dict[str, str]:
 
 
 set_option = click.option(
-    "--set", "set_values", multiple=True, metavar="NAME=VALUE",
+    "--set", "set_values", multiple=True, metavar="[RECIPE.]NAME=VALUE",
     help="A value for a recipe parameter (see `modelpatch recipes show`), typed by the "
-         "parameter's declared type; repeatable.")
+         "parameter's declared type; RECIPE.NAME=VALUE gives it to one of several recipes; "
+         "repeatable.")
 
 
 base_model_option = click.option(
@@ -240,7 +241,8 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
         model = str(resolved)
     if dry_run:
         options = _plan_options(in_place, link, jobs, device, max_shard_size, params)
-        _show_plan(api.plan(recipe, model, options=options, out=out), as_json, allow_noop)
+        _show_plan(api.plan(recipe, model, options=options, out=out, endpoint=endpoint),
+                   as_json, allow_noop)
         return
     if not ctx.obj.get("quiet") and sys.stderr.isatty():   # like the progress bars
         click.echo(recipe_source(recipe.identity()), err=True)
@@ -252,12 +254,12 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
             result = api.apply_in_place(recipe, model, jobs=jobs, device=device,
                                         max_shard_size=max_shard_size, progress=progress,
                                         base_model=base_model, allow_noop=allow_noop,
-                                        params=params)
+                                        params=params, endpoint=endpoint)
         else:
             result = api.apply(recipe, model, out=out, force=force, link=link,
                                jobs=jobs, device=device, max_shard_size=max_shard_size,
                                progress=progress, base_model=base_model,
-                               allow_noop=allow_noop, params=params)
+                               allow_noop=allow_noop, params=params, endpoint=endpoint)
     if as_json:
         _emit_json({"output": str(result.output), "recipe": recipe.identity(),
                     "manifest_sha256": result.manifest_sha256,

@@ -103,10 +103,17 @@ def recipe_source(recipe: dict) -> str:
     return f"recipe file {recipe.get('path') or '(text)'} sha256 {recipe['sha256']}"
 
 
+def content_sources(changes: list[dict]) -> list[str]:
+    """Where each ``from:`` content came from, resolved (the hub commit), and its sha256."""
+    return [f"content {c['target']} <- {c.get('resolved') or c['from']}"
+            + (f" {c['pointer']}" if c.get("pointer") else "") + f" sha256 {c['sha256']}"
+            for c in changes if c.get("kind") == "content_source"]
+
+
 def render_plan(plan_json: dict) -> str:
     """A plan as ``terraform plan`` would show it: diffs, then a table of files."""
     lines = [f"recipe {plan_json['recipe']['name']} on {plan_json['base']}",
-             recipe_source(plan_json["recipe"]), ""]
+             recipe_source(plan_json["recipe"]), *content_sources(plan_json["changes"]), ""]
     for f in plan_json["files"]:
         if f.get("diff"):
             lines.append(f["diff"].rstrip("\n"))

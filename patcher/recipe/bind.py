@@ -21,7 +21,10 @@ from ..config.json_pointer import join_pointer, json_equal
 from ..errors import TemplateError
 from .expr import Template, config_ref, read_config_ref, walk_templates
 from .params import bind_tensor_ops, parse_set_value, type_problem
-from .schema import REQUIRED, ArrayOp, DropOp, Include, PatchOp, Recipe, RenameOp, SetOp
+from .schema import (REQUIRED, AddFile, ArrayOp, DropOp, Include, PatchOp, Recipe, RenameOp,
+                     SetOp)
+from .set_scope import split_values
+from .sources import Given, resolve_from
 
 ReadJson = Callable[[str], Any]
 
@@ -42,12 +45,13 @@ def combine(recipes: list[Recipe]) -> Recipe:
 
 
 def bind_recipe(recipe: Recipe, read_json: ReadJson,
-                values: dict[str, Any] | None = None) -> Recipe:
+                values: dict[str, Any] | None = None, fetcher: Any = None) -> Recipe:
     """The concrete recipe for this model (see the module docstring).
 
     ``values``: parameter values, typed, or strings from ``--set NAME=VALUE`` (typed by the
-    parameter's declared type). For recipes combined with ``combine``, a value goes to every
-    recipe that declares the parameter.
+    parameter's declared type); ``RECIPE.NAME`` gives one recipe's parameter
+    (``patcher.recipe.set_scope``). ``fetcher``: a ``patcher.remote.sources.SourceFetcher``
+    for the ``from:`` sources read at bind time.
 
     Raises:
         GuardRefused: a guard of any recipe does not hold.
@@ -57,39 +61,38 @@ def bind_recipe(recipe: Recipe, read_json: ReadJson,
     if recipe.bound is not None:            # already concrete (an in-place re-plan)
         check_guards(recipe, read_json)
         return recipe
-    values = dict(values or {})
     composite = recipe.source == "<command line>"
-    if composite:
-        declared = {p.name for inc in recipe.includes for p in inc.recipe.params}
-        unknown = sorted(set(values) - declared)
-        if unknown:
-            raise InputError(f"no recipe given has a parameter {unknown[0]!r} "
-                             f"(they have: {', '.join(sorted(declared)) or 'none'})")
-    parts = _bind(recipe, read_json, values, composite)
+    given = [r.recipe for r in recipe.includes] if composite else [recipe]
+    per_recipe = split_values(given, {k: Given(v) if isinstance(v, str) else v
+                                      for k, v in (values or {}).items()})
+    parts = _bind(recipe, read_json, per_recipe if composite else per_recipe[0], fetcher,
+                  composite)
     return _merge(recipe, parts)
 
 
-def _bind(recipe: Recipe, read_json: ReadJson, values: dict[str, Any],
+def _bind(recipe: Recipe, read_json: ReadJson, values: Any, fetcher: Any,
           composite: bool = False) -> list[tuple[Recipe, dict]]:
-    """[(concrete recipe, its parameter values)] for ``recipe`` and everything it includes."""
+    """[(concrete recipe, its parameter values)] for ``recipe`` and everything it includes.
+    ``values``: its parameter values; for ``composite``, a list of them, one per include."""
     typed = {} if composite else _typed_values(recipe, values)
     lookup = _lookup(typed, read_json)
     parts: list[tuple[Recipe, dict]] = []
-    for inc in recipe.includes:
+    for index, inc in enumerate(recipe.includes):
         if composite:
-            inc_values = {k: v for k, v in values.items()
-                          if k in {p.name for p in inc.recipe.params}}
+            inc_values = values[index]
         else:
             inc_values = {k: evaluate(v, lookup, inc.loc) for k, v in inc.params.items()}
-        parts.extend(_bind(inc.recipe, read_json, inc_values))
+        parts.extend(_bind(inc.recipe, read_json, inc_values, fetcher))
     if composite:
         return parts
     check_guards(recipe, read_json)
-    config = {file: tuple(_bind_op(op, lookup) for op in ops)
+    config = {file: tuple(_bind_op(op, lookup, fetcher) for op in ops)
               for file, ops in recipe.config.items()}
+    files = tuple(_bind_file(op, lookup, fetcher) for op in recipe.files)
     tensors = bind_tensor_ops(recipe.tensors, lambda t, loc: evaluate(t, lookup, loc))
-    parts.append((replace(recipe, config=config, tensors=tensors, includes=(), params=(),
-                          bound=typed), typed))
+    plain = {k: str(v) if isinstance(v, Given) else v for k, v in typed.items()}
+    parts.append((replace(recipe, config=config, files=files, tensors=tensors, includes=(),
+                          params=(), bound=plain), plain))
     return parts
 
 
@@ -140,10 +143,22 @@ def evaluate(value: Any, lookup: Callable[[str], Any], loc: str) -> Any:
     return walk_templates(value, one)
 
 
-def _bind_op(op, lookup):
+def _bind_op(op, lookup, fetcher):
+    if isinstance(op, SetOp) and op.fetch is not None:
+        value, record = resolve_from(op.fetch, op.sha256, lambda t: evaluate(t, lookup, op.loc),
+                                     fetcher, op.loc, want_text=False)
+        return replace(op, value=value, source=record, fetch=None, sha256=None)
     if isinstance(op, (SetOp, PatchOp, ArrayOp)) and op.value is not None:
         return replace(op, value=evaluate(op.value, lookup, op.loc))
     return op
+
+
+def _bind_file(op, lookup, fetcher):
+    if not isinstance(op, AddFile) or op.fetch is None:
+        return op
+    content, record = resolve_from(op.fetch, op.sha256, lambda t: evaluate(t, lookup, op.loc),
+                                   fetcher, op.loc, want_text=True)
+    return replace(op, content=content, source=record, fetch=None, sha256=None)
 
 
 # ------------------------------------------------------------------------------ merging

@@ -30,8 +30,9 @@ from .builtin import (  # noqa: F401  (part of the public recipe API)
     builtin_recipe_dir, builtin_recipe_names, resolve_recipe)
 from .guards import check_guards, evaluate_guards  # noqa: F401  (re-exported)
 from ..config.arrays import parse_array_op
-from .params import (INCLUDE_KEYS, has_templates, include_path, parse_params, read_beside,
-                     template_ops, template_value, type_problem)
+from .params import (INCLUDE_KEYS, has_templates, include_path, parse_params, template_ops,
+                     template_value, type_problem)
+from .sources import parse_from
 from .schema import (RECIPE_FORMAT_VERSIONS, AddFile, AllOf, AnyOf, Check, ConfigOp, Condition,
                      DropFile, DropOp, FileOp, Include, Not, OutputLayout, PatchOp, Recipe,
                      RenameOp, SetOp)
@@ -49,14 +50,15 @@ LEAF_KEYS = ("file", "path", *PREDICATES, "in", "message")
 CONFIG_ACTIONS = ("drop", "set", "rename", "architectures", "model_type", "op")
 CONFIG_KEYS = {
     "drop": ("drop", "in", "missing_ok"),
-    "set": ("set", "value", "in", "create_parents"),
+    "set": ("set", "value", "from", "sha256", "in", "create_parents"),
     "rename": ("rename", "to", "in", "missing_ok"),
     "architectures": ("architectures", "in"),
     "model_type": ("model_type", "in"),
     "op": ("op", "path", "value", "from", "in", "missing_ok"),
 }
 PATCH_OPS = ("add", "remove", "replace", "move", "copy", "test")
-FILE_KEYS = {"drop": ("drop", "missing_ok"), "add": ("add", "content", "from", "overwrite")}
+FILE_KEYS = {"drop": ("drop", "missing_ok"),
+             "add": ("add", "content", "from", "sha256", "overwrite")}
 
 
 # ------------------------------------------------------------------------------ loading
@@ -368,7 +370,8 @@ def _config_op(v: rc.Validator, node: Any, pos: tuple[int, int]) -> ConfigOp | N
               f"{actions[0]!r} and {actions[1]!r}")
         return None
     action = actions[0]
-    required = {"set": ("value",), "rename": ("to",), "op": ("path",)}.get(action, ())
+    required = {"set": () if "from" in node else ("value",), "rename": ("to",),
+                "op": ("path",)}.get(action, ())
     v.check_keys(node, CONFIG_KEYS[action], f"'{action}' operation", required=required,
                  suggest=all_keys)
     loc = v.loc(pos)
@@ -377,6 +380,8 @@ def _config_op(v: rc.Validator, node: Any, pos: tuple[int, int]) -> ConfigOp | N
         path = v.pointer(node, "drop", allow_root=False)
         missing_ok = v.boolean(node, "missing_ok", default=False)
         return None if path is None else DropOp(path, scopes, missing_ok, loc)
+    if action == "set" and "from" in node:
+        return _set_from(v, node, pos, scopes, loc)
     if action == "set":
         path = v.pointer(node, "set", allow_root=False)
         value = v.json_value(node["value"], rc.val_pos(node, "value")) if "value" in node \
@@ -436,6 +441,21 @@ def _patch_op(v: rc.Validator, node: Any, scopes: tuple[str, ...], loc: str) -> 
     return PatchOp(op, path, value, from_path, scopes, loc, missing_ok)
 
 
+def _set_from(v: rc.Validator, node: Any, pos: tuple[int, int], scopes: tuple[str, ...],
+              loc: str) -> SetOp | None:
+    """``set: /path`` with ``from:`` (a file's text, or ``#/pointer``'s JSON value)."""
+    if "value" in node:
+        v.err(rc.key_pos(node, "value"), "'set' takes 'value' or 'from', not both")
+        return None
+    path = v.pointer(node, "set", allow_root=False)
+    found = parse_from(v, node, pos)
+    if path is None or found is None:
+        return None
+    create_parents = v.boolean(node, "create_parents", default=True)
+    return SetOp(path, found.pop("content", None), scopes, loc, create_parents=create_parents,
+                 **found)
+
+
 # ------------------------------------------------------------------------------ file ops
 
 def _file_op(v: rc.Validator, node: Any, pos: tuple[int, int]) -> FileOp | None:
@@ -465,11 +485,14 @@ def _file_op(v: rc.Validator, node: Any, pos: tuple[int, int]) -> FileOp | None:
         return None
     overwrite = v.boolean(node, "overwrite", default=False)
     if "from" in node:
-        source = v.string(node, "from")
-        found = None if source is None else read_beside(v, source, rc.val_pos(node, "from"))
+        found = parse_from(v, node, rc.val_pos(node, "from"))
         if name is None or found is None:
             return None
-        return AddFile(name, found[0], overwrite, loc, source=found[1])
+        return AddFile(name, found.pop("content", None), overwrite, loc, **found)
+    if "sha256" in node:
+        v.err(rc.key_pos(node, "sha256"), "sha256: pins the content of 'from:'; "
+              "it takes no 'content:'")
+        return None
     content = v.string(node, "content", nonempty=False)
     return None if name is None or content is None else AddFile(name, content, overwrite, loc)
 

@@ -117,6 +117,11 @@ class SetOp:
     loc: str
     label: str = "set"
     create_parents: bool = True
+    # ``from:`` instead of ``value:`` (patcher.recipe.sources): fetched when bound, then
+    # ``value`` holds the content and ``source`` where it came from and its sha256
+    fetch: Any = None
+    sha256: Any = None
+    source: dict | None = None
     kind = "set"
 
 
@@ -214,10 +219,14 @@ class AddFile:
     ``overwrite``."""
 
     path: str
-    content: str
+    content: str | None
     overwrite: bool
     loc: str
-    source: dict | None = None      # from: a file next to the recipe, {"from", "sha256"}
+    source: dict | None = None      # from: where the content came from, {"from", "sha256"...}
+    # from: another model or a local file (patcher.recipe.sources), fetched when bound; until
+    # then ``content`` is None. ``sha256``: the pin the fetched bytes must match.
+    fetch: Any = None
+    sha256: Any = None
     kind = "add"
 
 

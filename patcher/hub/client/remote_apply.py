@@ -56,7 +56,7 @@ def apply_and_publish(recipe, url: str, repo_id: str, *, endpoint: str | None = 
     loaded = load(recipe)
     model = RemoteModel.open(url, endpoint=endpoint)
     options = {"in_place": False, "max_shard_size": None, **({"params": params} if params else {})}
-    the_plan = make_plan(loaded, model, options=options)
+    the_plan = make_plan(loaded, model, options=options, endpoint=endpoint)
     rewrites = [fp.path for fp in the_plan.files if fp.action is Action.REWRITE_SHARD]
     if rewrites:
         raise InputError(f"recipe {loaded.name!r} rewrites {len(rewrites)} shards "

@@ -265,3 +265,57 @@ def test_set_scoped_to_one_recipe_and_ambiguous_plain_names_refused(tmp_path):
         api.plan(str(a), model, options={"params": {"a.y": "1"}})
     result = _run(["plan", str(a), str(b), str(model), "--set", "x=1"])
     assert result.exit_code == 2 and "ambiguous" in result.output
+
+
+# ---------------------------------------------------------------------------- JSON Schema
+
+SOURCES_RECIPE = HEAD + """params:
+  t: {type: string, description: d}
+  pin: {type: string, default: '', description: d}
+config:
+  tokenizer_config.json:
+    - set: /chat_template
+      from: hf://org/base@refs%2Fpr%2F1/tokenizer_config.json#/chat_template
+      sha256: abababababababababababababababababababababababababababababababab
+    - {set: /x, from: '{t}', sha256: '{pin}'}
+files:
+  - {add: chat_template.jinja, from: hf://org/base/chat_template.jinja, overwrite: true}
+  - {add: generation_config.json, from: '{t}', sha256: '{pin}'}
+"""
+
+
+def test_schema_and_loader_agree_on_from_sources():
+    jsonschema = pytest.importorskip("jsonschema")
+    from ruamel.yaml import YAML
+
+    schema = json.loads((Path(__file__).parent.parent / "patcher" / "schemas" /
+                         "recipe.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    plain = YAML(typ="safe", pure=True).load
+    assert [e.message for e in validator.iter_errors(plain(SOURCES_RECIPE))] == []
+    recipe = load_recipe(SOURCES_RECIPE)
+    first = recipe.config["tokenizer_config.json"][0]
+    assert (first.fetch.repo_id, first.fetch.revision, first.fetch.path, first.fetch.pointer) \
+        == ("org/base", "refs/pr/1", "tokenizer_config.json", "/chat_template")
+    chat = (Path(__file__).parent.parent / "recipes" / "chat-template.yaml").read_text()
+    assert [e.message for e in validator.iter_errors(plain(chat))] == []
+    for bad in (HEAD + "files:\n  - {add: x, from: hf://org/base/x, sha256: abc}\n",
+                HEAD + "config:\n  c.json:\n    - {set: /x, value: 1, from: hf://o/b/x}\n"):
+        assert list(validator.iter_errors(plain(bad))) != []
+        with pytest.raises(RecipeError):
+            load_recipe(bad)
+    with pytest.raises(RecipeError, match="it takes no 'content:'"):       # the loader only
+        load_recipe(HEAD + "files:\n  - {add: x, content: y, sha256: '" + "ab" * 32 + "'}\n")
+
+
+def test_chat_template_in_place_reverts_byte_for_byte(tmp_path):
+    from fs_snapshot import snapshot
+
+    model = _tokenizer_model(tmp_path / "m", OLD)
+    (tmp_path / "new.jinja").write_text(NEW)
+    before = snapshot(model)
+    api.apply_in_place("chat-template", model,
+                       params={"template": f"file:{tmp_path / 'new.jinja'}"})
+    assert _rendered(model) == NEW_RENDERED
+    api.revert(model)
+    assert snapshot(model) == before and _rendered(model).startswith("OLD")

@@ -107,7 +107,9 @@ def check_pin(value: Any) -> str | None:
     """The problem with a ``sha256:`` value, or None (an empty string: not pinned)."""
     if value == "":
         return None
-    if not isinstance(value, str) or not SHA256_RE.match(value):
+    if not isinstance(value, str):
+        return f"sha256: must be a string of 64 lowercase hex digits (quote it); got {value!r}"
+    if not SHA256_RE.match(value):
         return "sha256: must be 64 lowercase hex digits"
     return None
 

@@ -319,3 +319,16 @@ def test_chat_template_in_place_reverts_byte_for_byte(tmp_path):
     assert _rendered(model) == NEW_RENDERED
     api.revert(model)
     assert snapshot(model) == before and _rendered(model).startswith("OLD")
+
+
+def test_set_from_a_file_next_to_the_recipe_is_data_not_a_template(tmp_path):
+    model = _tokenizer_model(tmp_path / "m", OLD)
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "t.jinja").write_text("Hello {name} {{ x }}")
+    recipe = tmp_path / "r" / "r.yaml"
+    recipe.write_text(HEAD + "config:\n  tokenizer_config.json:\n"
+                      "    - {set: /chat_template, from: t.jinja}\n")
+    out = api.apply(str(recipe), model, out=tmp_path / "v").output
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == "Hello {name} {{ x }}"
+    assert _sources(out)[0]["from"] == "t.jinja"

@@ -163,7 +163,8 @@ def template_ops(v: rc.Validator, config: dict, names: set[str]) -> dict:
     for file, ops in config.items():
         new = []
         for op in ops:
-            if isinstance(op, (SetOp, PatchOp, ArrayOp)) and op.value is not None:
+            if isinstance(op, (SetOp, PatchOp, ArrayOp)) and op.value is not None \
+                    and getattr(op, "source", None) is None:      # from: content is data
                 op = replace(op, value=template_value(v, op.value, pos_of_loc(op.loc), names))
             new.append(op)
         out[file] = tuple(new)

@@ -45,15 +45,16 @@ def parse_hf_url(text: str) -> tuple[str, str | None]:
 class HubFiles:
     """Names, sizes and ranged reads of the files of ``repo_id`` at one commit."""
 
-    def __init__(self, repo_id: str, revision: str | None, endpoint: str | None):
+    def __init__(self, repo_id: str, revision: str | None, endpoint: str | None,
+                 what: str = "inspect"):
         from huggingface_hub.utils import build_hf_headers
 
         from ..hub.client.connection import client, hub_call
 
         api = client(endpoint)
-        self.repo_id, self.endpoint = repo_id, api.endpoint
+        self.repo_id, self.endpoint, self.what = repo_id, api.endpoint, what
         self.transfer = Transfer()
-        info = hub_call("inspect", repo_id, api.model_info, repo_id, revision=revision,
+        info = hub_call(what, repo_id, api.model_info, repo_id, revision=revision,
                          files_metadata=True)
         self.transfer.add(0)        # the repository listing (its body is not model bytes)
         self.commit: str = info.sha
@@ -72,7 +73,7 @@ class HubFiles:
         end = size if end is None else end
         if end <= start:
             return b""
-        return hub_call("inspect", self.repo_id, self._ranged_get, path, start, end, size)
+        return hub_call(self.what, self.repo_id, self._ranged_get, path, start, end, size)
 
     def _ranged_get(self, path: str, start: int, end: int, size: int) -> bytes:
         from huggingface_hub import hf_hub_url

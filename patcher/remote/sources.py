@@ -56,7 +56,8 @@ class SourceFetcher:
 
         repo_key = (source.repo_id, source.revision)
         if repo_key not in self._repos:
-            self._repos[repo_key] = HubFiles(source.repo_id, source.revision, self.endpoint)
+            self._repos[repo_key] = HubFiles(source.repo_id, source.revision, self.endpoint,
+                                              what="fetch")
         hub = self._repos[repo_key]
         at = f"{source.repo_id}@{hub.commit}"
         size = hub.sizes.get(source.path)

@@ -88,6 +88,10 @@ def test_chat_template_from_a_file_renders_in_transformers(tmp_path):
 def hub_with_base(tmp_path, monkeypatch):
     """The embedded hub serving ``alice/base``, whose template is in chat_template.jinja."""
     base = _tokenizer_model(tmp_path / "base", NEW)
+    from transformers import GenerationConfig
+
+    GenerationConfig(bos_token_id=1, eos_token_id=[2, 5], temperature=0.6,
+                     do_sample=True).save_pretrained(base)
     configure_hf_client(monkeypatch, tmp_path / "hf-home")
     store_model(tmp_path / "hub", "alice/base", base)
     with running_hub(tmp_path / "hub", TOKENS) as hub:
@@ -123,6 +127,25 @@ def test_chat_template_from_a_base_on_the_hub_is_fetched_once_and_pinned(
                        endpoint=hub_with_base.endpoint,
                        params={"template": source, "sha256": entry["sha256"]}).output
     assert _rendered(pinned) == NEW_RENDERED
+
+
+def test_a_recipe_brings_back_a_lost_generation_config_from_the_hub(tmp_path, hub_with_base):
+    """mergekit#275 / GPTQModel#1291: the merged or quantized model lost generation_config.json;
+    a recipe names the base's file on the hub, in its own text (hub sources may be written)."""
+    from transformers import GenerationConfig
+
+    model = _tokenizer_model(tmp_path / "m", OLD)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(HEAD + "files:\n  - add: generation_config.json\n"
+                      "    from: hf://alice/base@main/generation_config.json\n")
+    plan = _run(["plan", str(recipe), str(model), "--endpoint", hub_with_base.endpoint])
+    commit = hub_with_base.api().model_info("alice/base").sha
+    assert f"content generation_config.json <- hf://alice/base@{commit}/generation_config.json" \
+        in plan.output
+    out = api.apply(str(recipe), model, out=tmp_path / "v",
+                    endpoint=hub_with_base.endpoint).output
+    loaded = GenerationConfig.from_pretrained(out)
+    assert (loaded.eos_token_id, loaded.temperature) == ([2, 5], 0.6)
 
 
 def test_a_file_missing_from_the_hub_repo_names_the_commit(tmp_path, hub_with_base):

@@ -355,3 +355,19 @@ def test_set_from_a_file_next_to_the_recipe_is_data_not_a_template(tmp_path):
     config = json.loads((out / "tokenizer_config.json").read_text())
     assert config["chat_template"] == "Hello {name} {{ x }}"
     assert _sources(out)[0]["from"] == "t.jinja"
+
+
+def test_the_model_card_names_hub_sources_but_never_local_paths():
+    from patcher.hub.client.model_card import change_lines
+
+    digest = "ab" * 32
+    lines = change_lines([
+        {"kind": "content_source", "target": "chat_template.jinja", "from": "hf://o/b/x",
+         "resolved": "hf://o/b@" + "1" * 40 + "/x", "sha256": digest},
+        {"kind": "content_source", "target": "t.json /x", "from": "file:/home/me/t.jinja",
+         "resolved": "/home/me/t.jinja", "sha256": digest},
+        {"kind": "content_source", "target": "a.jinja", "from": "a.jinja", "sha256": digest}])
+    assert lines == [
+        f"- `chat_template.jinja`: content from `hf://o/b@{'1' * 40}/x` (sha256 `{digest}`)",
+        f"- `t.json /x`: content from a local file (sha256 `{digest}`)",
+        f"- `a.jinja`: content from `a.jinja` beside the recipe (sha256 `{digest}`)"]

@@ -67,6 +67,11 @@ def change_lines(changes: list[dict], limit: int = 40) -> list[str]:
             lines.append(f"- file `{c['file']}`: {kind.split('_')[1]}")
         elif kind == "gguf_metadata":
             lines.append(_gguf_metadata_line(c))
+        elif kind == "content_source":
+            where = c["resolved"] if c.get("resolved", "").startswith("hf://") else (
+                "a local file" if c.get("resolved") else f"`{c['from']}` beside the recipe")
+            where = f"`{where}`" if where.startswith("hf://") else where
+            lines.append(f"- `{c['target']}`: content from {where} (sha256 `{c['sha256']}`)")
     if len(lines) > limit:
         lines = lines[:limit] + [f"- ... and {len(lines) - limit} more (see "
                                  f"`modelpatch.provenance.json`)"]

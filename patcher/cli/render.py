@@ -93,7 +93,7 @@ def recipe_source(recipe: dict) -> str:
 def content_sources(changes: list[dict]) -> list[str]:
     """Where each ``from:`` content came from, resolved (the hub commit), and its sha256."""
     return [f"content {c['target']} <- {c.get('resolved') or c['from']}"
-            + (f" {c['pointer']}" if c.get("pointer") else "") + f" sha256 {c['sha256']}"
+            + (f"#{c['pointer']}" if c.get("pointer") else "") + f" sha256 {c['sha256']}"
             for c in changes if c.get("kind") == "content_source"]
 
 

@@ -170,6 +170,9 @@ def test_from_a_local_model_and_a_json_pointer(tmp_path):
     base = _tokenizer_model(tmp_path / "base", NEW, jinja_file=False)
     model = _tokenizer_model(tmp_path / "m", OLD)
     source = f"model:{base / 'tokenizer_config.json'}#/chat_template"
+    plan = _run(["plan", "chat-template", str(model), "--set", f"template={source}"])
+    assert f"content tokenizer_config.json /chat_template <- {base / 'tokenizer_config.json'}" \
+           f"#/chat_template sha256 " in plan.output
     out = api.apply("chat-template", model, out=tmp_path / "v",
                     params={"template": source}).output
     assert _rendered(out) == NEW_RENDERED

@@ -316,7 +316,10 @@ class QuantizeTensors:
     kind = "quantize"
 
 
-TensorAction = Union[DropTensors, RenameTensors, CopyTensors, CastTensors, DequantizeTensors, QuantizeTensors]
+from .tensor_math import RefuseTensors, ScaleTensors, SplitTensors  # noqa: E402
+
+TensorAction = Union[DropTensors, RenameTensors, CopyTensors, SplitTensors, ScaleTensors,
+                     RefuseTensors, CastTensors, DequantizeTensors, QuantizeTensors]
 
 
 @dataclass(frozen=True)

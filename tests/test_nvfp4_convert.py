@@ -235,3 +235,27 @@ def test_conversion_guards_refuse_models_they_do_not_fit(tmp_path):
     _edit_config(copy, lambda c: c["quantization_config"].update(format="mixed-precision"))
     with pytest.raises(GuardRefused, match="not nvfp4-pack-quantized"):
         api.apply("compressed-tensors-to-modelopt", copy, out=tmp_path / "e")
+
+
+def test_compressed_tensors_to_modelopt_reads_compressed_tensors_own_output(tmp_path):
+    """The reverse recipe on a checkpoint modelpatch did not write: compressed-tensors'
+    converter output (scalar [] global scales, config_group_0, version, its KV scales under
+    ModelOpt's names in bfloat16). Back in ModelOpt's layout, every tensor equals the original
+    export except the scales no reciprocal restores (one ulp) and the KV scales, which the
+    converter rounded to bfloat16."""
+    base = FIXTURES / "llama-nvfp4"
+    theirs = _converter_output(base, tmp_path / "converter", with_kv=True)
+    back = api.apply("compressed-tensors-to-modelopt", theirs, out=tmp_path / "back").output
+    before, after = read_tensors(base), read_tensors(back)
+    assert sorted(after) == sorted(before)
+    for name, t in before.items():
+        if name.endswith(KV):
+            assert_bits_equal(after[name], t.to(torch.bfloat16), name)
+        elif t.dim() == 0 and t.dtype == torch.float32 and _f32_reciprocal(
+                _f32_reciprocal(t.numpy().reshape(1)))[0] != t.item():
+            assert abs(int(after[name].view(torch.int32)) - int(t.view(torch.int32))) == 1
+        else:
+            assert_bits_equal(after[name], t, name)
+    qc = dict(_json(base / "config.json")["quantization_config"])
+    qc.pop("producer")
+    assert _json(back / "config.json")["quantization_config"] == qc

@@ -222,6 +222,13 @@ def test_conversion_guards_refuse_models_they_do_not_fit(tmp_path):
     with pytest.raises(GuardRefused, match=r"affine FP8 KV cache .*k_bias"):
         api.apply("modelopt-to-compressed-tensors", FIXTURES / "llama-nvfp4-affine-kv",
                   out=tmp_path / "b")
+    groups32 = tmp_path / "groups32"
+    shutil.copytree(FIXTURES / "llama-nvfp4", groups32)
+    hf = _json(groups32 / "hf_quant_config.json")
+    hf["quantization"]["group_size"] = 32
+    (groups32 / "hf_quant_config.json").write_text(json.dumps(hf))
+    with pytest.raises(GuardRefused, match="NVFP4 groups of 16 only"):
+        api.apply("modelopt-to-compressed-tensors", groups32, out=tmp_path / "g")
     with pytest.raises(GuardRefused, match="not a compressed-tensors checkpoint"):
         api.apply("compressed-tensors-to-modelopt", FIXTURES / "llama-nvfp4", out=tmp_path / "c")
     ct = api.apply("modelopt-to-compressed-tensors", FIXTURES / "llama-nvfp4",

@@ -11,7 +11,7 @@ from dataclasses import replace
 from ..errors import GuardRefused, PlanError
 from ..model.safetensors_io import OutputTensor
 from ..recipe.regex_bound import per_name
-from ..recipe.tensor_math import SCALE_DTYPES
+from ..recipe.tensor_ops.split_scale import SCALE_DTYPES
 from .tasks import TensorJob, TensorSource
 
 

@@ -1,12 +1,15 @@
 """The arithmetic of the ``scale`` tensor action: reciprocal, cast, reshape, each exact or
 refused (``NumericError`` naming the tensor: the apply fails and writes nothing).
 
-- ``reciprocal``: ``y`` is ``1/x`` rounded to nearest-even in the output dtype. It is computed
-  in float64 and rounded once more; for F32, F16 and BF16 inputs that second rounding never
-  changes the result (a quotient of p-bit numbers rounded to 53 >= 2p+2 bits first is correctly
-  rounded after the second rounding), so ``y`` equals torch's ``1 / x`` in float32, the
-  value compressed-tensors' ModelOpt converter and vLLM compute. Refused always: an input that
-  is zero, inf or NaN, and an output that overflows to inf or falls to zero or a subnormal.
+The steps run in this order, each on the result of the one before.
+
+- ``reciprocal``: ``y`` is ``1/x`` rounded to nearest-even in x's dtype. It is computed in
+  float64 (correctly rounded for F64) and rounded once more; for F32, F16 and BF16 inputs the
+  second rounding never changes the result (a quotient of p-bit numbers rounded first to
+  53 >= 2p+2 bits is rounded correctly by the second rounding), so ``y`` equals torch's
+  ``1 / x`` in float32, the value compressed-tensors' ModelOpt converter and vLLM compute.
+  Refused always: an input that is zero, inf or NaN, and an output that overflows to inf or
+  falls to zero or a subnormal.
   ``exact`` also refuses a value that ``y`` does not give back: ``1/y`` rounded to the input
   dtype must equal ``x`` bit for bit, so the reverse conversion restores the original bytes.
   ``nearest`` accepts it (the scale then moves by at most half a unit in the last place).
@@ -24,14 +27,17 @@ from .tasks import TensorJob
 
 _TORCH = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
           "BF16": torch.bfloat16}
+_NAMES = {dtype: name for name, dtype in _TORCH.items()}
 
 
 def compute_scale(job: TensorJob, x: torch.Tensor) -> torch.Tensor:
     """The output of a ``scale`` job from its source tensor ``x`` (on the CPU)."""
     x = x.cpu()
-    target = _TORCH[job.param("to")]
     mode = job.param("reciprocal")
-    y = _cast(job, x, target) if mode is None else _reciprocal(job, x, target, mode)
+    y = x if mode is None else _reciprocal(job, x, mode)
+    target = _TORCH[job.param("to")]
+    if target != y.dtype:
+        y = _cast(job, y, target)
     return y.reshape(job.out.shape).contiguous()
 
 
@@ -57,8 +63,9 @@ def _cast(job: TensorJob, x: torch.Tensor, target: torch.dtype) -> torch.Tensor:
     return y
 
 
-def _reciprocal(job: TensorJob, x: torch.Tensor, target: torch.dtype,
-                mode: str) -> torch.Tensor:
+def _reciprocal(job: TensorJob, x: torch.Tensor, mode: str) -> torch.Tensor:
+    """1/x in x's dtype (see the module docstring)."""
+    target = x.dtype
     wide = x.to(torch.float64)
     bad = ~torch.isfinite(wide) | (wide == 0)
     if bool(bad.any()):
@@ -68,9 +75,8 @@ def _reciprocal(job: TensorJob, x: torch.Tensor, target: torch.dtype,
     tiny = torch.finfo(target).tiny
     bad = ~torch.isfinite(y) | (y.abs() < tiny)
     if bool(bad.any()):
-        raise _refuse(job, f"reciprocal leaves the {job.param('to')} range: {int(bad.sum())} "
-                      f"value(s) overflow or underflow (e.g. {_example(x, bad, y)})",
-                      hint="cast to a wider dtype")
+        raise _refuse(job, f"reciprocal leaves the {_NAMES[target]} range: {int(bad.sum())} "
+                      f"value(s) overflow or underflow (e.g. {_example(x, bad, y)})")
     if mode == "exact":
         back = (1.0 / y.to(torch.float64)).to(x.dtype)
         bad = back != x

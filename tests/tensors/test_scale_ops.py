@@ -96,6 +96,18 @@ def test_reciprocal_refuses_values_with_no_finite_normal_reciprocal(tmp_path, va
     assert info.value.exit_code == 2 and "s" == info.value.tensor
 
 
+def test_reciprocal_then_cast_applies_the_cast_rule_to_the_reciprocal(tmp_path):
+    """The steps run in order: 1/x in x's dtype, then the exact-or-refused cast."""
+    out = _apply(tmp_path, {"p": _f32([4.0, 0.5]), "q": _f32([3.0])},
+                 "- select: {glob: p}\n  scale: {reciprocal: exact, cast: bf16, reshape: [2, 1]}\n")
+    got = read_tensors(out)["p"]
+    assert got.dtype == torch.bfloat16 and torch.equal(got.float().reshape(-1), _f32([0.25, 2.0]))
+    with pytest.raises(Exception, match=r"cast to BF16 is not exact") as info:   # 1/3 in F32
+        _apply(tmp_path, {}, "- select: {glob: q}\n  scale: {reciprocal: nearest, cast: bf16}\n",
+               name="w")
+    assert info.value.exit_code == 2 and info.value.tensor == "q"
+
+
 # ------------------------------------------------------------------------------ cast, reshape
 
 def test_cast_is_exact_or_refused(tmp_path):
@@ -110,7 +122,8 @@ def test_cast_is_exact_or_refused(tmp_path):
 
 
 def test_reshape_keeps_the_bytes_and_checks_the_count(tmp_path):
-    base = {"s": _f32([7.0]), "m": torch.arange(6, dtype=torch.bfloat16), "u": torch.zeros(2, dtype=torch.uint8)}
+    base = {"s": _f32([7.0]), "m": torch.arange(6, dtype=torch.bfloat16),
+            "u": torch.zeros(2, dtype=torch.uint8)}
     out = _apply(tmp_path, base, "- select: {glob: s}\n  scale: {reshape: []}\n")
     got = read_tensors(out)["s"]
     assert got.shape == () and got.view(torch.int32) == _f32(7.0).view(torch.int32)

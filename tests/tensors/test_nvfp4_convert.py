@@ -142,14 +142,29 @@ def _f32_reciprocal(x: np.ndarray) -> np.ndarray:
     return np.float32(1.0) / x.astype(np.float32)       # IEEE division, correctly rounded
 
 
-@pytest.mark.parametrize("export", EXPORTS)
+def _no_kv_cache(tmp_path: Path) -> Path:
+    """The llama NVFP4 export as ModelOpt writes it without a quantized KV cache: no KV scales,
+    no kv_cache_scheme in config.json, kv_cache_quant_algo null."""
+    out = _without_kv_scales(FIXTURES / "llama-nvfp4", tmp_path / "no-kv")
+    cfg = _json(out / "config.json")
+    del cfg["quantization_config"]["kv_cache_scheme"]
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    hf = _json(out / "hf_quant_config.json")
+    hf["quantization"]["kv_cache_quant_algo"] = None
+    (out / "hf_quant_config.json").write_text(json.dumps(hf, indent=4))
+    return out
+
+
+@pytest.mark.parametrize("export", EXPORTS + ("llama-nvfp4-no-kv",))
 def test_round_trip_restores_every_tensor_but_the_scales_no_reciprocal_restores(export,
                                                                                 tmp_path):
     """ModelOpt -> compressed-tensors -> ModelOpt: every tensor byte-identical, except the
     scales x for which 1/(1/x) != x in float32 (numpy's division says which), each one ulp
     off; config.json back to ModelOpt's form (less `producer`), hf_quant_config.json kept."""
-    base = FIXTURES / export
+    base = _no_kv_cache(tmp_path) if export.endswith("no-kv") else FIXTURES / export
     ct = api.apply("modelopt-to-compressed-tensors", base, out=tmp_path / "ct").output
+    assert ("kv_cache_scheme" in _json(ct / "config.json")["quantization_config"]) == (
+        not export.endswith("no-kv"))
     back = api.apply("compressed-tensors-to-modelopt", ct, out=tmp_path / "back").output
     before, after = read_tensors(base), read_tensors(back)
     assert sorted(after) == sorted(before)
@@ -178,7 +193,8 @@ def test_compressed_tensors_variant_loads_in_transformers(tmp_path):
     """transformers 5.24 loads the converted model compressed (NVFP4 weights, fake-quantized
     activations): nothing missing or mismatched, only the KV-cache scales unexpected (its
     attention takes `cache`, and compressed-tensors 0.20.1 registers KV scales only on an
-    attention whose forward takes `past_key_value(s)`); and dequantized (dense bf16): every
+    attention whose forward takes `past_key_value(s)`), and nothing at all without a quantized
+    KV cache; and dequantized (dense bf16): every
     weight and the logits equal to_bf16's exact dequantization of the ModelOpt export."""
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
@@ -194,6 +210,11 @@ def test_compressed_tensors_variant_loads_in_transformers(tmp_path):
     ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.isfinite(model.eval()(ids).logits).all()
+    no_kv = api.apply("modelopt-to-compressed-tensors", _no_kv_cache(tmp_path),
+                      out=tmp_path / "ct-no-kv").output
+    _, info = AutoModelForCausalLM.from_pretrained(no_kv, dtype=torch.bfloat16,
+                                                   output_loading_info=True)
+    assert not any(info.values()), info         # without KV scales: a clean load
 
     deq, info = AutoModelForCausalLM.from_pretrained(
         ct, dtype=torch.bfloat16, output_loading_info=True,

@@ -22,12 +22,13 @@ def recipes_list() -> None:
     from .render import shorten
 
     width = shutil.get_terminal_size().columns       # $COLUMNS, the terminal, else 80
-    for path in sorted(builtin_recipe_dir().glob("*.yaml")):
-        recipe = load_recipe(path)
-        click.echo(f"{recipe.name:<22} {shorten(recipe.description, width - 23)}")
+    found = [load_recipe(path) for path in sorted(builtin_recipe_dir().glob("*.yaml"))]
+    pad = max([22] + [len(r.name) for r in found]) + 1
+    for recipe in found:
+        click.echo(f"{recipe.name:<{pad - 1}} {shorten(recipe.description, width - pad)}")
         if recipe.params:
             params = " ".join(f"{p.name}={_param_default(p)}" for p in recipe.params)
-            click.echo(" " * 23 + shorten(f"--set {params}", width - 23))
+            click.echo(" " * pad + shorten(f"--set {params}", width - pad))
 
 
 def _param_default(param) -> str:

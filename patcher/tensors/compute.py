@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from ..errors import NumericError
+from . import scale_math
 from .quant import fp8, nvfp4
 from .quant.mxfp4 import dequantize_mxfp4_gpt_oss
 from .quant.kernel_args import CHUNK_ELEMENTS
@@ -46,6 +47,8 @@ def compute(job: TensorJob, read_inputs: Callable[[], list[torch.Tensor]], cache
             return out
         if job.op == "quantize":
             return _quantize(job, read_inputs, cache, device)
+        if job.op == "scale":
+            return scale_math.compute_scale(job, read_inputs()[0])
     except NonFiniteInput as exc:
         raise NumericError(str(exc), where=job.inputs[0].shard, tensor=job.inputs[0].name,
                            hint="fix or restore the source weight, or leave it out of the "

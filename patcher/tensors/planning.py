@@ -24,6 +24,7 @@ from .schemes import (
     find_scheme,
     scheme_named,
 )
+from .scale_planning import plan_refuse, plan_scale, plan_split
 from .tasks import TensorJob, TensorSource
 from .view import VirtualTensor, initial_view, select, shard_plans
 
@@ -311,4 +312,5 @@ def _copy(view, names, op, changes) -> None:
 
 
 _HANDLERS = {"drop": _drop, "rename": _rename, "copy": _copy, "cast": _cast,
-             "quantize": _quantize}
+             "quantize": _quantize, "split": plan_split, "scale": plan_scale,
+             "refuse": plan_refuse}

@@ -372,7 +372,7 @@ ERROR_CASES = [
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    drop: true\n    §cast: bf16\n",
      "one action per tensor operation; found 'drop' and 'cast' (write two list items)"),
     (HEAD + "tensors:\n  - §select: {glob: '*'}\n",
-     "a tensor operation needs one of: drop, rename, copy, cast, dequantize, quantize"),
+     "a tensor operation needs one of: drop, rename, copy, split, scale, refuse, cast, dequantize, quantize"),
     (HEAD + "tensors:\n  - §drop: true\n", "tensor operation needs 'select'"),
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: §nvfp4}\n",
      "unknown scheme 'nvfp4' (did you mean 'nvfp4-modelopt' or 'nvfp4-compressed-tensors'?)"),

@@ -8,6 +8,9 @@ Each item selects tensors and names exactly one action::
       # rename: {pattern: '^language_model\\.', to: 'model.'}  (re.sub; pattern defaults to the
       #                                                        select regex)
       # cast: bf16 | fp16 | fp32
+      # split: {pattern: 'kv_scale$', to: [k_scale, v_scale]}   (see split_scale)
+      # scale: {reciprocal: exact | nearest, cast: F32, reshape: [1]}
+      # refuse: "why"   (a guard: exit 1 when the selection matches a tensor)
       # dequantize: {scheme: fp8-tensor | fp8-block | nvfp4-modelopt |
       #              nvfp4-compressed-tensors | mxfp4-gpt-oss | auto,
       #              to: bf16 | fp16 | fp32,   (to: bf16)
@@ -28,12 +31,13 @@ from typing import Any
 
 from .. import checks as rc
 from .dtype_names import canonical_dtype, dtype_problem
+from .split_scale import parse_refuse, parse_scale, parse_split
 from ..schema import (DEFAULT_BLOCK, DEQUANT_SCHEMES, FLOAT_TARGETS, QUANT_COMBINATIONS,
                      QUANT_LAYOUTS, QUANT_SCHEMES, CastTensors, CopyTensors, DequantizeTensors,
                      DropTensors, QuantizeTensors, RenameTensors, TensorAction, TensorOp,
                      TensorSelect)
 
-TENSOR_ACTIONS = ("drop", "rename", "copy", "cast", "dequantize", "quantize")
+TENSOR_ACTIONS = ("drop", "rename", "copy", "split", "scale", "refuse", "cast", "dequantize", "quantize")
 TENSOR_KEYS = ("select", "allow_empty", *TENSOR_ACTIONS)
 SELECT_KEYS = ("glob", "regex", "dtype", "layers", "group")
 
@@ -58,7 +62,7 @@ def parse_tensor_op(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorOp | None:
     action = _action(v, node, actions[0], select)
     if select is None or action is None:
         return None
-    return TensorOp(select, action, allow_empty, v.loc(pos))
+    return TensorOp(select, action, allow_empty or action.kind == "refuse", v.loc(pos))
 
 
 def _select(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorSelect | None:
@@ -233,6 +237,12 @@ def _action(v: rc.Validator, node: Any, action: str,
     if action == "cast":
         to = _float_target(v, node, "cast")
         return None if to is None else CastTensors(to)
+    if action == "split":
+        return parse_split(v, value, pos, check_regex)
+    if action == "scale":
+        return parse_scale(v, value, pos)
+    if action == "refuse":
+        return parse_refuse(v, value, pos)
     if not rc.is_map(value):
         example = {"rename": "{pattern: '^old\\.', to: 'new.'}",
                    "copy": "{pattern: 'embed_tokens', to: 'lm_head'}",

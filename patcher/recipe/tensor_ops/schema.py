@@ -123,7 +123,39 @@ class QuantizeTensors:
     kind = "quantize"
 
 
-TensorAction = Union[DropTensors, RenameTensors, CopyTensors, CastTensors, DequantizeTensors, QuantizeTensors]
+@dataclass(frozen=True)
+class SplitTensors:
+    """Replace each selected tensor by byte-identical copies named ``re.sub(pattern, to[i],
+    name)`` (a name equal to the source's keeps it)."""
+
+    pattern: str
+    to: tuple[str, ...]
+    kind = "split"
+
+
+@dataclass(frozen=True)
+class ScaleTensors:
+    """Elementwise scale math, in this order: ``reciprocal`` (``exact`` or ``nearest``, or None),
+    ``cast`` to a float dtype (None: keep), ``reshape`` to a shape with the same element count
+    (None: keep). The rules: ``patcher.tensors.scale_math``."""
+
+    reciprocal: str | None
+    cast: str | None
+    reshape: tuple[int, ...] | None
+    kind = "scale"
+
+
+@dataclass(frozen=True)
+class RefuseTensors:
+    """A tensor guard: the model is refused (exit 1, like ``requires``) when the selection
+    matches any tensor; ``message`` says why."""
+
+    message: str
+    kind = "refuse"
+
+
+TensorAction = Union[DropTensors, RenameTensors, CopyTensors, SplitTensors, ScaleTensors,
+                     RefuseTensors, CastTensors, DequantizeTensors, QuantizeTensors]
 
 
 @dataclass(frozen=True)

@@ -85,5 +85,5 @@ def test_executor_options_refuse_in_one_line(deepseek_fp8_dir, tmp_path, monkeyp
                         lambda name, *a: None if name == "ray" else real(name, *a))
     code, line = _invoke("apply", "fp8-block-to-bf16", model, "-o", str(tmp_path / "b"),
                          "--executor", "ray")
-    assert code == 2 and "needs the ray package" in line and "modelpatch[ray]" in line
+    assert code == 2 and "needs the ray package" in line and "-e '.[ray]'" in line
     assert not (tmp_path / "b").exists()

@@ -15,6 +15,7 @@ ray = pytest.importorskip("ray", reason="ray is not installed: pip install -e '.
 
 from patcher import api  # noqa: E402
 from patcher.cli import main  # noqa: E402
+from patcher.execute.engine import Progress  # noqa: E402
 from patcher.execute.ray_executor import RayExecutor  # noqa: E402
 from patcher.model.model_dir import MANIFEST_NAME  # noqa: E402
 
@@ -66,9 +67,13 @@ def test_variant_is_bit_identical_to_the_local_executor(cluster, request, tmp_pa
                          out=tmp_path / "fp16-kv").output
     else:
         base = request.getfixturevalue(model)
-    local = api.apply(recipe, base, out=tmp_path / "local", jobs=1, **options).output
-    on_ray = api.apply(recipe, base, out=tmp_path / "ray", executor="ray", **options).output
+    shown = {"local": [], "ray": []}       # what the progress meters were told
+    local = api.apply(recipe, base, out=tmp_path / "local", jobs=1,
+                      progress=Progress(writing=shown["local"].append), **options).output
+    on_ray = api.apply(recipe, base, out=tmp_path / "ray", executor="ray",
+                       progress=Progress(writing=shown["ray"].append), **options).output
     _same_variant(local, on_ray)
+    assert sum(shown["ray"]) == sum(shown["local"]) > 0
     assert api.verify(on_ray, executor="ray").ok
 
 

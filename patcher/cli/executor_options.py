@@ -14,8 +14,8 @@ def executor_options(command):
     return click.option(
         "--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
         help="Where shard rewrites and file hashes run: this machine, or a Ray cluster whose "
-             "nodes mount the model and the output at the same paths (pip install "
-             "'modelpatch[ray]').")(command)
+             "nodes mount the model and the output at the same paths (the ray extra: "
+             "pip install -e '.[ray]').")(command)
 
 
 def refuse_in_place(in_place: bool, executor: str) -> None:

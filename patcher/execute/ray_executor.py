@@ -20,7 +20,9 @@ shards with computed tensors, as ``patcher.tensors.thread_budget`` gives a local
 memory (``task_memory``), and a GPU with ``--device cuda``. The largest shards go first. A task
 whose worker dies is retried (``MAX_RETRIES``); the retry removes the partial file and writes the
 same bytes. An error or Ctrl-C cancels every task still queued or running (their workers are
-killed) before the driver removes the staging directory. Ray is imported on first use only.
+killed) before the driver removes the staging directory. The progress meters add up what the
+running tasks have written (their files' sizes on the shared storage, polled every ``POLL_S``)
+and each task's result as it ends. Ray is imported on first use only.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ class RayExecutor:
         sources += [t.source_path for t in tasks if hasattr(t, "source_path")]
         self._check_nodes(sources, [staging])
         limits = self._node_limits()
-        results = ShardResults({}, {})
+        results, written = ShardResults({}, {}), _Written(staging, on_progress)
 
         def submit(task):
             cpus = self._cpus(task, limits)
@@ -110,13 +112,12 @@ class RayExecutor:
             results.outputs[task.output] = sha256
             if source is not None and digest is not None:
                 results.sources[source] = _localized(source, digest)
-            if on_progress:
-                on_progress(task.file_size)
+            written.show(task, task.file_size)
 
         if any(t.device.startswith("cuda") for t in tasks) and not limits["gpus"]:
             raise OperationFailed("--device cuda: no node of the Ray cluster has a GPU")
         order = sorted(tasks, key=lambda t: t.file_size, reverse=True)
-        self._run(order, submit, collect, jobs, lambda t: staging / t.output)
+        self._run(order, submit, collect, jobs, lambda t: staging / t.output, written.watch)
         return results
 
     def hash_files_stat(self, paths, *, jobs: int | None = None,
@@ -234,9 +235,10 @@ class RayExecutor:
 
     # ------------------------------------------------------------------ running tasks
 
-    def _run(self, items: list, submit, collect, jobs: int | None, where) -> None:
+    def _run(self, items: list, submit, collect, jobs: int | None, where, watch=None) -> None:
         """Submit ``items`` in order (at most ``jobs`` in flight), ``collect`` each result as it
-        comes; on any error or interrupt cancel the rest and wait until none runs any more."""
+        comes, ``watch`` the items in flight between; on any error or interrupt cancel the rest
+        and wait until none runs any more."""
         ray = self._ray
         waiting, pending = list(reversed(items)), {}
         try:
@@ -248,6 +250,8 @@ class RayExecutor:
                 for ref in done:
                     item = pending.pop(ref)
                     collect(item, self._result(ref, where(item)))
+                if watch is not None:
+                    watch(list(pending.values()))
         except BaseException:
             self._cancel(list(pending))
             raise
@@ -277,6 +281,27 @@ class RayExecutor:
         deadline = time.monotonic() + CANCEL_WAIT_S
         while refs and time.monotonic() < deadline:
             _, refs = ray.wait(refs, num_returns=len(refs), timeout=POLL_S)
+
+
+class _Written:
+    """Progress of shard tasks: what the running ones have written so far (their files' sizes
+    on the shared storage) and, as each ends, the rest of its file. A retried task's file starts
+    again from nothing; its bytes are not counted twice."""
+
+    def __init__(self, staging: Path, on_progress: Callable[[int], None] | None):
+        self.staging, self.on_progress = staging, on_progress
+        self.shown: dict[str, int] = {}
+
+    def show(self, task, size: int) -> None:
+        before = self.shown.get(task.output, 0)
+        if self.on_progress is not None and size > before:
+            self.on_progress(size - before)
+            self.shown[task.output] = size
+
+    def watch(self, running: list) -> None:
+        for task in running:
+            with contextlib.suppress(OSError):
+                self.show(task, os.stat(self.staging / task.output).st_size)
 
 
 def _localized(path: str, portable) -> object:
@@ -309,6 +334,6 @@ def executing_on_ray(address: str | None = None, *,
     """Within the block, shard tasks and file hashes run on the Ray cluster at ``address``."""
     if importlib.util.find_spec("ray") is None:
         raise InputError("--executor ray needs the ray package, which is not installed",
-                         hint="pip install 'modelpatch[ray]'")
+                         hint="pip install -e '.[ray]' in the modelpatch checkout")
     with RayExecutor(address, cpus_per_task=cpus_per_task) as executor, dispatch.using(executor):
         yield executor

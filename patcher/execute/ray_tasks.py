@@ -7,6 +7,7 @@ a worker unpickles them by reference to this module (modelpatch must be installe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from pathlib import Path
@@ -30,6 +31,8 @@ def write_shard(task, target: str, hash_sources: frozenset[str], cpus: int):
         import torch
 
         torch.set_num_threads(cpus)
+    if task.device.startswith("cuda:"):    # Ray shows this task only the GPU it was given
+        task = dataclasses.replace(task, device="cuda")
     if os.path.lexists(target):
         os.unlink(target)
     sha256, source, digest = write(task, Path(target), None, hash_sources)

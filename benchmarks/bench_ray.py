@@ -4,11 +4,12 @@ executor at the same parallelism, the per-task figures, and from them a projecti
 one) for a 540 GB -> 2 TB dequantization across k nodes.
 
 Same parallelism: each measurement runs in a child process pinned to N cores (``taskset``), so
-the local executor (``-j N``: N workers, cores // N = 1 torch thread each) and the Ray cluster
-(``ray.init(num_cpus=N)``, one CPU per task: N workers, one torch thread each) get the same
-cores. Ray's figures: ``ray.init``; the first apply (cold: workers start and import torch); the
-second (warm workers). The local executor's: the whole ``modelpatch apply`` command (its workers
-start and import torch every time). Needs ray (``pip install -e '.[ray]'``).
+the local executor (``jobs=N``: N workers, cores // N = 1 torch thread each; with N = 1 the
+driver itself) and the Ray cluster (``ray.init(num_cpus=N)``, one CPU per task, ``jobs=N`` tasks
+in flight: N workers, one torch thread each) get the same cores. Both time ``api.apply`` in one
+driver, rounds + 1 times: the first imports torch (and starts Ray's workers); the local pool
+starts its workers on every call (``-j 1`` has none), Ray keeps them. ``ray.init`` is timed
+apart. Needs ray (``pip install -e '.[ray]'``).
 
 Usage: python benchmarks/bench_ray.py [--gb 0.4] [--shards 8] [--workers 1,2] [--rounds 2]
        [--workdir /var/tmp/mp-bench-ray] [--out benchmarks/report]
@@ -34,39 +35,31 @@ GB = 1e9
 RECIPE = "fp8-block-to-bf16"
 
 
-def _apply_local(model: Path, out: Path, workers: int) -> float:
-    cmd = [sys.executable, "-m", "patcher.cli", "-q", "apply", RECIPE, str(model), "-o",
-           str(out), "-j", str(workers)]
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=REPO)
-    return time.perf_counter() - t0
-
-
 def one(args) -> dict:
     """One measurement, in this process (pinned by the parent): ``local`` or ``ray``."""
-    model, out, n = Path(args.model), Path(args.workdir) / "out", args.workers
-    shutil.rmtree(out, ignore_errors=True)
-    if args.one == "local":
-        times = []
-        for _ in range(args.rounds):
-            times.append(_apply_local(model, out, n))
-            shutil.rmtree(out)
-        return {"apply_s": times}
-    import ray
+    import contextlib
 
     from patcher import api
-    from patcher.execute.ray_executor import executing_on_ray
 
-    t0 = time.perf_counter()
-    ray.init(num_cpus=n, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    result = {"init_s": time.perf_counter() - t0, "apply_s": []}
-    with executing_on_ray(cpus_per_task=1):
-        for _ in range(args.rounds + 1):          # the first with cold workers
+    model, out, n = Path(args.model), Path(args.workdir) / "out", args.workers
+    shutil.rmtree(out, ignore_errors=True)
+    result, on_ray = {"init_s": 0.0, "apply_s": []}, contextlib.nullcontext()
+    if args.one == "ray":
+        import ray
+
+        from patcher.execute.ray_executor import executing_on_ray
+
+        t0 = time.perf_counter()
+        ray.init(num_cpus=n, include_dashboard=False, logging_level="ERROR",
+                 log_to_driver=False)
+        result["init_s"] = time.perf_counter() - t0
+        on_ray = executing_on_ray(cpus_per_task=1)
+    with on_ray:
+        for _ in range(args.rounds + 1):          # the first: torch and the workers start
             t0 = time.perf_counter()
-            api.apply(RECIPE, model, out=out)
+            api.apply(RECIPE, model, out=out, jobs=n)
             result["apply_s"].append(time.perf_counter() - t0)
             shutil.rmtree(out)
-    ray.shutdown()
     return result
 
 

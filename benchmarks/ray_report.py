@@ -24,27 +24,44 @@ def _med(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def _out_bytes(r: dict) -> float:
+    return r["per_task"]["written_bytes"] / r["per_task"]["read_bytes"] * r["model"]["bytes"]
+
+
+def _later(run: dict) -> float:
+    return _med(run["apply_s"][1:])
+
+
+def core_rate(r: dict) -> float:
+    """Output bytes per second of one Ray worker pinned to one core, warm: the per-core rate
+    with every cost of a task in it (read, dequantize, write, fsync, both sha256s)."""
+    return _out_bytes(r) / _later(r["runs"]["ray-1"])
+
+
+def _runs(times: list[float]) -> str:
+    return ", ".join(f"{t:.2f}" for t in times)
+
+
 def _scaling(r: dict) -> list[str]:
-    out_bytes = r["per_task"]["written_bytes"] / r["per_task"]["read_bytes"] * r["model"]["bytes"]
-    rows = ["| worker processes | local executor (`apply -j N`, whole command) | Ray: `ray.init` "
-            "| Ray: first apply (cold workers) | Ray: later applies (warm) | Ray warm / local |",
-            "|---|---|---|---|---|---|"]
+    out = _out_bytes(r)
+    rows = ["| worker processes | local: first apply | local: later applies | Ray: `ray.init` "
+            "| Ray: first apply | Ray: later applies | Ray / local (later) |",
+            "|---|---|---|---|---|---|---|"]
     for key in sorted(k for k in r["runs"] if k.startswith("local-")):
         n = key.split("-")[1]
         local, ray = r["runs"][key], r["runs"].get(f"ray-{n}")
         if ray is None:
             continue
-        lo, warm = _med(local["apply_s"]), _med(ray["apply_s"][1:])
-        rows.append(f"| {n} | {lo:.2f} s ({out_bytes / lo / GB:.3f} GB/s out; runs "
-                    f"{', '.join(f'{t:.2f}' for t in local['apply_s'])}) | {ray['init_s']:.1f} s "
-                    f"| {ray['apply_s'][0]:.2f} s | {warm:.2f} s ({out_bytes / warm / GB:.3f} "
-                    f"GB/s out; runs {', '.join(f'{t:.2f}' for t in ray['apply_s'][1:])}) "
-                    f"| {warm / lo:.2f}x |")
+        lo, warm = _later(local), _later(ray)
+        rows.append(f"| {n} | {local['apply_s'][0]:.2f} s | {lo:.2f} s ({out / lo / GB:.3f} GB/s "
+                    f"out; runs {_runs(local['apply_s'][1:])}) | {ray['init_s']:.1f} s "
+                    f"| {ray['apply_s'][0]:.2f} s | {warm:.2f} s ({out / warm / GB:.3f} GB/s "
+                    f"out; runs {_runs(ray['apply_s'][1:])}) | {warm / lo:.2f}x |")
     return rows
 
 
 def _projection(r: dict) -> list[str]:
-    core = r["per_task"]["out_gbps_per_core"] * GB
+    core = core_rate(r)
     sha = r["limits"]["sha256_mem_gbps_per_core"]["median"] * GB
     rows = ["| nodes k | CPU bound: 2 TB / (k x 64 x per-core rate) | per-node I/O bound: "
             "(540 GB + 2 TB) / (k x 12.5 GB/s) | filesystem bound: 2.54 TB / 40 GB/s "
@@ -57,11 +74,12 @@ def _projection(r: dict) -> list[str]:
         rows.append(f"| {k} | {bounds['CPU'] / 60:.1f} min | {bounds['node I/O'] / 60:.1f} min "
                     f"| {bounds['filesystem'] / 60:.1f} min | {bounds[worst] / 60:.1f} min "
                     f"| {worst} |")
-    verify = [f"A first verify of 1 TB: sha256 at {sha / GB:.2f} GB/s per core gives "
-              + ", ".join(f"{k} node(s) {1e12 / (k * CORES * sha) / 60:.1f} min"
+    verify = [f"A first verify of 1 TB: sha256 at {sha / GB:.2f} GB/s per core takes "
+              + ", ".join(f"{1e12 / (k * CORES * sha):.0f} s on {k} node(s)"
                           for k in (1, 4, 16))
-              + f" of CPU time, against {1e12 / FS / 60:.1f} min to read it at 40 GB/s: "
-                "past a few nodes the filesystem bounds it."]
+              + f", against {1e12 / FS:.0f} s to read 1 TB at 40 GB/s and "
+                f"{1e12 / NIC:.0f} s through one node's 12.5 GB/s: the storage bounds a verify "
+                "from the first node on; more nodes help only up to the filesystem's aggregate."]
     return rows + [""] + verify
 
 
@@ -82,27 +100,33 @@ def render(r: dict) -> str:
         f"`fp8-block-to-bf16` of a synthetic DeepSeek-V3-shaped block-FP8 model "
         f"({m['bytes'] / GB:.2f} GB, {m['shards']} shards, about "
         f"{m['bytes'] * t['written_bytes'] / t['read_bytes'] / GB:.2f} GB written). Each row runs "
-        "pinned to N cores (`taskset`): the local executor with `-j N` (N worker processes, one "
-        "torch thread each; the command's wall time, so each run starts its workers and imports "
-        "torch again), Ray with `ray.init(num_cpus=N)` and one CPU per task (N workers, one torch "
-        "thread each), timed inside one driver: the cluster's start, the first apply (its workers "
-        "start and import torch) and the later ones (workers kept).",
+        "in a process pinned to N cores (`taskset`), which times `api.apply` several times: the "
+        "local executor with `jobs=N` (N worker processes with one torch thread each, started "
+        "anew by every apply; with N = 1 the driver itself computes), and Ray with "
+        "`ray.init(num_cpus=N)` and one CPU per task (N workers with one torch thread each, kept "
+        "between applies). The first apply of each imports torch (and starts Ray's workers).",
         "",
         *_scaling(r),
         "",
         "The outputs are bit-identical either way (`tests/test_ray_executor.py`). On one machine "
-        "Ray adds per task a scheduling round trip and, per run, the node check (one tiny task "
-        "per node); with warm workers it saves the workers' start, which the local executor pays "
-        "on every command.",
+        "Ray adds per task a scheduling round trip and per run the node check (one tiny task "
+        "per node); its workers outlive an apply, so it does not pay the pool's start (a fresh "
+        "interpreter importing torch per worker) again. Ray's own daemons (GCS, raylet, object "
+        "store) share the N cores: on a loaded 2-core machine that is visible, on a node of 64 "
+        "cores it is not.",
         "",
         "## Per-task figures (measured here)",
         "",
-        f"- The largest shard task, written in one process with one torch thread: "
+        f"- The largest shard task, written by `write_shard` in one process with one torch thread "
+        f"(its reader and writer threads besides; not pinned): "
         f"{t['read_bytes'] / 1e6:.0f} MB read, {t['written_bytes'] / 1e6:.0f} MB written in "
         f"{min(t['seconds'][1:]):.2f} s (runs {', '.join(f'{s:.2f}' for s in t['seconds'])}; the "
         "first pays the page cache): "
-        f"**{t['out_gbps_per_core']:.3f} GB/s of output per core**, dequantize, write, fsync and "
+        f"**{t['out_gbps_per_core']:.3f} GB/s of output**, dequantize, write, fsync and "
         "sha256 of output and source included.",
+        f"- One Ray worker pinned to one core, warm (the `ray-1` row): "
+        f"**{core_rate(r) / GB:.3f} GB/s of output per core**, every cost of a task included; "
+        "the projection uses this figure.",
         f"- sha256: {lim['sha256_mem_gbps_per_core']['median']:.2f} GB/s per core in memory, "
         f"{lim['sha256_file_gbps_per_core']['median']:.2f} GB/s from a cached file.",
         f"- This VM's disk: sequential write {lim['write_gbps_no_fsync']['median']:.2f} GB/s "
@@ -114,8 +138,8 @@ def render(r: dict) -> str:
         "Every shard task reads its base shard and writes its output through the shared "
         "filesystem, so the run takes at least the largest of three times: the CPU work spread "
         "over all cores, each node's own traffic to the storage, and the filesystem's aggregate "
-        "bandwidth, which no number of nodes raises. Computed from the per-core rate measured "
-        "above (block FP8; `issue20.md` measured nvfp4-to-bf16 at a similar cost per output "
+        "bandwidth, which no number of nodes raises. Computed from the Ray worker's per-core rate "
+        "measured above (block FP8 on this VM's shared cores; `issue20.md` measured nvfp4-to-bf16 at a similar cost per output "
         "byte on this VM) with **assumed** nodes of 64 cores and 12.5 GB/s (100 Gb/s) to the "
         "storage, and an **assumed** 40 GB/s aggregate filesystem (a mid-size Lustre or GPFS; a "
         "single NFS server's 1-5 GB/s would bound the run at 8-42 min, whatever k). Memory is not a bound: a task holds about twice its largest tensor's sources and "

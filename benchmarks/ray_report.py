@@ -113,7 +113,8 @@ def render(r: dict) -> str:
         "per node); its workers outlive an apply, so it does not pay the pool's start (a fresh "
         "interpreter importing torch per worker) again. Ray's own daemons (GCS, raylet, object "
         "store) share the N cores: on a loaded 2-core machine that is visible, on a node of 64 "
-        "cores it is not.",
+        "cores it is not. With one worker the local executor has no worker process at all (the "
+        "driver computes), while Ray's one worker shares its core with those daemons.",
         "",
         "## Per-task figures (measured here)",
         "",

@@ -69,7 +69,7 @@ def per_task(model: Path, work: Path) -> dict:
     import torch
 
     from patcher import api
-    from patcher.tensors.shard_writer import write_shard
+    from patcher.tensors.writing.shard_writer import write_shard
 
     torch.set_num_threads(1)
     the_plan = api.plan(RECIPE, model)

@@ -16,8 +16,8 @@ token file the driver wrote there), may write there, and runs the same modelpatc
 otherwise the run is refused, naming the node and the path.
 
 Each task declares what it needs, so Ray packs them: CPUs (``cpus_per_task``, default 2 for
-shards with computed tensors, as ``patcher.tensors.thread_budget`` gives a local worker, else 1),
-memory (``task_memory``), and a GPU with ``--device cuda``. The largest shards go first. A task
+shards with computed tensors, as ``patcher.tensors.writing.thread_budget`` gives a local worker,
+else 1), memory (``task_memory``), and a GPU with ``--device cuda``. The largest shards go first. A task
 whose worker dies is retried (``MAX_RETRIES``); the retry removes the partial file and writes the
 same bytes. An error or Ctrl-C cancels every task still queued or running (their workers are
 killed) before the driver removes the staging directory. The progress meters add up what the
@@ -55,7 +55,7 @@ def task_memory(task) -> int:
     """Bytes a shard task's worker may hold at once, declared to Ray: the worker itself, and
     twice the largest computed tensor's need (its sources, and three times its output: the
     kernels compute in float32, then cast), since the next tensor's sources are read ahead and
-    the previous output waits for the writer (``patcher.tensors.shard_pipeline``)."""
+    the previous output waits for the writer (``patcher.tensors.writing.shard_pipeline``)."""
     needs = [sum(s.nbytes for s in job.inputs) + 3 * job.out.nbytes
              for job in task.jobs if job.op != "copy"]
     return WORKER_MEMORY + 2 * max(needs) if needs else COPY_MEMORY
@@ -90,7 +90,7 @@ class RayExecutor:
     def run_shard_tasks(self, tasks: list, staging: Path, *, jobs: int | None = None,
                         on_progress: Callable[[int], None] | None = None,
                         hash_sources: frozenset[str] = frozenset()):
-        from ..tensors.shard_writer import ShardResults
+        from ..tensors.writing.shard_writer import ShardResults
 
         self._connect()
         sources = [s.path for t in tasks for j in t.jobs for s in j.inputs]
@@ -308,7 +308,7 @@ def _localized(path: str, portable) -> object:
     """A worker's ``HashResult`` with this machine's stat of the file (the digest cache keys on
     this machine's device and inode); not ``stable`` unless the file's size, mtime and ctime
     here are what the worker saw."""
-    from ..integrity.hashing import HashResult
+    from ..integrity.digests.hashing import HashResult
 
     sha256, size, seen, stable = portable
     st = os.stat(path)

@@ -23,8 +23,8 @@ def write_shard(task, target: str, hash_sources: frozenset[str], cpus: int):
     Idempotent, so that a retry after a dead worker is safe: the partial file that worker left is
     removed first, and the task writes the same bytes again (the output is a pure function of the
     task and the base)."""
-    from ..tensors.shard_writer import write_shard as write
-    from ..tensors.thread_budget import quiet_openmp
+    from ..tensors.writing.shard_writer import write_shard as write
+    from ..tensors.writing.thread_budget import quiet_openmp
 
     if task.bytes_computed:         # torch's threads: the CPUs Ray gave this task
         quiet_openmp()
@@ -41,7 +41,7 @@ def write_shard(task, target: str, hash_sources: frozenset[str], cpus: int):
 
 def hash_file(path: str):
     """sha256 of one file: ``(sha256, size, (size, mtime_ns, ctime_ns), stable)``."""
-    from ..integrity.hashing import hash_files_stat
+    from ..integrity.digests.hashing import hash_files_stat
 
     return _portable(hash_files_stat([path], jobs=1)[path])
 

@@ -5,6 +5,9 @@ Ctrl-C cancelling the cluster's tasks (``patcher.execute.ray_executor``)."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -95,6 +98,24 @@ def test_a_worker_killed_mid_task_is_retried(cluster, deepseek_fp8_dir, tmp_path
     assert not cluster.exists(), "no worker died: the fault point was not reached"
     _same_variant(local, on_ray)
     assert api.verify(on_ray).ok
+
+
+def test_a_killed_driver_leaves_no_variant_and_the_next_run_cleans_up(cluster, kimi_dir,
+                                                                      tmp_path):
+    # Another driver, connected by address, killed once its shard tasks have run on the cluster.
+    out = tmp_path / "v"
+    env = {**os.environ, "MODELPATCH_FAULT": "kill@hashing"}
+    killed = subprocess.run(
+        [sys.executable, "-m", "patcher.cli", "apply", "sm120-fp16-kv", str(kimi_dir), "-o",
+         str(out), "--max-shard-size", "2MB", "--executor", "ray", "--ray-address",
+         ray.get_runtime_context().gcs_address], env=env, capture_output=True, text=True,
+        timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not out.exists()
+    assert [p for p in tmp_path.iterdir() if ".modelpatch-staging-" in p.name]
+    api.apply("sm120-fp16-kv", kimi_dir, out=out, executor="ray", max_shard_size=2 * 10**6)
+    assert api.verify(out).ok
+    assert not [p for p in tmp_path.iterdir() if ".modelpatch-staging-" in p.name]
 
 
 def test_a_path_a_node_does_not_see_is_refused(cluster, deepseek_fp8_dir, tmp_path,

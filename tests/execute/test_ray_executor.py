@@ -148,10 +148,18 @@ def test_ctrl_c_cancels_the_cluster_tasks(cluster, tmp_path):
     def interrupt(_item, _value):
         raise KeyboardInterrupt
 
-    started = time.monotonic()
+    refs = []
+
+    def submit(i):
+        refs.append(nap.remote(seconds[i], str(marks[i])))
+        return refs[-1]
+
+    started = time.monotonic()          # two in flight: Ray need not start tasks in order
     with pytest.raises(KeyboardInterrupt):
-        executor._run(list(range(3)), lambda i: nap.remote(seconds[i], str(marks[i])),
-                      interrupt, None, str)
-    assert time.monotonic() - started < 25
-    time.sleep(0.5)
+        executor._run(list(range(3)), submit, interrupt, 2, str)
+    assert time.monotonic() - started < 25 and len(refs) == 2     # the third never submitted
+    ready, _ = ray.wait([refs[1]], timeout=0)
+    assert ready, "the running task was not cancelled"
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(refs[1])
     assert [m.exists() for m in marks] == [True, False, False]

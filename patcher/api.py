@@ -118,7 +118,8 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
           force_copy: bool = False, jobs: int | None = None, device: str = "cpu",
           max_shard_size: int | None = None, progress: Progress | None = None,
           base_model: str | None = None, allow_noop: bool = False,
-          params: dict | None = None, endpoint: str | None = None) -> ApplyResult:
+          params: dict | None = None, endpoint: str | None = None,
+          executor: str = "local", ray_address: str | None = None) -> ApplyResult:
     """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``).
 
     ``params``: values for the recipe's ``params:`` (typed, or strings as ``--set`` gives them;
@@ -133,7 +134,10 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
     says how the base's unchanged files are carried (``patcher.execute.linking``); ``auto`` warns on
     the log before copying more than ``linking.copy_warn_bytes()``. ``max_shard_size`` (bytes)
     reshards the variant, overriding the recipe's ``output.max_shard_size``. A plan that changes
-    nothing raises ``NothingToChange`` (nothing is written) unless ``allow_noop``."""
+    nothing raises ``NothingToChange`` (nothing is written) unless ``allow_noop``.
+
+    ``executor="ray"`` runs the shard tasks and file hashes on the Ray cluster at
+    ``ray_address`` (``patcher.execute.ray_executor``); the rest runs here."""
     from .execute.engine import apply_plan, default_output
     from .execute.linking import check_mode, predict_for_plan, warn_before_copying
     from .execute.locking import lock_directory
@@ -155,20 +159,23 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
         target = Path(out) if out is not None else default_output(base.root, loaded.name)
         the_plan = predict_for_plan(the_plan, target, link)
         warn_before_copying(the_plan.link)
-        return apply_plan(the_plan, base, target, force=force, link=link, jobs=jobs,
-                          progress=progress, base_model=base_model)
+        with _executor(executor, ray_address):
+            return apply_plan(the_plan, base, target, force=force, link=link, jobs=jobs,
+                              progress=progress, base_model=base_model)
 
 
 def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool = False,
-           on_progress=None, on_total=None):
-    """Rehash ``directory`` against its provenance manifest; returns a ``VerifyReport``."""
+           on_progress=None, on_total=None, executor: str = "local",
+           ray_address: str | None = None):
+    """Rehash ``directory`` against its provenance manifest; returns a ``VerifyReport``.
+    ``executor`` and ``ray_address`` as for ``apply``."""
     from .execute.locking import lock_directory
     from .integrity.verify import verify_dir
 
     _recovered(directory)
     # Shared: verifies and out-of-place applies read together; an in-place apply or a revert
     # (exclusive) cannot change the files while they are hashed.
-    with lock_directory(Path(directory), exclusive=False):
+    with lock_directory(Path(directory), exclusive=False), _executor(executor, ray_address):
         return verify_dir(Path(directory), jobs=jobs, fast=fast, on_progress=on_progress,
                           on_total=on_total)
 
@@ -211,6 +218,22 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     return run(the_plan, base, jobs=jobs, progress=progress, base_model=base_model)
 
 
+def _executor(name: str, address: str | None):
+    """Where the shard tasks and file hashes of one command run (``patcher.dispatch``):
+    here (``local``), or on a Ray cluster (``ray``; ray is imported only then)."""
+    import contextlib
+
+    if name == "ray":
+        from .execute.ray_executor import executing_on_ray
+
+        return executing_on_ray(address)
+    if name != "local":
+        raise InputError(f"unknown executor {name!r}: local or ray")
+    if address is not None:
+        raise InputError("--ray-address needs --executor ray")
+    return contextlib.nullcontext()
+
+
 def _checked_base_model(value: str | None) -> str | None:
     from .model.base_identity import check_repo_id
 
@@ -224,13 +247,19 @@ def _log_warnings(plan: Plan) -> None:
 
 
 def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None,
-           all_patches: bool = False, force: bool = False, jobs: int | None = None):
-    """Undo the last patch (or all with ``all_patches``): in place, or rebuilt into ``out``."""
+           all_patches: bool = False, force: bool = False, jobs: int | None = None,
+           executor: str = "local", ray_address: str | None = None):
+    """Undo the last patch (or all with ``all_patches``): in place, or rebuilt into ``out``
+    (with ``executor`` and ``ray_address`` as for ``apply``)."""
     from .execute.revert import rebuild_base, revert as revert_here
 
     _recovered(directory)
     if out is not None:
-        return rebuild_base(directory, out, all_patches=all_patches, force=force, jobs=jobs)
+        with _executor(executor, ray_address):
+            return rebuild_base(directory, out, all_patches=all_patches, force=force, jobs=jobs)
+    if executor != "local":
+        raise InputError(f"--executor {executor} rebuilds the base into a new directory: "
+                         f"give -o", where=directory)
     return revert_here(directory, all_patches=all_patches, force=force, jobs=jobs)
 
 

@@ -6,6 +6,9 @@
 - ``kill``: SIGKILL this process (a crash at that instant). Reached in a worker process of a
   pool, it kills the main modelpatch process first, then the worker;
 - ``enospc`` / ``eio``: raise ``OSError`` as a full disk or a failing device would;
+- ``die-if:PATH``: SIGKILL this process alone (a worker dying under a cluster scheduler) if
+  ``PATH`` exists, removing it first: whichever process removes it dies, so the retried task
+  runs through. A test arms it by creating ``PATH``;
 - ``sleep:SECONDS``: pause there;
 - ``wait:PATH``: pause there until ``PATH`` exists (at most ten minutes). Tests use it to hold
   a lock at a known instant for exactly as long as they need.
@@ -68,6 +71,13 @@ def point(name: str) -> None:
         parent = multiprocessing.parent_process()   # set in pool workers only
         if parent is not None and parent.pid == os.getppid():
             os.kill(parent.pid, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if action.startswith("die-if:"):
+        try:
+            os.unlink(action.partition(":")[2])
+        except FileNotFoundError:
+            _counts[name] -= 1          # not armed: a later pass may be the armed one
+            return
         os.kill(os.getpid(), signal.SIGKILL)
     if action in ("enospc", "eio"):
         code = errno.ENOSPC if action == "enospc" else errno.EIO

@@ -15,6 +15,7 @@ import click
 
 from .. import __version__
 from .error_report import FlagWording
+from .executor_options import executor_options, refuse_in_place
 from .group import (DEBUG_HELP, JSON_HELP, QUIET_HELP, ModelpatchGroup, add_shared_options,
                     base_model_option, emit_json, quiet_option, set_debug, set_json, set_quiet)
 from ..tensors.writing.thread_budget import quiet_openmp
@@ -199,10 +200,12 @@ def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
                    "REPO_ID without downloading the shards (they are copied server-side).")
 @endpoint_option
 @set_option
+@executor_options
 @quiet_option
 @click.pass_context
 def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, jobs, device,
-          max_shard_size, as_json, allow_noop, base_model, publish_to, endpoint, set_values):
+          max_shard_size, as_json, allow_noop, base_model, publish_to, endpoint, set_values,
+          executor, ray_address):
     """Apply RECIPE (a path or a built-in name; several are applied in order as one) to MODEL
     and write a verified variant."""
     from .. import api
@@ -210,6 +213,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
 
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")
+    refuse_in_place(in_place, executor)
     if publish_to is not None:
         _apply_and_publish(list(recipe), model, publish_to, endpoint, as_json, allow_noop,
                            base_model, _set_values(set_values),
@@ -246,7 +250,8 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
             result = api.apply(recipe, model, out=out, force=force, link=link,
                                jobs=jobs, device=device, max_shard_size=max_shard_size,
                                progress=progress, base_model=base_model,
-                               allow_noop=allow_noop, params=params, endpoint=endpoint)
+                               allow_noop=allow_noop, params=params, endpoint=endpoint,
+                               executor=executor, ray_address=ray_address)
     if as_json:
         emit_json({"output": str(result.output), "recipe": recipe.identity(),
                     "manifest_sha256": result.manifest_sha256,
@@ -287,9 +292,10 @@ def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, ba
               help="Trust digests modelpatch cached after a full verification of the same "
                    "unchanged files (device, inode, size, mtime, ctime).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+@executor_options
 @quiet_option
 @click.pass_context
-def verify(ctx, directory, jobs, fast, as_json):
+def verify(ctx, directory, jobs, fast, as_json, executor, ray_address):
     """Rehash DIRECTORY against its provenance manifest. Exit 1 on any mismatch."""
     from .. import api
     from .render import render_verify
@@ -299,7 +305,8 @@ def verify(ctx, directory, jobs, fast, as_json):
     with Meters(bool(ctx.obj.get("quiet"))) as meters:
         meter = meters.meter("verifying")
         report = api.verify(directory, jobs=jobs, fast=fast, on_progress=meter.update,
-                            on_total=meter.set_total)
+                            on_total=meter.set_total, executor=executor,
+                            ray_address=ray_address)
     data = report.as_dict()
     click.echo(json.dumps(data, indent=2) if as_json else render_verify(data))
     if not report.ok:
@@ -315,11 +322,13 @@ def verify(ctx, directory, jobs, fast, as_json):
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Parallel hashing workers (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
-def revert(directory, out, all_patches, force, jobs, as_json):
+@executor_options
+def revert(directory, out, all_patches, force, jobs, as_json, executor, ray_address):
     """Undo the last patch of DIRECTORY (byte-identical, symlinks restored)."""
     from .. import api
 
-    result = api.revert(directory, out=out, all_patches=all_patches, force=force, jobs=jobs)
+    result = api.revert(directory, out=out, all_patches=all_patches, force=force, jobs=jobs,
+                        executor=executor, ray_address=ray_address)
     if as_json:
         emit_json({"output": str(result.output), "reverted": result.reverted})
     else:

@@ -30,6 +30,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable, Iterable, TypeVar
 
+from ... import dispatch
 from ...errors import InputError, OperationFailed
 
 __all__ = [
@@ -179,7 +180,11 @@ def hash_files_stat(paths: Iterable[P], *, jobs: int | None = None,
                     on_progress: ProgressFn | None = None) -> dict[P, HashResult]:
     """Like :func:`hash_files`, but return a :class:`HashResult` (digest, size, stat, stable) per
     path, for callers that record digests in a
-    :class:`~patcher.integrity.digests.digest_cache.DigestCache`."""
+    :class:`~patcher.integrity.digests.digest_cache.DigestCache`. Inside
+    ``patcher.dispatch.using(executor)`` the executor hashes them instead."""
+    remote = dispatch.current()
+    if remote is not None:
+        return remote.hash_files_stat(paths, jobs=jobs, on_progress=on_progress)
     unique = list(dict.fromkeys(paths))
     if not unique:
         return {}

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from ... import dispatch
 from ...errors import OperationFailed
 from ...integrity.digests.hash_writer import HashingWriter, hash_while_copying
 from ...integrity.digests.hashing import HashResult
@@ -70,7 +71,13 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
     first. Left unset (None), ``patcher.thread_budget.split`` chooses, except that less than
     ``SMALL_COMPUTE`` bytes of computed tensors are written here, without workers. The first
     failure cancels the tasks not started yet and is raised once the running ones end.
+
+    Inside ``patcher.dispatch.using(executor)`` the executor runs them instead.
     """
+    remote = dispatch.current()
+    if remote is not None:
+        return remote.run_shard_tasks(tasks, staging, jobs=jobs, on_progress=on_progress,
+                                      hash_sources=hash_sources)
     computes = any(j.op != "copy" for t in tasks for j in t.jobs)
     if jobs is None and computes and sum(t.bytes_computed for t in tasks) < SMALL_COMPUTE:
         jobs = 1        # starting workers (each imports torch) would cost more than it saves

@@ -140,9 +140,12 @@ def rounds(commands: dict, n: int, deadline: float) -> dict:
             for k, v in runs.items() if v}
 
 
+CUDA_JOBS = ("1", "4", "8")
+
+
 def cuda_case(case: Case, n: int, deadline: float) -> dict:
     gpu = {"torch_script_cuda": case.script_run("cuda")}
-    gpu.update({f"cuda_j{j}": case.mp(f"cuda_j{j}", j, "cuda") for j in ("1", "2", "4")})
+    gpu.update({f"cuda_j{j}": case.mp(f"cuda_j{j}", j, "cuda") for j in CUDA_JOBS})
     return rounds(gpu, n, deadline)
 
 
@@ -173,9 +176,7 @@ def tensor_case(case: Case, jobs: list[str], cuda: bool, n: int, deadline: float
         res["cpu"]["default"] = res["cpu"][f"j{cores}"]
         case.digests["default"] = case.digests[f"j{cores}"]
     if cuda and time.monotonic() < deadline:
-        gpu = {"torch_script_cuda": case.script_run("cuda")}
-        gpu.update({f"cuda_j{j}": case.mp(f"cuda_j{j}", j, "cuda") for j in ("1", "2", "4")})
-        res["cuda"] = rounds(gpu, n, deadline)
+        res["cuda"] = cuda_case(case, n, deadline)
     ref = case.digests.get("default")
     res["identical_to_default"] = {k: v == ref for k, v in case.digests.items()}
     return res
@@ -272,8 +273,13 @@ def measure(args) -> None:
                                                                                        device)
         save()
     if "import" in parts:
-        result["torch_import"] = rounds({"python_import_torch": lambda: dict(
-            run_timed([PY, "-c", "import torch"]), out_bytes=0)}, 3, float("inf"))
+        starts = {"python_import_torch": "import torch"}
+        if args.cuda:
+            starts["python_import_torch_cuda_init"] = ("import torch; "
+                                                       "torch.zeros(1, device='cuda')")
+        result["torch_import"] = rounds({k: lambda c=c: dict(run_timed([PY, "-c", c]),
+                                                             out_bytes=0)
+                                         for k, c in starts.items()}, 3, float("inf"))
         save()
     if "verify" in parts and time.monotonic() < deadline:
         print("verify", flush=True)

@@ -86,8 +86,13 @@ def _machine(r: dict) -> list[str]:
     t = r.get("torch_import")
     if t:
         c = t["python_import_torch"]
-        L.append(f"`python -c 'import torch'` (what every spawned worker pays first): "
+        L.append(f"`python -c 'import torch'` (what every spawned worker paid first): "
                  f"{c['wall_s']:.2f} s, {c['cpu_s']:.2f} CPU-s.\n")
+        g = t.get("python_import_torch_cuda_init")
+        if g:
+            L.append(f"`python -c` importing torch and making a CUDA tensor (what every "
+                     f"`--device cuda` run pays before its first tensor): {g['wall_s']:.2f} s, "
+                     f"{g['cpu_s']:.2f} CPU-s.\n")
     for name, text in (r.get("profiles") or {}).items():
         L += [f"Profile of `apply {name}` (cProfile in the process; on Python 3.12 it sees every thread; tottime first):\n",
               "```", text.strip(), "```", ""]

@@ -1,4 +1,4 @@
-"""Host-to-device copies for the CUDA path of shard rewrites, overlapped with the kernels.
+"""Copies between host and GPU for the CUDA path of shard rewrites, overlapped with the kernels.
 
 The reader thread of a shard (``patcher.shard_pipeline``) reads each computed tensor's sources
 into a slot of page-locked (pinned) host memory and starts their copy to the GPU on a stream of
@@ -7,6 +7,12 @@ own stream only (``ready``), so the copy of the next tensor overlaps the kernels
 the disk writes of the previous one. Slots are reused in turn; a slot is refilled only after its
 last copy finished. Copies from pageable memory would be staged through a driver buffer in small
 synchronous pieces instead.
+
+The way back is the same: the computing thread only enqueues the copy of a computed tensor into
+page-locked host memory on a stream of its own (``ToHost``); the writer thread waits for that
+copy (``_OnHost.wait``) and writes it, while the computing thread goes on with the next tensor.
+Each shard being written computes on a stream of its own (``compute_stream``), so the shards in
+flight (``--jobs``) overlap on the GPU too.
 """
 
 from __future__ import annotations
@@ -62,3 +68,38 @@ class _OnDevice:
         for t in self.tensors:
             t.record_stream(stream)     # the allocator keeps them until this stream is past
         return self.tensors
+
+
+def compute_stream(device: str):
+    """A context making a new stream of ``device`` the current one: this thread's kernels wait
+    only for their own work, not for the other shards'."""
+    return torch.cuda.stream(torch.cuda.Stream(torch.device(device)))
+
+
+class ToHost:
+    """Called by the computing thread with a computed GPU tensor: enqueues its copy into pinned
+    host memory (from torch's caching host allocator, which reuses a buffer only once its copy
+    is done) behind the kernels that made it, and returns at once."""
+
+    def __init__(self, device: str):
+        self.stream = torch.cuda.Stream(torch.device(device))
+
+    def __call__(self, tensor: torch.Tensor) -> "_OnHost":
+        self.stream.wait_stream(torch.cuda.current_stream(tensor.device))
+        with torch.cuda.stream(self.stream):
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host.copy_(tensor, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        tensor.record_stream(self.stream)   # not freed for reuse before the copy is done
+        return _OnHost(host, done)
+
+
+class _OnHost:
+    def __init__(self, host: torch.Tensor, done):
+        self.host, self.done = host, done
+
+    def wait(self) -> torch.Tensor:
+        """The tensor in host memory, once its copy is done."""
+        self.done.synchronize()
+        return self.host

@@ -6,17 +6,19 @@ same source file as one range), computed ones are produced one at a time from th
 ranges. Peak memory is bounded by the largest tensor involved, never the shard. The sha256 comes
 from the bytes as they are written; nothing is read back.
 
-``--jobs N`` runs shard tasks in N worker processes (see ``_pool_context`` for how they start),
-and each worker's torch uses its share of the cores rather than all of them
-(``patcher.thread_budget``).
+``--jobs N`` writes N shards at a time: shards with computed tensors in N threads of this
+process (``_run_in_threads``), each with its share of torch's intra-op threads
+(``patcher.thread_budget``); shards that are only copied in N forked worker processes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import sys
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+import threading
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -27,7 +29,7 @@ from ..integrity.hashing import HashResult
 from ..integrity.source_digest import SourceDigest, single_source_in_order
 from .shard_pipeline import Pipeline, read_ahead
 from .tasks import ShardTask, TensorJob
-from .thread_budget import quiet_openmp, split
+from .thread_budget import split
 
 # safetensors dtype name -> torch dtype attribute name
 _TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
@@ -66,10 +68,12 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
     A task whose one source file is in ``hash_sources`` and is read front to back also yields
     that file's sha256 (``patcher.integrity.source_digest``), so that it is not read a second time.
 
-    With ``jobs`` > 1 the shards are written by worker processes, one task each, the biggest
-    first. Left unset (None), ``patcher.thread_budget.split`` chooses, except that less than
-    ``SMALL_COMPUTE`` bytes of computed tensors are written here, without workers. The first
-    failure cancels the tasks not started yet and is raised once the running ones end.
+    With ``jobs`` > 1 the shards are written ``jobs`` at a time, one task each, the biggest
+    first: by threads of this process when any tensor is computed, else by forked worker
+    processes. Left unset (None), ``patcher.thread_budget.split`` chooses, except that less than
+    ``SMALL_COMPUTE`` bytes of computed tensors are written in turn. The first failure (or
+    Ctrl-C) cancels the tasks not started yet and is raised once the running ones end (threads
+    stop at their next tensor).
     """
     computes = any(j.op != "copy" for t in tasks for j in t.jobs)
     if jobs is None and computes and sum(t.bytes_computed for t in tasks) < SMALL_COMPUTE:
@@ -82,27 +86,43 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
             _collect(results, task, write_shard(task, staging / task.output, on_progress,
                                                 hash_sources))
         return results
-    context = _pool_context(computes)
     order = sorted(tasks, key=lambda t: t.file_size, reverse=True)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context,
-                             initializer=_init_worker,
-                             initargs=(threads, os.getpid())) as pool:
+    if computes:
+        import torch  # noqa: F401  (here, so that its thread count is set before any thread runs)
+
+        _use_threads(threads)
+        stop = threading.Event()
+        with ThreadPoolExecutor(jobs, thread_name_prefix="shard") as pool:
+            futures = {pool.submit(write_shard, t, staging / t.output, None, hash_sources,
+                                   stop=stop): t for t in order}
+            _gather(futures, results, on_progress, stop)
+        return results
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=_pool_context(),
+                             initializer=_die_with, initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(write_shard, t, staging / t.output, None, hash_sources): t
                    for t in order}
-        pending = set(futures)
-        try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    task = futures[future]
-                    _collect(results, task, future.result())
-                    if on_progress:
-                        on_progress(task.file_size)
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            raise
+        _gather(futures, results, on_progress, None)
     return results
+
+
+def _gather(futures: dict, results: ShardResults, on_progress, stop: threading.Event | None):
+    """Collect the shards as they are done; on the first failure (or Ctrl-C) cancel those not
+    started and tell the running threads to ``stop``, then raise."""
+    pending = set(futures)
+    try:
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                task = futures[future]
+                _collect(results, task, future.result())
+                if on_progress:
+                    on_progress(task.file_size)
+    except BaseException:
+        if stop is not None:
+            stop.set()
+        for future in pending:
+            future.cancel()
+        raise
 
 
 def _collect(results: ShardResults, task: ShardTask,
@@ -113,26 +133,13 @@ def _collect(results: ShardResults, task: ShardTask,
         results.sources[source] = digest
 
 
-def _pool_context(computes: bool):
-    """Workers that only copy bytes are forked: instant, and they never touch torch. Workers that
-    compute are spawned (a fresh interpreter each, importing torch there): forked from this
-    process they could hang in their first parallel torch op once this process has used OpenMP
-    (GNU libgomp does not survive a fork), and CUDA cannot be used after a fork. A fork server
-    would import torch only once, but its workers are not this process's children: their CPU
-    time and memory would escape ``wait4``/``RUSAGE_CHILDREN``, and a worker could not tell
-    which process to take down with it (``faults``). The imports run in parallel, so on a
-    machine with as many cores as workers this costs about one torch import of wall time, the
-    same as importing torch here before forking."""
+def _pool_context():
+    """Workers that only copy bytes are forked: instant, and they never touch torch. (Shards
+    with computed tensors are written by threads instead: a spawned worker imports torch first,
+    3.5 s and 5.4 CPU-s each on a 16-core H200 machine, and a forked one could hang in its
+    first parallel torch op, since GNU libgomp does not survive a fork, nor CUDA.)"""
     methods = multiprocessing.get_all_start_methods()
-    if not computes and "fork" in methods:
-        return multiprocessing.get_context("fork")
-    return multiprocessing.get_context("spawn")
-
-
-def _init_worker(threads: int, parent: int) -> None:
-    _die_with(parent)
-    quiet_openmp()
-    _use_threads(threads)
+    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
 
 
 def _use_threads(threads: int) -> None:
@@ -162,10 +169,12 @@ def _die_with(parent: int) -> None:
 
 def write_shard(task: ShardTask, target: Path,
                 on_progress: Callable[[int], None] | None = None,
-                hash_sources: frozenset[str] = frozenset()
+                hash_sources: frozenset[str] = frozenset(), *,
+                stop: threading.Event | None = None
                 ) -> tuple[str, str | None, HashResult | None]:
     """Write ``task``'s shard to ``target`` (which must not exist), reading, computing and
-    writing in a pipeline (``patcher.tensors.shard_pipeline``).
+    writing in a pipeline (``patcher.tensors.shard_pipeline``); ``ShardStopped`` is raised at
+    the next tensor once ``stop`` is set (another shard failed, or Ctrl-C).
 
     Returns its sha256, and the task's source file with that file's digest if it is in
     ``hash_sources`` and could be hashed along the way (else None, None)."""
@@ -183,7 +192,7 @@ def write_shard(task: ShardTask, target: Path,
         try:
             digest = (SourceDigest(_fd(sources, source))
                       if source is not None and source in hash_sources else None)
-            _write_jobs(task, writer, _Writeback(fd), sources, digest, on_progress, target)
+            _write_jobs(task, writer, _Writeback(fd), sources, digest, on_progress, target, stop)
             source_result = digest.result() if digest is not None else None
         finally:
             for src_fd in sources.values():
@@ -193,8 +202,13 @@ def write_shard(task: ShardTask, target: Path,
     return writer.sha256, source if source_result else None, source_result
 
 
+class ShardStopped(Exception):
+    """Raised in a shard-writing thread told to stop: the apply fails for another reason."""
+
+
 def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict[str, int],
-                digest: SourceDigest | None, on_progress, target: Path) -> None:
+                digest: SourceDigest | None, on_progress, target: Path,
+                stop: threading.Event | None) -> None:
     """Every tensor of ``task`` after the header: the reader thread reads the sources of the
     computed tensors (feeding ``digest``, in order), this thread computes, the writer thread
     copies the unchanged ranges and writes the computed bytes, in shard order."""
@@ -203,14 +217,14 @@ def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict
     groups = list(_groups(task.jobs))
     computed = [g[0] for g in groups if g[0].op != "copy"]
     device, cache = task.device, {}
-    transfer = _transfer(device, computed)
+    transfer, to_host, stream = _transfers(device, computed)
 
     def read(job: TensorJob):
         if job.op == "quantize" and job.param("role") == "scale":
             return None         # usually taken from the weight job's cache: read if needed
         return transfer([_read(sources, s, digest, pinned=transfer.pinned) for s in job.inputs])
 
-    def store(group: list[TensorJob], data: memoryview | None) -> None:
+    def store(group: list[TensorJob], data) -> None:
         before = writer.size
         expected = sum(j.out.nbytes for j in group)
         if data is None:
@@ -224,6 +238,8 @@ def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict
             hash_while_copying(_fd(sources, first.path), first.offset, expected, writer,
                                on_progress=progress)
         else:
+            if not isinstance(data, memoryview):
+                data = _as_bytes(data.wait())       # its copy from the GPU, once done
             _write_pieces(writer, data, writeback)
         if writer.size - before != expected:
             raise OperationFailed(f"wrote {writer.size - before} bytes, expected {expected}",
@@ -231,15 +247,17 @@ def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict
         if on_progress:
             on_progress(expected)
 
-    with Pipeline() as pipeline:
+    with Pipeline() as pipeline, stream:
         reads = read_ahead(computed, read, pipeline)
         for group in groups:
+            if stop is not None and stop.is_set():
+                raise ShardStopped(target.name)
             for job in group:
                 faults.point(f"tensor:{job.out.name}")
             data = None
             if group[0].op != "copy":
                 job, future = next(reads)
-                data = _compute(job, pipeline.take(future), sources, cache, device)
+                data = _compute(job, pipeline.take(future), sources, cache, device, to_host)
                 del future
             pipeline.write(lambda group=group, data=data: store(group, data))
             del data
@@ -331,14 +349,17 @@ def _read(sources: dict[str, int], src, digest: SourceDigest | None = None, pinn
     return torch.frombuffer(buf, dtype=dtype).reshape(src.shape)
 
 
-def _transfer(device: str, computed: list[TensorJob]):
-    """What the reader does with the source tensors it read: nothing on the CPU; on CUDA, the
-    asynchronous copy to the GPU from pinned buffers (``patcher.tensors.cuda_transfer``)."""
+def _transfers(device: str, computed: list[TensorJob]):
+    """``(to device, to host, compute stream)``: what the reader does with the source tensors
+    it read, what the computing thread does with a computed tensor left on the GPU, and the
+    stream it computes on. On the CPU nothing; on CUDA the asynchronous copies through pinned
+    buffers and a stream of this shard's own (``patcher.tensors.cuda_transfer``)."""
     if device == "cpu" or not computed:
-        return _OnCpu()
-    from .cuda_transfer import ToDevice
+        return _OnCpu(), None, contextlib.nullcontext()
+    from .cuda_transfer import ToDevice, ToHost, compute_stream
 
-    return ToDevice(device, max(sum(s.nbytes for s in j.inputs) for j in computed))
+    return (ToDevice(device, max(sum(s.nbytes for s in j.inputs) for j in computed)),
+            ToHost(device), compute_stream(device))
 
 
 class _OnCpu:
@@ -349,9 +370,10 @@ class _OnCpu:
 
 
 def _compute(job: TensorJob, inputs, sources: dict[str, int], cache: dict,
-             device: str) -> memoryview:
-    """The output bytes of ``job``; ``inputs``: its source tensors as read ahead (a
-    ``ToDevice`` handle on CUDA; None: read them here if the computation needs them)."""
+             device: str, to_host):
+    """The output bytes of ``job``, or for a tensor left on the GPU the handle of its copy to
+    the host (``to_host``); ``inputs``: its source tensors as read ahead (a ``ToDevice``
+    handle on CUDA; None: read them here if the computation needs them)."""
     from .compute import compute
 
     global _torch_threads
@@ -366,7 +388,8 @@ def _compute(job: TensorJob, inputs, sources: dict[str, int], cache: dict,
             return [_read(sources, s) for s in job.inputs]
         return inputs.ready() if hasattr(inputs, "ready") else inputs
 
-    return _as_bytes(compute(job, read_inputs, cache, device))
+    out = compute(job, read_inputs, cache, device)
+    return _as_bytes(out) if out.device.type == "cpu" else to_host(out)
 
 
 def _as_bytes(tensor) -> memoryview:

@@ -26,7 +26,7 @@ def _check_fp8_weight(weight: torch.Tensor) -> None:
 
 def dequantize_fp8_per_tensor(weight_fp8: torch.Tensor, scale: torch.Tensor,
                               out_dtype: torch.dtype = torch.bfloat16, *,
-                              device: str = "cpu") -> torch.Tensor:
+                              device: str = "cpu", on_device: bool = False) -> torch.Tensor:
     """Dequantize an FP8 weight with one scale per tensor or per output channel.
 
     ``W = fp8 * scale`` (ModelOpt and compressed-tensors both multiply), the exact product
@@ -37,6 +37,7 @@ def dequantize_fp8_per_tensor(weight_fp8: torch.Tensor, scale: torch.Tensor,
         scale: ``weight_scale``: one value, or ``[out, 1]`` / ``[out]`` per channel.
         out_dtype: bfloat16, float16 or float32.
         device: where the arithmetic runs (``"cpu"``, ``"cuda"``...). The result is on the CPU.
+        on_device: return the result on ``device`` instead (no copy back, no wait for it).
 
     Returns:
         The dequantized weight, shape of ``weight_fp8``, dtype ``out_dtype``, on the CPU.
@@ -52,11 +53,11 @@ def dequantize_fp8_per_tensor(weight_fp8: torch.Tensor, scale: torch.Tensor,
     shape = tuple(weight_fp8.shape)
     cols = shape[-1] if len(shape) else 1
     w2 = weight_fp8.reshape(-1, cols)
-    out = torch.empty(shape, dtype=out_dtype)
+    out = torch.empty(shape, dtype=out_dtype, device=dev)
     out2 = out.view(-1, cols)
     s64 = scale_f64(scale.reshape(-1, 1), "FP8 scale", dev)
     s32 = s64.to(torch.float32)                         # exact: the scale was float32 or less
-    for r0, r1 in row_chunks(w2.shape[0], cols):
+    for r0, r1 in row_chunks(w2.shape[0], cols, dev=dev):
         w = w2[r0:r1]
         s, s_exact = (s32, s64) if kind == "tensor" else (s32[r0:r1], s64[r0:r1])
 
@@ -66,13 +67,13 @@ def dequantize_fp8_per_tensor(weight_fp8: torch.Tensor, scale: torch.Tensor,
 
         y = fp8_decode(w, dev, torch.float32).mul_(s)
         out2[r0:r1].copy_(round_via_f32(y, out_dtype, exact_rows))
-    return out
+    return out if on_device else out.cpu()
 
 
 def dequantize_fp8_block(weight_fp8: torch.Tensor, scale_inv: torch.Tensor,
                          out_dtype: torch.dtype = torch.bfloat16,
                          block: tuple[int, int] = (128, 128), *,
-                         device: str = "cpu") -> torch.Tensor:
+                         device: str = "cpu", on_device: bool = False) -> torch.Tensor:
     """Dequantize a block-scaled FP8 weight (DeepSeek-V3 ``weight_scale_inv``).
 
     ``W[i, j] = fp8[i, j] * scale_inv[i // bm, j // bn]``, partial edge blocks included when
@@ -89,6 +90,7 @@ def dequantize_fp8_block(weight_fp8: torch.Tensor, scale_inv: torch.Tensor,
         out_dtype: bfloat16, float16 or float32.
         block: ``(bm, bn)``, from ``quantization_config.weight_block_size``.
         device: where the arithmetic runs. The result is on the CPU.
+        on_device: return the result on ``device`` instead (no copy back, no wait for it).
 
     Returns:
         The dequantized ``[M, N]`` weight in ``out_dtype``, on the CPU.
@@ -105,10 +107,10 @@ def dequantize_fp8_block(weight_fp8: torch.Tensor, scale_inv: torch.Tensor,
     scale_inv = scale_inv.reshape(fp8_block_scale_shape(weight_fp8.shape, (bm, bn)))
 
     m, n = weight_fp8.shape
-    out = torch.empty((m, n), dtype=out_dtype)
+    out = torch.empty((m, n), dtype=out_dtype, device=dev)
     s64 = scale_f64(scale_inv, "block scale", dev)
     s32 = s64.to(torch.float32)                         # exact: the scale was float32 or less
-    for r0, r1 in row_chunks(m, n, align=bm):
+    for r0, r1 in row_chunks(m, n, align=bm, dev=dev):
         w = weight_fp8[r0:r1]
 
         def exact_rows(rows, w=w, r0=r0):
@@ -118,7 +120,7 @@ def dequantize_fp8_block(weight_fp8: torch.Tensor, scale_inv: torch.Tensor,
         y = fp8_decode(w, dev, torch.float32)
         _mul_by_block_scales_(y, s32[r0 // bm: (r1 + bm - 1) // bm], (bm, bn))
         out[r0:r1].copy_(round_via_f32(y, out_dtype, exact_rows))
-    return out
+    return out if on_device else out.cpu()
 
 
 def _mul_by_block_scales_(y: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> None:

@@ -65,16 +65,18 @@ def _machine(r: dict) -> list[str]:
             continue
         L += [f"### {recipe}\n", "| command | wall s | CPU s | output GB/s | runs (wall, CPU) |",
               "|---|---|---|---|---|"]
-        alias = f"j{r['cores']}"        # the run stored as "default" was -j <cores> then
+        cpu = case["cpu"]
+        alias = next((k for k, v in cpu.items() if k != "default" and v == cpu.get("default")),
+                     None)                      # the -j run stored again as "default"
         for part in ("cpu", "cuda"):
             for name, c in case.get(part, {}).items():
-                if name == "default" and case[part].get(alias) == c:
+                if name == "default" and alias:
                     continue
                 runs = "; ".join(f"{w:.2f}, {c_:.1f}" for w, c_ in c["runs"])
                 L.append(f"| {name} | {c['wall_s']:.2f} | {c['cpu_s']:.1f} | "
                          f"{c['out_bytes'] / c['wall_s'] / 1e9:.2f} | {runs} |")
         same = case.get("identical_to_default", {})
-        ref = alias if case["cpu"].get(alias) == case["cpu"].get("default") else "default -j"
+        ref = alias or "default -j"
         L.append(f"\nOutput shards byte-identical to those of {ref} (sha256 of every output "
                  f"file): {', '.join(f'{k}: {v}' for k, v in same.items() if k != 'default')}."
                  f"\n")

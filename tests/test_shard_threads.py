@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from patcher.tensors import compute as compute_module
-from patcher.tensors import shard_writer
+from patcher.tensors import shard_pool, shard_writer
 from test_tensor_speed import _interleaved
 
 
@@ -82,3 +82,23 @@ def test_a_failure_or_ctrl_c_stops_the_other_threads_at_their_next_tensor(tmp_pa
     long_computed = [n for n in computed if n in {"t00", "t02", "t04", "t06", "t08"}]
     assert long_computed.count("t00") >= 1
     assert "t04" not in computed and "t06" not in computed and "t08" not in computed
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_the_gil_changes_hands_often_while_shards_compute_and_as_before_after(tmp_path,
+                                                                             monkeypatch, jobs):
+    import sys
+
+    seen = []
+    real_compute = compute_module.compute
+
+    def compute(*args):
+        seen.append(sys.getswitchinterval())
+        return real_compute(*args)
+
+    monkeypatch.setattr(compute_module, "compute", compute)
+    before = sys.getswitchinterval()
+    (tmp_path / "out").mkdir()
+    shard_writer.run_shard_tasks(_tasks(tmp_path), tmp_path / "out", jobs=jobs)
+    assert seen and set(seen) == {shard_pool.SWITCH_INTERVAL} and before > max(seen)
+    assert sys.getswitchinterval() == before

@@ -9,8 +9,9 @@ last copy finished. Copies from pageable memory would be staged through a driver
 synchronous pieces instead.
 
 The way back is the same: the computing thread only enqueues the copy of a computed tensor into
-page-locked host memory on a stream of its own (``ToHost``); the writer thread waits for that
-copy (``_OnHost.wait``) and writes it, while the computing thread goes on with the next tensor.
+one of two page-locked host buffers on a stream of its own (``ToHost``); the writer thread waits
+for that copy (``_OnHost.wait``) and writes it, while the computing thread goes on with the next
+tensor.
 Each shard being written computes on a stream of its own (``compute_stream``), so the shards in
 flight (``--jobs``) overlap on the GPU too.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from .shard_pipeline import READ_AHEAD
+from .shard_pipeline import READ_AHEAD, WRITE_BEHIND
 
 # Slots: the tensor being computed, those read ahead, and the one being read.
 SLOTS = READ_AHEAD + 2
@@ -77,17 +78,26 @@ def compute_stream(device: str):
 
 
 class ToHost:
-    """Called by the computing thread with a computed GPU tensor: enqueues its copy into pinned
-    host memory (from torch's caching host allocator, which reuses a buffer only once its copy
-    is done) behind the kernels that made it, and returns at once."""
+    """Called by the computing thread with a computed GPU tensor: enqueues its copy into one of
+    two page-locked host buffers (used in turn) behind the kernels that made it, and returns at
+    once. A buffer is refilled only after the writer is done with it: the shard pipeline waits
+    for the write of a tensor before it hands the next one's to the writer
+    (``shard_pipeline.WRITE_BEHIND`` = 1), so the tensor before the previous one is written."""
 
-    def __init__(self, device: str):
+    SLOTS = WRITE_BEHIND + 1
+
+    def __init__(self, device: str, largest: int):
         self.stream = torch.cuda.Stream(torch.device(device))
+        self.size, self.slots, self.turn = largest, [None] * self.SLOTS, 0
 
     def __call__(self, tensor: torch.Tensor) -> "_OnHost":
+        index, self.turn = self.turn, (self.turn + 1) % self.SLOTS
+        if self.slots[index] is None:
+            self.slots[index] = torch.empty(self.size, dtype=torch.uint8, pin_memory=True)
+        nbytes = tensor.numel() * tensor.element_size()
+        host = self.slots[index][:nbytes].view(tensor.dtype).view(tensor.shape)
         self.stream.wait_stream(torch.cuda.current_stream(tensor.device))
         with torch.cuda.stream(self.stream):
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
             host.copy_(tensor, non_blocking=True)
             done = torch.cuda.Event()
             done.record(self.stream)

@@ -14,11 +14,11 @@ process (``_run_in_threads``), each with its share of torch's intra-op threads
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
+import functools
 import os
 import sys
 import threading
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -28,6 +28,7 @@ from ..integrity.hash_writer import HashingWriter, hash_while_copying
 from ..integrity.hashing import HashResult
 from ..integrity.source_digest import SourceDigest, single_source_in_order
 from .shard_pipeline import Pipeline, read_ahead
+from .shard_pool import die_with, gather, pool_context, short_gil_turns
 from .tasks import ShardTask, TensorJob
 from .thread_budget import split
 
@@ -80,49 +81,36 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
         jobs = 1        # starting workers (each imports torch) would cost more than it saves
     jobs, threads = split(jobs, len(tasks), computes=computes)
     results = ShardResults({}, {})
-    if jobs <= 1:
-        _use_threads(threads)
-        for task in tasks:
-            _collect(results, task, write_shard(task, staging / task.output, on_progress,
-                                                hash_sources))
-        return results
     order = sorted(tasks, key=lambda t: t.file_size, reverse=True)
     if computes:
         import torch  # noqa: F401  (here, so that its thread count is set before any thread runs)
 
         _use_threads(threads)
-        stop = threading.Event()
-        with ThreadPoolExecutor(jobs, thread_name_prefix="shard") as pool:
-            futures = {pool.submit(write_shard, t, staging / t.output, None, hash_sources,
-                                   stop=stop): t for t in order}
-            _gather(futures, results, on_progress, stop)
+        with short_gil_turns():
+            if jobs <= 1:
+                return _in_turn(tasks, staging, results, on_progress, hash_sources)
+            stop = threading.Event()
+            with ThreadPoolExecutor(jobs, thread_name_prefix="shard") as pool:
+                futures = {pool.submit(write_shard, t, staging / t.output, None, hash_sources,
+                                       stop=stop): t for t in order}
+                gather(futures, functools.partial(_collect, results), on_progress, stop)
         return results
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=_pool_context(),
-                             initializer=_die_with, initargs=(os.getpid(),)) as pool:
+    if jobs <= 1:
+        return _in_turn(tasks, staging, results, on_progress, hash_sources)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=pool_context(),
+                             initializer=die_with, initargs=(os.getpid(),)) as pool:
         futures = {pool.submit(write_shard, t, staging / t.output, None, hash_sources): t
                    for t in order}
-        _gather(futures, results, on_progress, None)
+        gather(futures, functools.partial(_collect, results), on_progress, None)
     return results
 
 
-def _gather(futures: dict, results: ShardResults, on_progress, stop: threading.Event | None):
-    """Collect the shards as they are done; on the first failure (or Ctrl-C) cancel those not
-    started and tell the running threads to ``stop``, then raise."""
-    pending = set(futures)
-    try:
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for future in done:
-                task = futures[future]
-                _collect(results, task, future.result())
-                if on_progress:
-                    on_progress(task.file_size)
-    except BaseException:
-        if stop is not None:
-            stop.set()
-        for future in pending:
-            future.cancel()
-        raise
+def _in_turn(tasks: list[ShardTask], staging: Path, results: ShardResults, on_progress,
+             hash_sources: frozenset[str]) -> ShardResults:
+    for task in tasks:
+        _collect(results, task, write_shard(task, staging / task.output, on_progress,
+                                            hash_sources))
+    return results
 
 
 def _collect(results: ShardResults, task: ShardTask,
@@ -133,38 +121,12 @@ def _collect(results: ShardResults, task: ShardTask,
         results.sources[source] = digest
 
 
-def _pool_context():
-    """Workers that only copy bytes are forked: instant, and they never touch torch. (Shards
-    with computed tensors are written by threads instead: a spawned worker imports torch first,
-    3.5 s and 5.4 CPU-s each on a 16-core H200 machine, and a forked one could hang in its
-    first parallel torch op, since GNU libgomp does not survive a fork, nor CUDA.)"""
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-
-
 def _use_threads(threads: int) -> None:
     """Give torch ``threads`` intra-op threads (now if it is loaded, else at its first use)."""
     global _torch_threads
     _torch_threads = threads
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(threads)
-
-
-def _die_with(parent: int) -> None:
-    """End this worker when ``parent`` (the apply) ends, however it ends: a worker left behind
-    by a killed apply would go on writing into a staging directory nobody will commit (Linux
-    ``PR_SET_PDEATHSIG``; elsewhere the pool's broken pipe ends it at its next task)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:      # it ended before the request took effect
-        os._exit(1)
 
 
 def write_shard(task: ShardTask, target: Path,
@@ -359,7 +321,7 @@ def _transfers(device: str, computed: list[TensorJob]):
     from .cuda_transfer import ToDevice, ToHost, compute_stream
 
     return (ToDevice(device, max(sum(s.nbytes for s in j.inputs) for j in computed)),
-            ToHost(device), compute_stream(device))
+            ToHost(device, max(j.out.nbytes for j in computed)), compute_stream(device))
 
 
 class _OnCpu:

@@ -110,19 +110,13 @@ def round_via_f32(nearest: torch.Tensor, dtype: torch.dtype,
         dtype: bfloat16, float16 or float32.
         exact_rows: given row indices (int64, on the device of ``nearest``), the float64 exact
             values of those rows, ``[len(rows), n]``; called only for rows holding a float32
-            value on a rounding boundary of ``dtype`` (see the module docstring), on a GPU for
-            every row (the result is the same: the exact values rounded once).
+            value on a rounding boundary of ``dtype`` (see the module docstring).
 
     Returns:
         ``[rows, n]`` in ``dtype``, on the device of ``nearest``.
     """
     if dtype == torch.float32:
         return nearest
-    if nearest.device.type != "cpu":
-        # Every row exactly: a data-dependent choice of rows would make the host wait for the
-        # device at every chunk, and the float64 pass costs a GPU little.
-        return round_exact(exact_rows(torch.arange(nearest.shape[0], device=nearest.device)),
-                           dtype)
     out = nearest.to(dtype)
     rows = _on_boundary(nearest, dtype).any(dim=1).nonzero().flatten()
     if rows.numel():

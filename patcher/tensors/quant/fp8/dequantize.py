@@ -3,7 +3,9 @@
 Each product ``fp8 * scale`` is rounded once, half to even, to the output dtype, whatever the
 scale's dtype (float32 from ModelOpt and DeepSeek, bfloat16/float16 from compressed-tensors):
 computed in float32 (one rounding), and exactly in float64 for the rows where that float32 value
-could round wrongly again (``patcher.tensors.quant.rounding.round_via_f32``)."""
+could round wrongly again (``patcher.tensors.quant.rounding.round_via_f32``). On a GPU every
+product is computed exactly in float64 and rounded by ``round_exact``: the same values, half the
+kernel launches, and no choice of rows that would make the host wait for the device."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import torch
 
 from ..chunks import row_chunks
 from ..kernel_args import check_out_dtype, scale_f64, torch_device
-from ..rounding import round_via_f32
+from ..rounding import round_exact, round_via_f32
 from .e4m3 import fp8_decode
 from .shapes import (check_block, check_fp8_block_shapes, check_fp8_scale_shape,
                      fp8_block_scale_shape)
@@ -60,6 +62,10 @@ def dequantize_fp8_per_tensor(weight_fp8: torch.Tensor, scale: torch.Tensor,
     for r0, r1 in row_chunks(w2.shape[0], cols, dev=dev):
         w = w2[r0:r1]
         s, s_exact = (s32, s64) if kind == "tensor" else (s32[r0:r1], s64[r0:r1])
+        if dev.type != "cpu":
+            out2[r0:r1].copy_(round_exact(fp8_decode(w, dev, torch.float64).mul_(s_exact),
+                                          out_dtype))
+            continue
 
         def exact_rows(rows, w=w, s_exact=s_exact):
             return fp8_decode(w[rows.to(w.device)], dev, torch.float64).mul_(
@@ -112,6 +118,11 @@ def dequantize_fp8_block(weight_fp8: torch.Tensor, scale_inv: torch.Tensor,
     s32 = s64.to(torch.float32)                         # exact: the scale was float32 or less
     for r0, r1 in row_chunks(m, n, align=bm, dev=dev):
         w = weight_fp8[r0:r1]
+        if dev.type != "cpu":
+            y = fp8_decode(w, dev, torch.float64)
+            _mul_by_block_scales_(y, s64[r0 // bm: (r1 + bm - 1) // bm], (bm, bn))
+            out[r0:r1].copy_(round_exact(y, out_dtype))
+            continue
 
         def exact_rows(rows, w=w, r0=r0):
             s_rows = s64[(rows + r0) // bm].repeat_interleave(bn, dim=1)[:, :n]

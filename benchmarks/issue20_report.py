@@ -54,6 +54,7 @@ def _machine(r: dict) -> list[str]:
          f"({r['date']})\n",
          f"sha256 {r['limits']['sha256_gbps_per_core']:.2f} GB/s per core; sequential write "
          f"with fsync {r['limits']['fsync_write_gbps']:.2f} GB/s.\n",
+         *([r["note"] + "\n"] if r.get("note") else []),
          "| target | measured | baseline | ratio | limit | verdict |", "|---|---|---|---|---|---|"]
     for name, measured, base, ratio, limit in _targets(r):
         L.append(f"| {name} | {measured} | {base} | {ratio:.3f}x | {limit} | "

@@ -1,6 +1,6 @@
 """How ``patcher.tensors.shard_writer`` runs several shards at a time: collecting them as they
-finish and stopping the rest on a failure, the GIL's turns while threads write shards with
-computed tensors, and the forked workers that write shards that are only copied."""
+finish and stopping the rest on a failure, the GIL's turns while threads of this process write
+shards, and how worker processes start and end."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import threading
 from concurrent.futures import FIRST_COMPLETED, wait
 
-# The GIL's switch interval while shards with computed tensors are written. A thread coming back
+# The GIL's switch interval while threads of this process write shards. A thread coming back
 # from a call that released the GIL (a torch kernel or launch, a read, a write, sha256) waits
 # for it until the thread holding it has run this long; the computing, reading and writing
 # threads of every shard do that thousands of times a second. Sampled on a 16-core H200 machine,
@@ -50,13 +50,18 @@ def gather(futures: dict, collect, on_progress, stop: threading.Event | None) ->
         raise
 
 
-def pool_context():
-    """Workers that only copy bytes are forked: instant, and they never touch torch. (Shards
-    with computed tensors are written by threads instead: a spawned worker imports torch first,
-    3.5 s and 5.4 CPU-s each on a 16-core H200 machine, and a forked one could hang in its
-    first parallel torch op, since GNU libgomp does not survive a fork, nor CUDA.)"""
+def pool_context(computes: bool):
+    """Workers that only copy bytes are forked: instant, and they never touch torch. Workers that
+    compute are spawned (a fresh interpreter each, importing torch there): forked from this
+    process they could hang in their first parallel torch op once this process has used OpenMP
+    (GNU libgomp does not survive a fork), and CUDA cannot be used after a fork. A fork server
+    would import torch only once, but its workers are not this process's children: their CPU
+    time and memory would escape ``wait4``/``RUSAGE_CHILDREN``, and a worker could not tell
+    which process to take down with it (``faults``)."""
     methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+    if not computes and "fork" in methods:
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
 
 
 def die_with(parent: int) -> None:

@@ -6,9 +6,9 @@ same source file as one range), computed ones are produced one at a time from th
 ranges. Peak memory is bounded by the largest tensor involved, never the shard. The sha256 comes
 from the bytes as they are written; nothing is read back.
 
-``--jobs N`` writes N shards at a time: shards with computed tensors in N threads of this
-process (``_run_in_threads``), each with its share of torch's intra-op threads
-(``patcher.thread_budget``); shards that are only copied in N forked worker processes.
+``--jobs N`` writes N shards at a time, in N worker processes (``shard_pool``), or on a GPU in N
+threads of this process (``THREADED_DEVICES``), each with its share of torch's intra-op threads
+(``patcher.thread_budget``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ..integrity.source_digest import SourceDigest, single_source_in_order
 from .shard_pipeline import Pipeline, read_ahead
 from .shard_pool import die_with, gather, pool_context, short_gil_turns
 from .tasks import ShardTask, TensorJob
-from .thread_budget import split
+from .thread_budget import quiet_openmp, split
 
 # safetensors dtype name -> torch dtype attribute name
 _TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
@@ -42,6 +42,15 @@ _TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": 
 # Computed tensors are hashed and written in pieces of this size, so each piece is hashed while
 # it is still in the CPU cache and no single write(2) is huge.
 WRITE_PIECE = 4 << 20
+
+# Devices whose shards, with --jobs N, are written by N threads of this process rather than by
+# worker processes. Measured side by side on a 16-core H200 machine (fp8-block-to-bf16 of a 2 GB
+# model, 24 shards, 3,872 computed tensors): on the GPU, threads -j 4 took 12.0 s and 26 CPU-s
+# against 11.7 s and 41 CPU-s for 4 spawned processes (each imports torch and starts CUDA, 4.5 s
+# and 6.4 CPU-s). On the CPU, threads -j 8 took 14.5 s and 42 CPU-s against 8.9 s and 68 CPU-s
+# for processes: the Python between the kernels of thousands of small tensors, serialized by the
+# GIL, costs more wall time than the processes' torch imports (benchmarks/report/issue20.md).
+THREADED_DEVICES = ("cuda",)
 
 # Threads torch may use in this process (set in pool workers; None: torch's default).
 _torch_threads: int | None = None
@@ -70,39 +79,45 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
     that file's sha256 (``patcher.integrity.source_digest``), so that it is not read a second time.
 
     With ``jobs`` > 1 the shards are written ``jobs`` at a time, one task each, the biggest
-    first: by threads of this process when any tensor is computed, else by forked worker
-    processes. Left unset (None), ``patcher.thread_budget.split`` chooses, except that less than
-    ``SMALL_COMPUTE`` bytes of computed tensors are written in turn. The first failure (or
-    Ctrl-C) cancels the tasks not started yet and is raised once the running ones end (threads
-    stop at their next tensor).
+    first: on a GPU (``THREADED_DEVICES``) by threads of this process, else by worker processes
+    (``shard_pool.pool_context``). Left unset (None), ``patcher.thread_budget.split`` chooses,
+    except that less than ``SMALL_COMPUTE`` bytes of computed tensors are written in turn. The
+    first failure (or Ctrl-C) cancels the tasks not started yet and is raised once the running
+    ones end (threads stop at their next tensor).
     """
     computes = any(j.op != "copy" for t in tasks for j in t.jobs)
     if jobs is None and computes and sum(t.bytes_computed for t in tasks) < SMALL_COMPUTE:
         jobs = 1        # starting workers (each imports torch) would cost more than it saves
     jobs, threads = split(jobs, len(tasks), computes=computes)
     results = ShardResults({}, {})
+    if jobs <= 1:
+        _use_threads(threads)
+        return _in_turn(tasks, staging, results, on_progress, hash_sources)
     order = sorted(tasks, key=lambda t: t.file_size, reverse=True)
-    if computes:
+    collect = functools.partial(_collect, results)
+    if computes and all(t.device.split(":")[0] in THREADED_DEVICES for t in tasks):
         import torch  # noqa: F401  (here, so that its thread count is set before any thread runs)
 
         _use_threads(threads)
-        with short_gil_turns():
-            if jobs <= 1:
-                return _in_turn(tasks, staging, results, on_progress, hash_sources)
-            stop = threading.Event()
-            with ThreadPoolExecutor(jobs, thread_name_prefix="shard") as pool:
-                futures = {pool.submit(write_shard, t, staging / t.output, None, hash_sources,
-                                       stop=stop): t for t in order}
-                gather(futures, functools.partial(_collect, results), on_progress, stop)
+        stop = threading.Event()
+        with short_gil_turns(), ThreadPoolExecutor(jobs, thread_name_prefix="shard") as pool:
+            futures = {pool.submit(write_shard, t, staging / t.output, None, hash_sources,
+                                   stop=stop): t for t in order}
+            gather(futures, collect, on_progress, stop)
         return results
-    if jobs <= 1:
-        return _in_turn(tasks, staging, results, on_progress, hash_sources)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=pool_context(),
-                             initializer=die_with, initargs=(os.getpid(),)) as pool:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=pool_context(computes),
+                             initializer=_init_worker,
+                             initargs=(threads, os.getpid())) as pool:
         futures = {pool.submit(write_shard, t, staging / t.output, None, hash_sources): t
                    for t in order}
-        gather(futures, functools.partial(_collect, results), on_progress, None)
+        gather(futures, collect, on_progress, None)
     return results
+
+
+def _init_worker(threads: int, parent: int) -> None:
+    die_with(parent)
+    quiet_openmp()
+    _use_threads(threads)
 
 
 def _in_turn(tasks: list[ShardTask], staging: Path, results: ShardResults, on_progress,

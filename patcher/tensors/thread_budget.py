@@ -3,19 +3,17 @@
 The rule (issue 20): ``workers x torch intra-op threads <= cores``, where cores are the CPUs this
 process may run on (``hashing.default_jobs``: taskset and cpusets respected).
 
-* ``-j N`` is the number of shards written at a time (1: one after another), never more
-  than there are shards to write. Shards with computed tensors are written by threads of this
-  process (``patcher.tensors.shard_writer``): torch's kernels, file reads and writes and sha256
-  release the GIL, and one process imports torch once (a spawned worker process paid 3.5 s and
-  5.4 CPU-s for it on a 16-core H200 machine). Shards that are only copied go to forked worker
-  processes. Each gets ``cores // N`` torch threads (at least one), so
-  ``-j 1`` uses every core through torch and ``-j <cores>`` one each.
+* ``-j N`` is the number of shards written at a time (1: one after another, in this process),
+  never more than there are shards to write: by N worker processes, or on a GPU by N threads of
+  this process (``patcher.tensors.shard_writer.THREADED_DEVICES`` says why). Each gets
+  ``cores // N`` torch threads (at least one), so ``-j 1`` uses every core through torch and
+  ``-j <cores>`` one each.
 * Unset, half as many workers as cores (at least one, at most one per shard), each with two
   torch threads. Measured side by side on a 16-core H200 machine (24 shards, 2 GB models):
   fp8-block-to-bf16 took 8.93 s and 67.9 CPU-s with 8 workers against 8.64 s and 109.3 CPU-s
   with 16; nvfp4-to-bf16 9.87 s and 73.2 CPU-s against 10.03 s and 115.0 CPU-s: past half the
-  cores the output's fsync'd writes bound the time, and every further worker only adds its
-  contention (those figures were taken with worker processes, each importing torch). Each worker also keeps its own
+  cores the output's fsync'd writes bound the time, and every further worker only adds its own
+  start (a fresh interpreter importing torch) and its contention. Each worker also keeps its own
   read-compute-write pipeline busy (``patcher.shard_pipeline``), which the torch threads of one
   process cannot: those parallelize each 1M-element chunk of a kernel and then wait for one
   another. On 2 cores the rule gives one process with two torch threads (18.8 s against 21.1 s

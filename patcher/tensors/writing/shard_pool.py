@@ -14,9 +14,11 @@ from concurrent.futures import FIRST_COMPLETED, wait
 # The GIL's switch interval while threads of this process write shards. A thread coming back
 # from a call that released the GIL (a torch kernel or launch, a read, a write, sha256) waits
 # for it until the thread holding it has run this long; the computing, reading and writing
-# threads of every shard do that thousands of times a second. Sampled on a 16-core H200 machine,
-# fp8-block-to-bf16 --device cuda -j 8 of a 2 GB model: 27.9 s at Python's default 5 ms, 15.1 s
-# at 0.5 ms.
+# threads of every shard do that thousands of times a second. On a 16-core H200 machine,
+# fp8-block-to-bf16 --device cuda -j 8 of a 2 GB model took 27.9 s at Python's default 5 ms and
+# 15.1 s at 0.5 ms under benchmarks/sample_stacks.py (one run each, the first one the machine's
+# first CUDA run); without the profiler, 14.4-16.0 s at 5 ms before the float64 kernels and
+# 13.4 s at 0.5 ms after them (benchmarks/report/issue20.md).
 SWITCH_INTERVAL = 0.0005
 
 

@@ -44,12 +44,13 @@ _TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": 
 WRITE_PIECE = 4 << 20
 
 # Devices whose shards, with --jobs N, are written by N threads of this process rather than by
-# worker processes. Measured side by side on a 16-core H200 machine (fp8-block-to-bf16 of a 2 GB
-# model, 24 shards, 3,872 computed tensors): on the GPU, threads -j 4 took 12.0 s and 26 CPU-s
-# against 11.7 s and 41 CPU-s for 4 spawned processes (each imports torch and starts CUDA, 4.5 s
-# and 6.4 CPU-s). On the CPU, threads -j 8 took 14.5 s and 42 CPU-s against 8.9 s and 68 CPU-s
-# for processes: the Python between the kernels of thousands of small tensors, serialized by the
-# GIL, costs more wall time than the processes' torch imports (benchmarks/report/issue20.md).
+# worker processes. Measured on a 16-core H200 machine (fp8-block-to-bf16 of a 2 GB model, 24
+# shards, 3,872 computed tensors; threads in this session, processes in the one before, with the
+# older CUDA kernels): on the GPU, threads -j 4 took 12.0 s and 26 CPU-s against 11.7 s and
+# 41 CPU-s for 4 spawned processes (each imports torch and starts CUDA, 4.5 s and 6.4 CPU-s).
+# On the CPU, threads -j 8 took 14.5 s and 42 CPU-s against 8.9 s and 68 CPU-s for processes:
+# the Python between the kernels of thousands of small tensors, serialized by the GIL, costs
+# more wall time than the processes' torch imports (benchmarks/report/issue20.md).
 THREADED_DEVICES = ("cuda",)
 
 # Threads torch may use in this process (set in pool workers; None: torch's default).
@@ -76,7 +77,8 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
     """Write every task's shard under ``staging``.
 
     A task whose one source file is in ``hash_sources`` and is read front to back also yields
-    that file's sha256 (``patcher.integrity.digests.source_digest``), so that it is not read a second time.
+    that file's sha256 (``patcher.integrity.digests.source_digest``), so that it is not read a
+    second time.
 
     With ``jobs`` > 1 the shards are written ``jobs`` at a time, one task each, the biggest
     first: on a GPU (``THREADED_DEVICES``) by threads of this process, else by worker processes

@@ -54,6 +54,7 @@ def _machine(r: dict) -> list[str]:
          f"({r['date']})\n",
          f"sha256 {r['limits']['sha256_gbps_per_core']:.2f} GB/s per core; sequential write "
          f"with fsync {r['limits']['fsync_write_gbps']:.2f} GB/s.\n",
+         *([r["note"] + "\n"] if r.get("note") else []),
          "| target | measured | baseline | ratio | limit | verdict |", "|---|---|---|---|---|---|"]
     for name, measured, base, ratio, limit in _targets(r):
         L.append(f"| {name} | {measured} | {base} | {ratio:.3f}x | {limit} | "
@@ -65,16 +66,18 @@ def _machine(r: dict) -> list[str]:
             continue
         L += [f"### {recipe}\n", "| command | wall s | CPU s | output GB/s | runs (wall, CPU) |",
               "|---|---|---|---|---|"]
-        alias = f"j{r['cores']}"        # the run stored as "default" was -j <cores> then
+        cpu = case["cpu"]
+        alias = next((k for k, v in cpu.items() if k != "default" and v == cpu.get("default")),
+                     None)                      # the -j run stored again as "default"
         for part in ("cpu", "cuda"):
             for name, c in case.get(part, {}).items():
-                if name == "default" and case[part].get(alias) == c:
+                if name == "default" and alias:
                     continue
                 runs = "; ".join(f"{w:.2f}, {c_:.1f}" for w, c_ in c["runs"])
                 L.append(f"| {name} | {c['wall_s']:.2f} | {c['cpu_s']:.1f} | "
                          f"{c['out_bytes'] / c['wall_s'] / 1e9:.2f} | {runs} |")
         same = case.get("identical_to_default", {})
-        ref = alias if case["cpu"].get(alias) == case["cpu"].get("default") else "default -j"
+        ref = alias or "default -j"
         L.append(f"\nOutput shards byte-identical to those of {ref} (sha256 of every output "
                  f"file): {', '.join(f'{k}: {v}' for k, v in same.items() if k != 'default')}."
                  f"\n")
@@ -86,8 +89,13 @@ def _machine(r: dict) -> list[str]:
     t = r.get("torch_import")
     if t:
         c = t["python_import_torch"]
-        L.append(f"`python -c 'import torch'` (what every spawned worker pays first): "
+        L.append(f"`python -c 'import torch'` (what every spawned worker paid first): "
                  f"{c['wall_s']:.2f} s, {c['cpu_s']:.2f} CPU-s.\n")
+        g = t.get("python_import_torch_cuda_init")
+        if g:
+            L.append(f"`python -c` importing torch and making a CUDA tensor (what every "
+                     f"`--device cuda` run pays before its first tensor): {g['wall_s']:.2f} s, "
+                     f"{g['cpu_s']:.2f} CPU-s.\n")
     for name, text in (r.get("profiles") or {}).items():
         L += [f"Profile of `apply {name}` (cProfile in the process; on Python 3.12 it sees every thread; tottime first):\n",
               "```", text.strip(), "```", ""]

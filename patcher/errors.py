@@ -132,3 +132,8 @@ class YamlProblems(Exception):
 class TemplateError(ValueError):
     """A recipe ``{reference}`` template that cannot be parsed or evaluated; the recipe loader
     turns it into a ``RecipeError`` and the binder into a ``PlanError``, both naming the line."""
+
+
+class ShardStopped(Exception):
+    """Raised in a shard-writing thread told to stop: the apply fails for another reason (the
+    one reported), or was interrupted."""

@@ -26,7 +26,9 @@ _WIDER = {"F16": "BF16 or F32", "BF16": "F32"}
 
 def compute(job: TensorJob, read_inputs: Callable[[], list[torch.Tensor]], cache: dict,
             device: str) -> torch.Tensor:
-    """The output tensor of ``job``. ``read_inputs`` reads its source tensors, in order.
+    """The output tensor of ``job``. ``read_inputs`` reads its source tensors, in order. A cast
+    or a dequantization leaves it on ``device`` (the caller copies it back as it sees fit); a
+    quantization returns it on the CPU.
 
     A quantization yields a weight and its scale from one computation: the weight job computes
     both and leaves the scale in ``cache`` for the scale job that follows it in the same shard.
@@ -37,7 +39,7 @@ def compute(job: TensorJob, read_inputs: Callable[[], list[torch.Tensor]], cache
     try:
         if job.op == "cast":
             (source,) = read_inputs()
-            out = source.to(device).to(_OUT[job.param("to")]).cpu()
+            out = source.to(device).to(_OUT[job.param("to")])
             _check_overflow(job, out, [source])
             return out
         if job.op == "dequantize":
@@ -134,18 +136,19 @@ def _dequantize(job: TensorJob, inputs: list[torch.Tensor], device: str) -> torc
     scheme, out = job.param("scheme"), _OUT[job.param("to")]
     if scheme == "fp8-tensor":
         weight, scale = inputs
-        return fp8.dequantize_fp8_per_tensor(weight, scale, out, device=device)
+        return fp8.dequantize_fp8_per_tensor(weight, scale, out, device=device, on_device=True)
     if scheme == "fp8-block":
         weight, scale_inv = inputs
         return fp8.dequantize_fp8_block(weight, scale_inv, out,
                                         block=tuple(job.param("block") or (128, 128)),
-                                        device=device)
+                                        device=device, on_device=True)
     if scheme == "nvfp4-modelopt":
-        return nvfp4.dequantize_nvfp4_modelopt(*inputs, out, device=device)
+        return nvfp4.dequantize_nvfp4_modelopt(*inputs, out, device=device, on_device=True)
     if scheme == "nvfp4-compressed-tensors":
-        return nvfp4.dequantize_nvfp4_compressed_tensors(*inputs, out, device=device)
+        return nvfp4.dequantize_nvfp4_compressed_tensors(*inputs, out, device=device,
+                                                         on_device=True)
     if scheme == "mxfp4-gpt-oss":
-        return dequantize_mxfp4_gpt_oss(*inputs, out, device=device)
+        return dequantize_mxfp4_gpt_oss(*inputs, out, device=device, on_device=True)
     raise ValueError(f"unknown scheme {scheme!r}")
 
 

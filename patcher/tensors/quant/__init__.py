@@ -1,8 +1,9 @@
 """Numeric kernels for quantized weights: FP8 (per tensor, per channel, per block) and NVFP4.
 
 Pure functions on torch tensors. Each takes ``device`` (where the arithmetic runs) and returns
-CPU tensors. Every dequantizer returns, in every element and output dtype (bfloat16, float16
-or float32), on every device, the exact value of its format's formula rounded once, half to even
+CPU tensors (the dequantizers, with ``on_device=True``, tensors on ``device``). Every
+dequantizer returns, in every element and output dtype (bfloat16, float16 or float32), on every
+device, the exact value of its format's formula rounded once, half to even
 (``patcher.tensors.quant.rounding``; where producers' own dequantizers round differently is in
 docs/numerics.md). Weights are processed in row chunks, so memory stays near the size of the
 output.

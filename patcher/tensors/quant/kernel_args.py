@@ -77,14 +77,21 @@ def check_finite_amax(amax: torch.Tensor, w: torch.Tensor) -> None:
 # few of them stay at tens of MiB whatever the size of the weight.
 CHUNK_ELEMENTS = 1 << 20
 
+# On a GPU, chunks this many times larger: each chunk costs a dozen kernel launches from Python,
+# and a GPU has the memory for the temporaries.
+GPU_CHUNK_FACTOR = 16
 
-def row_chunks(rows: int, cols: int, align: int = 1) -> Iterator[tuple[int, int]]:
+
+def row_chunks(rows: int, cols: int, align: int = 1,
+               dev: torch.device | None = None) -> Iterator[tuple[int, int]]:
     """Yield ``(start, stop)`` row ranges covering ``rows`` rows of ``cols`` elements each.
 
-    Each range holds about ``CHUNK_ELEMENTS`` elements; starts are multiples of ``align`` (so a
-    block of ``align`` rows never straddles two chunks).
+    Each range holds about ``CHUNK_ELEMENTS`` elements (``GPU_CHUNK_FACTOR`` times more when
+    ``dev`` is not the CPU); starts are multiples of ``align`` (so a block of ``align`` rows
+    never straddles two chunks).
     """
-    per_chunk = max(1, CHUNK_ELEMENTS // max(1, cols))
+    elements = CHUNK_ELEMENTS * (GPU_CHUNK_FACTOR if dev is not None and dev.type != "cpu" else 1)
+    per_chunk = max(1, elements // max(1, cols))
     per_chunk = max(align, per_chunk // align * align)
     for start in range(0, rows, per_chunk):
         yield start, min(rows, start + per_chunk)

@@ -65,7 +65,7 @@ def mxfp4_gpt_oss_shape(blocks_shape, scales_shape) -> tuple[int, int, int]:
 
 def dequantize_mxfp4_gpt_oss(blocks: torch.Tensor, scales: torch.Tensor,
                              out_dtype: torch.dtype = torch.bfloat16, *,
-                             device: str = "cpu") -> torch.Tensor:
+                             device: str = "cpu", on_device: bool = False) -> torch.Tensor:
     """Dequantize one gpt-oss MXFP4 expert weight.
 
     ``W[e, g * 32 + j, r] = e2m1(code j of blocks[e, r, g]) * 2 ** (scales[e, r, g] - 127)``.
@@ -75,6 +75,7 @@ def dequantize_mxfp4_gpt_oss(blocks: torch.Tensor, scales: torch.Tensor,
         scales: E8M0 bytes ``[experts, rows, G]``, uint8 (gpt-oss) or float8_e8m0fnu.
         out_dtype: bfloat16, float16 or float32.
         device: where the arithmetic runs. The result is on the CPU.
+        on_device: return the result on ``device`` instead (no copy back, no wait for it).
 
     Returns:
         ``[experts, G * 32, rows]`` in ``out_dtype``, on the CPU.
@@ -90,12 +91,12 @@ def dequantize_mxfp4_gpt_oss(blocks: torch.Tensor, scales: torch.Tensor,
     experts, k, rows = mxfp4_gpt_oss_shape(blocks.shape, scales.shape)
     scales = scales.view(torch.uint8)
     dev = torch_device(device)
-    out = torch.empty((experts, k, rows), dtype=out_dtype)
+    out = torch.empty((experts, k, rows), dtype=out_dtype, device=dev)
     for e in range(experts):
-        for r0, r1 in row_chunks(rows, k):
+        for r0, r1 in row_chunks(rows, k, dev=dev):
             values = _values(blocks[e, r0:r1], scales[e, r0:r1], dev)
             out[e, :, r0:r1].copy_(round_exact(values, out_dtype).T)
-    return out
+    return out if on_device else out.cpu()
 
 
 def _values(blocks: torch.Tensor, scales: torch.Tensor, dev: torch.device) -> torch.Tensor:
@@ -110,4 +111,4 @@ def _values(blocks: torch.Tensor, scales: torch.Tensor, dev: torch.device) -> to
         pairs = torch.from_numpy(_PAIRS).to(dev)[b]
         scale = torch.from_numpy(_E8M0).to(dev)[scales.to(dev).to(torch.int64)]
     values = pairs.reshape(rows, groups, MXFP4_BLOCK) * scale.unsqueeze(-1)
-    return values.reshape(rows, groups * MXFP4_BLOCK).cpu()
+    return values.reshape(rows, groups * MXFP4_BLOCK)

@@ -1,4 +1,4 @@
-"""Host-to-device copies for the CUDA path of shard rewrites, overlapped with the kernels.
+"""Copies between host and GPU for the CUDA path of shard rewrites, overlapped with the kernels.
 
 The reader thread of a shard (``patcher.shard_pipeline``) reads each computed tensor's sources
 into a slot of page-locked (pinned) host memory and starts their copy to the GPU on a stream of
@@ -7,13 +7,20 @@ own stream only (``ready``), so the copy of the next tensor overlaps the kernels
 the disk writes of the previous one. Slots are reused in turn; a slot is refilled only after its
 last copy finished. Copies from pageable memory would be staged through a driver buffer in small
 synchronous pieces instead.
+
+The way back is the same: the computing thread only enqueues the copy of a computed tensor into
+one of two page-locked host buffers on a stream of its own (``ToHost``); the writer thread waits
+for that copy (``_OnHost.wait``) and writes it, while the computing thread goes on with the next
+tensor.
+Each shard being written computes on a stream of its own (``compute_stream``), so the shards in
+flight (``--jobs``) overlap on the GPU too.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .shard_pipeline import READ_AHEAD
+from .shard_pipeline import READ_AHEAD, WRITE_BEHIND
 
 # Slots: the tensor being computed, those read ahead, and the one being read.
 SLOTS = READ_AHEAD + 2
@@ -62,3 +69,47 @@ class _OnDevice:
         for t in self.tensors:
             t.record_stream(stream)     # the allocator keeps them until this stream is past
         return self.tensors
+
+
+def compute_stream(device: str):
+    """A context making a new stream of ``device`` the current one: this thread's kernels wait
+    only for their own work, not for the other shards'."""
+    return torch.cuda.stream(torch.cuda.Stream(torch.device(device)))
+
+
+class ToHost:
+    """Called by the computing thread with a computed GPU tensor: enqueues its copy into one of
+    two page-locked host buffers (used in turn) behind the kernels that made it, and returns at
+    once. A buffer is refilled only after the writer is done with it: the shard pipeline waits
+    for the write of a tensor before it hands the next one's to the writer
+    (``shard_pipeline.WRITE_BEHIND`` = 1), so the tensor before the previous one is written."""
+
+    SLOTS = WRITE_BEHIND + 1
+
+    def __init__(self, device: str, largest: int):
+        self.stream = torch.cuda.Stream(torch.device(device))
+        self.size, self.slots, self.turn = largest, [None] * self.SLOTS, 0
+
+    def __call__(self, tensor: torch.Tensor) -> "_OnHost":
+        index, self.turn = self.turn, (self.turn + 1) % self.SLOTS
+        if self.slots[index] is None:
+            self.slots[index] = torch.empty(self.size, dtype=torch.uint8, pin_memory=True)
+        nbytes = tensor.numel() * tensor.element_size()
+        host = self.slots[index][:nbytes].view(tensor.dtype).view(tensor.shape)
+        self.stream.wait_stream(torch.cuda.current_stream(tensor.device))
+        with torch.cuda.stream(self.stream):
+            host.copy_(tensor, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        tensor.record_stream(self.stream)   # not freed for reuse before the copy is done
+        return _OnHost(host, done)
+
+
+class _OnHost:
+    def __init__(self, host: torch.Tensor, done):
+        self.host, self.done = host, done
+
+    def wait(self) -> torch.Tensor:
+        """The tensor in host memory, once its copy is done."""
+        self.done.synchronize()
+        return self.host

@@ -6,27 +6,30 @@ same source file as one range), computed ones are produced one at a time from th
 ranges. Peak memory is bounded by the largest tensor involved, never the shard. The sha256 comes
 from the bytes as they are written; nothing is read back.
 
-``--jobs N`` runs shard tasks in N worker processes (see ``_pool_context`` for how they start),
-and each worker's torch uses its share of the cores rather than all of them
+``--jobs N`` writes N shards at a time, in N worker processes (``shard_pool``), or on a GPU in N
+threads of this process (``THREADED_DEVICES``), each with its share of torch's intra-op threads
 (``patcher.thread_budget``).
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import contextlib
+import functools
 import os
 import sys
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+import threading
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
 from ... import dispatch
-from ...errors import OperationFailed
+from ...errors import OperationFailed, ShardStopped
 from ...integrity.digests.hash_writer import HashingWriter, hash_while_copying
 from ...integrity.digests.hashing import HashResult
 from ...integrity.digests.source_digest import SourceDigest, single_source_in_order
 from .shard_pipeline import Pipeline, read_ahead
+from .shard_pool import die_with, gather, pool_context, short_gil_turns
 from ..tasks import ShardTask, TensorJob
 from .thread_budget import quiet_openmp, split
 
@@ -40,6 +43,16 @@ _TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": 
 # Computed tensors are hashed and written in pieces of this size, so each piece is hashed while
 # it is still in the CPU cache and no single write(2) is huge.
 WRITE_PIECE = 4 << 20
+
+# Devices whose shards, with --jobs N, are written by N threads of this process rather than by
+# worker processes. Measured on a 16-core H200 machine (fp8-block-to-bf16 of a 2 GB model, 24
+# shards, 3,872 computed tensors; threads in this session, processes in the one before, with the
+# older CUDA kernels): on the GPU, threads -j 4 took 12.0 s and 26 CPU-s against 11.7 s and
+# 41 CPU-s for 4 spawned processes (each imports torch and starts CUDA, 4.5 s and 6.4 CPU-s).
+# On the CPU, threads -j 8 took 14.5 s and 42 CPU-s against 8.9 s and 68 CPU-s for processes:
+# the Python between the kernels of thousands of small tensors, serialized by the GIL, costs
+# more wall time than the processes' torch imports (benchmarks/report/issue20.md).
+THREADED_DEVICES = ("cuda",)
 
 # Threads torch may use in this process (set in pool workers; None: torch's default).
 _torch_threads: int | None = None
@@ -65,12 +78,15 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
     """Write every task's shard under ``staging``.
 
     A task whose one source file is in ``hash_sources`` and is read front to back also yields
-    that file's sha256 (``patcher.integrity.digests.source_digest``), so that it is not read a second time.
+    that file's sha256 (``patcher.integrity.digests.source_digest``), so that it is not read a
+    second time.
 
-    With ``jobs`` > 1 the shards are written by worker processes, one task each, the biggest
-    first. Left unset (None), ``patcher.thread_budget.split`` chooses, except that less than
-    ``SMALL_COMPUTE`` bytes of computed tensors are written here, without workers. The first
-    failure cancels the tasks not started yet and is raised once the running ones end.
+    With ``jobs`` > 1 the shards are written ``jobs`` at a time, one task each, the biggest
+    first: on a GPU (``THREADED_DEVICES``) by threads of this process, else by worker processes
+    (``shard_pool.pool_context``). Left unset (None), ``patcher.thread_budget.split`` chooses,
+    except that less than ``SMALL_COMPUTE`` bytes of computed tensors are written in turn. The
+    first failure (or Ctrl-C) cancels the tasks not started yet and is raised once the running
+    ones end (threads stop at their next tensor).
 
     Inside ``patcher.dispatch.using(executor)`` the executor runs them instead.
     """
@@ -85,30 +101,39 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
     results = ShardResults({}, {})
     if jobs <= 1:
         _use_threads(threads)
-        for task in tasks:
-            _collect(results, task, write_shard(task, staging / task.output, on_progress,
-                                                hash_sources))
-        return results
-    context = _pool_context(computes)
+        return _in_turn(tasks, staging, results, on_progress, hash_sources)
     order = sorted(tasks, key=lambda t: t.file_size, reverse=True)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=context,
+    collect = functools.partial(_collect, results)
+    if computes and all(t.device.split(":")[0] in THREADED_DEVICES for t in tasks):
+        import torch  # noqa: F401  (here, so that its thread count is set before any thread runs)
+
+        _use_threads(threads)
+        stop = threading.Event()
+        with short_gil_turns(), ThreadPoolExecutor(jobs, thread_name_prefix="shard") as pool:
+            futures = {pool.submit(write_shard, t, staging / t.output, None, hash_sources,
+                                   stop=stop): t for t in order}
+            gather(futures, collect, on_progress, stop)
+        return results
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=pool_context(computes),
                              initializer=_init_worker,
                              initargs=(threads, os.getpid())) as pool:
         futures = {pool.submit(write_shard, t, staging / t.output, None, hash_sources): t
                    for t in order}
-        pending = set(futures)
-        try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    task = futures[future]
-                    _collect(results, task, future.result())
-                    if on_progress:
-                        on_progress(task.file_size)
-        except BaseException:
-            for future in pending:
-                future.cancel()
-            raise
+        gather(futures, collect, on_progress, None)
+    return results
+
+
+def _init_worker(threads: int, parent: int) -> None:
+    die_with(parent)
+    quiet_openmp()
+    _use_threads(threads)
+
+
+def _in_turn(tasks: list[ShardTask], staging: Path, results: ShardResults, on_progress,
+             hash_sources: frozenset[str]) -> ShardResults:
+    for task in tasks:
+        _collect(results, task, write_shard(task, staging / task.output, on_progress,
+                                            hash_sources))
     return results
 
 
@@ -120,28 +145,6 @@ def _collect(results: ShardResults, task: ShardTask,
         results.sources[source] = digest
 
 
-def _pool_context(computes: bool):
-    """Workers that only copy bytes are forked: instant, and they never touch torch. Workers that
-    compute are spawned (a fresh interpreter each, importing torch there): forked from this
-    process they could hang in their first parallel torch op once this process has used OpenMP
-    (GNU libgomp does not survive a fork), and CUDA cannot be used after a fork. A fork server
-    would import torch only once, but its workers are not this process's children: their CPU
-    time and memory would escape ``wait4``/``RUSAGE_CHILDREN``, and a worker could not tell
-    which process to take down with it (``faults``). The imports run in parallel, so on a
-    machine with as many cores as workers this costs about one torch import of wall time, the
-    same as importing torch here before forking."""
-    methods = multiprocessing.get_all_start_methods()
-    if not computes and "fork" in methods:
-        return multiprocessing.get_context("fork")
-    return multiprocessing.get_context("spawn")
-
-
-def _init_worker(threads: int, parent: int) -> None:
-    _die_with(parent)
-    quiet_openmp()
-    _use_threads(threads)
-
-
 def _use_threads(threads: int) -> None:
     """Give torch ``threads`` intra-op threads (now if it is loaded, else at its first use)."""
     global _torch_threads
@@ -150,29 +153,14 @@ def _use_threads(threads: int) -> None:
         sys.modules["torch"].set_num_threads(threads)
 
 
-def _die_with(parent: int) -> None:
-    """End this worker when ``parent`` (the apply) ends, however it ends: a worker left behind
-    by a killed apply would go on writing into a staging directory nobody will commit (Linux
-    ``PR_SET_PDEATHSIG``; elsewhere the pool's broken pipe ends it at its next task)."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:      # it ended before the request took effect
-        os._exit(1)
-
-
 def write_shard(task: ShardTask, target: Path,
                 on_progress: Callable[[int], None] | None = None,
-                hash_sources: frozenset[str] = frozenset()
+                hash_sources: frozenset[str] = frozenset(), *,
+                stop: threading.Event | None = None
                 ) -> tuple[str, str | None, HashResult | None]:
     """Write ``task``'s shard to ``target`` (which must not exist), reading, computing and
-    writing in a pipeline (``patcher.tensors.writing.shard_pipeline``).
+    writing in a pipeline (``patcher.tensors.writing.shard_pipeline``); ``ShardStopped`` is raised at
+    the next tensor once ``stop`` is set (another shard failed, or Ctrl-C).
 
     Returns its sha256, and the task's source file with that file's digest if it is in
     ``hash_sources`` and could be hashed along the way (else None, None)."""
@@ -190,7 +178,7 @@ def write_shard(task: ShardTask, target: Path,
         try:
             digest = (SourceDigest(_fd(sources, source))
                       if source is not None and source in hash_sources else None)
-            _write_jobs(task, writer, _Writeback(fd), sources, digest, on_progress, target)
+            _write_jobs(task, writer, _Writeback(fd), sources, digest, on_progress, target, stop)
             source_result = digest.result() if digest is not None else None
         finally:
             for src_fd in sources.values():
@@ -201,7 +189,8 @@ def write_shard(task: ShardTask, target: Path,
 
 
 def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict[str, int],
-                digest: SourceDigest | None, on_progress, target: Path) -> None:
+                digest: SourceDigest | None, on_progress, target: Path,
+                stop: threading.Event | None) -> None:
     """Every tensor of ``task`` after the header: the reader thread reads the sources of the
     computed tensors (feeding ``digest``, in order), this thread computes, the writer thread
     copies the unchanged ranges and writes the computed bytes, in shard order."""
@@ -210,14 +199,14 @@ def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict
     groups = list(_groups(task.jobs))
     computed = [g[0] for g in groups if g[0].op != "copy"]
     device, cache = task.device, {}
-    transfer = _transfer(device, computed)
+    transfer, to_host, stream = _transfers(device, computed)
 
     def read(job: TensorJob):
         if job.op == "quantize" and job.param("role") == "scale":
             return None         # usually taken from the weight job's cache: read if needed
         return transfer([_read(sources, s, digest, pinned=transfer.pinned) for s in job.inputs])
 
-    def store(group: list[TensorJob], data: memoryview | None) -> None:
+    def store(group: list[TensorJob], data) -> None:
         before = writer.size
         expected = sum(j.out.nbytes for j in group)
         if data is None:
@@ -231,6 +220,8 @@ def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict
             hash_while_copying(_fd(sources, first.path), first.offset, expected, writer,
                                on_progress=progress)
         else:
+            if not isinstance(data, memoryview):
+                data = _as_bytes(data.wait())       # its copy from the GPU, once done
             _write_pieces(writer, data, writeback)
         if writer.size - before != expected:
             raise OperationFailed(f"wrote {writer.size - before} bytes, expected {expected}",
@@ -238,15 +229,17 @@ def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict
         if on_progress:
             on_progress(expected)
 
-    with Pipeline() as pipeline:
+    with Pipeline() as pipeline, stream:
         reads = read_ahead(computed, read, pipeline)
         for group in groups:
+            if stop is not None and stop.is_set():
+                raise ShardStopped(target.name)
             for job in group:
                 faults.point(f"tensor:{job.out.name}")
             data = None
             if group[0].op != "copy":
                 job, future = next(reads)
-                data = _compute(job, pipeline.take(future), sources, cache, device)
+                data = _compute(job, pipeline.take(future), sources, cache, device, to_host)
                 del future
             pipeline.write(lambda group=group, data=data: store(group, data))
             del data
@@ -338,14 +331,17 @@ def _read(sources: dict[str, int], src, digest: SourceDigest | None = None, pinn
     return torch.frombuffer(buf, dtype=dtype).reshape(src.shape)
 
 
-def _transfer(device: str, computed: list[TensorJob]):
-    """What the reader does with the source tensors it read: nothing on the CPU; on CUDA, the
-    asynchronous copy to the GPU from pinned buffers (``patcher.tensors.writing.cuda_transfer``)."""
+def _transfers(device: str, computed: list[TensorJob]):
+    """``(to device, to host, compute stream)``: what the reader does with the source tensors
+    it read, what the computing thread does with a computed tensor left on the GPU, and the
+    stream it computes on. On the CPU nothing; on CUDA the asynchronous copies through pinned
+    buffers and a stream of this shard's own (``patcher.tensors.writing.cuda_transfer``)."""
     if device == "cpu" or not computed:
-        return _OnCpu()
-    from .cuda_transfer import ToDevice
+        return _OnCpu(), None, contextlib.nullcontext()
+    from .cuda_transfer import ToDevice, ToHost, compute_stream
 
-    return ToDevice(device, max(sum(s.nbytes for s in j.inputs) for j in computed))
+    return (ToDevice(device, max(sum(s.nbytes for s in j.inputs) for j in computed)),
+            ToHost(device, max(j.out.nbytes for j in computed)), compute_stream(device))
 
 
 class _OnCpu:
@@ -356,9 +352,10 @@ class _OnCpu:
 
 
 def _compute(job: TensorJob, inputs, sources: dict[str, int], cache: dict,
-             device: str) -> memoryview:
-    """The output bytes of ``job``; ``inputs``: its source tensors as read ahead (a
-    ``ToDevice`` handle on CUDA; None: read them here if the computation needs them)."""
+             device: str, to_host):
+    """The output bytes of ``job``, or for a tensor left on the GPU the handle of its copy to
+    the host (``to_host``); ``inputs``: its source tensors as read ahead (a ``ToDevice``
+    handle on CUDA; None: read them here if the computation needs them)."""
     from ..compute import compute
 
     global _torch_threads
@@ -373,7 +370,8 @@ def _compute(job: TensorJob, inputs, sources: dict[str, int], cache: dict,
             return [_read(sources, s) for s in job.inputs]
         return inputs.ready() if hasattr(inputs, "ready") else inputs
 
-    return _as_bytes(compute(job, read_inputs, cache, device))
+    out = compute(job, read_inputs, cache, device)
+    return _as_bytes(out) if out.device.type == "cpu" else to_host(out)
 
 
 def _as_bytes(tensor) -> memoryview:

@@ -1,11 +1,13 @@
-"""How a tensor rewrite shares the machine's cores: worker processes x torch threads.
+"""How a tensor rewrite shares the machine's cores: shard workers x torch threads.
 
 The rule (issue 20): ``workers x torch intra-op threads <= cores``, where cores are the CPUs this
 process may run on (``hashing.default_jobs``: taskset and cpusets respected).
 
-* ``-j N`` is the number of worker processes (1: the rewrite runs in this process), never more
-  than there are shards to write. Each gets ``cores // N`` torch threads (at least one), so
-  ``-j 1`` uses every core through torch and ``-j <cores>`` one each.
+* ``-j N`` is the number of shards written at a time (1: one after another, in this process),
+  never more than there are shards to write: by N worker processes, or on a GPU by N threads of
+  this process (``patcher.tensors.writing.shard_writer.THREADED_DEVICES`` says why). Each gets
+  ``cores // N`` torch threads (at least one), so ``-j 1`` uses every core through torch and
+  ``-j <cores>`` one each.
 * Unset, half as many workers as cores (at least one, at most one per shard), each with two
   torch threads. Measured side by side on a 16-core H200 machine (24 shards, 2 GB models):
   fp8-block-to-bf16 took 8.93 s and 67.9 CPU-s with 8 workers against 8.64 s and 109.3 CPU-s

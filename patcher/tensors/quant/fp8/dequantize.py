@@ -3,7 +3,9 @@
 Each product ``fp8 * scale`` is rounded once, half to even, to the output dtype, whatever the
 scale's dtype (float32 from ModelOpt and DeepSeek, bfloat16/float16 from compressed-tensors):
 computed in float32 (one rounding), and exactly in float64 for the rows where that float32 value
-could round wrongly again (``patcher.tensors.quant.rounding.round_via_f32``).
+could round wrongly again (``patcher.tensors.quant.rounding.round_via_f32``). On a GPU every
+product is computed exactly in float64 and rounded by ``round_exact``: the same values, half the
+kernel launches, and no choice of rows that would make the host wait for the device.
 
 Also the float8 e4m3 codec the FP8 and NVFP4 kernels share: decoding float8_e4m3fn to
 float32/float64 and rounding float32 to it."""
@@ -14,7 +16,7 @@ import numpy as np
 import torch
 
 from ..kernel_args import check_out_dtype, row_chunks, scale_f64, torch_device
-from ..rounding import round_via_f32
+from ..rounding import round_exact, round_via_f32
 from .shapes import (check_block, check_fp8_block_shapes, check_fp8_scale_shape,
                      fp8_block_scale_shape)
 
@@ -51,7 +53,7 @@ def _check_fp8_weight(weight: torch.Tensor) -> None:
 
 def dequantize_fp8_per_tensor(weight_fp8: torch.Tensor, scale: torch.Tensor,
                               out_dtype: torch.dtype = torch.bfloat16, *,
-                              device: str = "cpu") -> torch.Tensor:
+                              device: str = "cpu", on_device: bool = False) -> torch.Tensor:
     """Dequantize an FP8 weight with one scale per tensor or per output channel.
 
     ``W = fp8 * scale`` (ModelOpt and compressed-tensors both multiply), the exact product
@@ -62,6 +64,7 @@ def dequantize_fp8_per_tensor(weight_fp8: torch.Tensor, scale: torch.Tensor,
         scale: ``weight_scale``: one value, or ``[out, 1]`` / ``[out]`` per channel.
         out_dtype: bfloat16, float16 or float32.
         device: where the arithmetic runs (``"cpu"``, ``"cuda"``...). The result is on the CPU.
+        on_device: return the result on ``device`` instead (no copy back, no wait for it).
 
     Returns:
         The dequantized weight, shape of ``weight_fp8``, dtype ``out_dtype``, on the CPU.
@@ -77,13 +80,17 @@ def dequantize_fp8_per_tensor(weight_fp8: torch.Tensor, scale: torch.Tensor,
     shape = tuple(weight_fp8.shape)
     cols = shape[-1] if len(shape) else 1
     w2 = weight_fp8.reshape(-1, cols)
-    out = torch.empty(shape, dtype=out_dtype)
+    out = torch.empty(shape, dtype=out_dtype, device=dev)
     out2 = out.view(-1, cols)
     s64 = scale_f64(scale.reshape(-1, 1), "FP8 scale", dev)
     s32 = s64.to(torch.float32)                         # exact: the scale was float32 or less
-    for r0, r1 in row_chunks(w2.shape[0], cols):
+    for r0, r1 in row_chunks(w2.shape[0], cols, dev=dev):
         w = w2[r0:r1]
         s, s_exact = (s32, s64) if kind == "tensor" else (s32[r0:r1], s64[r0:r1])
+        if dev.type != "cpu":
+            out2[r0:r1].copy_(round_exact(fp8_decode(w, dev, torch.float64).mul_(s_exact),
+                                          out_dtype))
+            continue
 
         def exact_rows(rows, w=w, s_exact=s_exact):
             return fp8_decode(w[rows.to(w.device)], dev, torch.float64).mul_(
@@ -91,13 +98,13 @@ def dequantize_fp8_per_tensor(weight_fp8: torch.Tensor, scale: torch.Tensor,
 
         y = fp8_decode(w, dev, torch.float32).mul_(s)
         out2[r0:r1].copy_(round_via_f32(y, out_dtype, exact_rows))
-    return out
+    return out if on_device else out.cpu()
 
 
 def dequantize_fp8_block(weight_fp8: torch.Tensor, scale_inv: torch.Tensor,
                          out_dtype: torch.dtype = torch.bfloat16,
                          block: tuple[int, int] = (128, 128), *,
-                         device: str = "cpu") -> torch.Tensor:
+                         device: str = "cpu", on_device: bool = False) -> torch.Tensor:
     """Dequantize a block-scaled FP8 weight (DeepSeek-V3 ``weight_scale_inv``).
 
     ``W[i, j] = fp8[i, j] * scale_inv[i // bm, j // bn]``, partial edge blocks included when
@@ -114,6 +121,7 @@ def dequantize_fp8_block(weight_fp8: torch.Tensor, scale_inv: torch.Tensor,
         out_dtype: bfloat16, float16 or float32.
         block: ``(bm, bn)``, from ``quantization_config.weight_block_size``.
         device: where the arithmetic runs. The result is on the CPU.
+        on_device: return the result on ``device`` instead (no copy back, no wait for it).
 
     Returns:
         The dequantized ``[M, N]`` weight in ``out_dtype``, on the CPU.
@@ -130,11 +138,16 @@ def dequantize_fp8_block(weight_fp8: torch.Tensor, scale_inv: torch.Tensor,
     scale_inv = scale_inv.reshape(fp8_block_scale_shape(weight_fp8.shape, (bm, bn)))
 
     m, n = weight_fp8.shape
-    out = torch.empty((m, n), dtype=out_dtype)
+    out = torch.empty((m, n), dtype=out_dtype, device=dev)
     s64 = scale_f64(scale_inv, "block scale", dev)
     s32 = s64.to(torch.float32)                         # exact: the scale was float32 or less
-    for r0, r1 in row_chunks(m, n, align=bm):
+    for r0, r1 in row_chunks(m, n, align=bm, dev=dev):
         w = weight_fp8[r0:r1]
+        if dev.type != "cpu":
+            y = fp8_decode(w, dev, torch.float64)
+            _mul_by_block_scales_(y, s64[r0 // bm: (r1 + bm - 1) // bm], (bm, bn))
+            out[r0:r1].copy_(round_exact(y, out_dtype))
+            continue
 
         def exact_rows(rows, w=w, r0=r0):
             s_rows = s64[(rows + r0) // bm].repeat_interleave(bn, dim=1)[:, :n]
@@ -143,7 +156,7 @@ def dequantize_fp8_block(weight_fp8: torch.Tensor, scale_inv: torch.Tensor,
         y = fp8_decode(w, dev, torch.float32)
         _mul_by_block_scales_(y, s32[r0 // bm: (r1 + bm - 1) // bm], (bm, bn))
         out[r0:r1].copy_(round_via_f32(y, out_dtype, exact_rows))
-    return out
+    return out if on_device else out.cpu()
 
 
 def _mul_by_block_scales_(y: torch.Tensor, s: torch.Tensor, block: tuple[int, int]) -> None:

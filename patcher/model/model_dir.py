@@ -13,14 +13,17 @@ import os
 import posixpath
 import re
 import stat
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterator
+from itertools import chain, repeat
+from typing import Any, Iterable, Iterator, Mapping
 
 from ..errors import ModelDirError, PatchError, ShardIndexError
 from ..config.jsonfile import parse_json
+from .header_cache import RACY_WINDOW_NS, HeaderCache, checked_key
 from .safetensors_io import ShardHeader, TensorInfo, parse_header, read_raw_header
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -60,9 +63,16 @@ class ModelFile:
 class ShardIndex:
     """``model.safetensors.index.json``: which shard holds each tensor."""
 
-    weight_map: dict[str, str]
+    weight_map: Mapping[str, str]
     total_size: int | None
     metadata: dict[str, Any]
+    shard_names: tuple[str, ...] | None = None     # the weight map's values, when known
+
+    def shards(self) -> list[str]:
+        """The shards the index names, sorted."""
+        if self.shard_names is not None:
+            return sorted(self.shard_names)
+        return sorted(set(self.weight_map.values()))
 
 
 @dataclass
@@ -75,6 +85,7 @@ class ModelDir:
     index: ShardIndex | None
     cache_repo: Path | None = None             # the models--org--name dir for HF snapshots
     warnings: list[str] = field(default_factory=list)
+    header_cache: HeaderCache | None = field(default=None, repr=False, compare=False)
     _json: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -91,10 +102,11 @@ class ModelDir:
         cache_repo = hf_cache_repo(root)
         files = dict(_list_files(root, cache_repo))
         shard_names = sorted(p for p in files if p.endswith(".safetensors"))
-        shards = _read_headers(root, shard_names)
-        index = _read_index(root, files)
-        model = cls(root=root, files=files, shards=shards, index=index, cache_repo=cache_repo)
-        model._check_index()
+        reader = _CachedReader(root, files, shard_names)
+        model = cls(root=root, files=files, shards=reader.shards(), index=reader.index(),
+                    cache_repo=cache_repo, header_cache=reader.cache)
+        model._check_index(defects=not reader.index_checked())
+        reader.save(model.index)
         return model
 
     # --- JSON ------------------------------------------------------------------------------
@@ -142,14 +154,13 @@ class ModelDir:
     @cached_property
     def tensor_shards(self) -> dict[str, str]:
         """tensor name -> shard relpath, over every shard the model loads."""
-        return {name: shard for shard in self.model_shards
-                for name in self.shards[shard].tensors}
+        return name_to_shard(self.shards, self.model_shards)
 
     @property
     def model_shards(self) -> list[str]:
         """Shards the model loads: the index's shards, or the single ``model.safetensors``."""
         if self.index is not None:
-            return sorted(set(self.index.weight_map.values()))
+            return self.index.shards()
         return [SINGLE_SHARD_NAME] if SINGLE_SHARD_NAME in self.shards else []
 
     def tensors(self) -> Iterator[tuple[str, TensorInfo]]:
@@ -164,7 +175,7 @@ class ModelDir:
 
     # --- validation ------------------------------------------------------------------------
 
-    def _check_index(self) -> None:
+    def _check_index(self, defects: bool = True) -> None:
         unloaded = sorted(set(self.shards) - set(self.model_shards))
         if self.index is None:
             _refuse_shards_without_index(self.root, self.shards)
@@ -174,7 +185,7 @@ class ModelDir:
             reason = f"not referenced by {INDEX_NAME}"
         for shard in unloaded:
             self.warnings.append(f"{shard}: {reason}; left as an opaque file")
-        if self.index is None:
+        if self.index is None or not defects:
             return
         defects = _index_defects(self.root, self.index, self.shards, self.files)
         if defects:
@@ -254,6 +265,50 @@ def _model_file(entry: Path, relpath: str, allowed: list[str]) -> ModelFile:
     return ModelFile(relpath, entry, st.st_size, link_target=target)
 
 
+class _CachedReader:
+    """Headers and index from ``header_cache`` where the files' identities match, the rest read
+    and parsed; ``save`` records what was read, and an index check that passed."""
+
+    def __init__(self, root: Path, files: dict[str, ModelFile], shard_names: list[str]):
+        self.root, self.files, self.names = root, files, shard_names
+        self.observed = time.time_ns()
+        self.stats = {rel: os.stat(files[rel].path)
+                      for rel in [*shard_names, INDEX_NAME] if rel in files}
+        self.cache = HeaderCache(root)
+        self.key = checked_key(self.stats)
+        self.from_cache = False
+
+    def shards(self) -> dict[str, ShardHeader]:
+        cache, root = self.cache, self.root
+        found = {rel: cache.shard(rel, self.stats[rel], root / rel) for rel in self.names}
+        read = _read_headers(root, [rel for rel, h in found.items() if h is None])
+        for rel, header in read.items():
+            cache.record(rel, self.stats[rel], header, self.observed)
+        cache.forget(set(self.names))
+        self._shards = {rel: found[rel] or read[rel] for rel in self.names}
+        return self._shards
+
+    def index(self) -> ShardIndex | None:
+        if INDEX_NAME not in self.stats:
+            return None
+        cached = self.cache.index(self.key, self._shards)
+        if cached is not None:
+            self.from_cache = True
+            return ShardIndex(*cached)
+        return _read_index(self.root, self.files)
+
+    def index_checked(self) -> bool:
+        return self.from_cache
+
+    def save(self, index: ShardIndex | None) -> None:
+        """After a passing check: remember it, if every file is old enough to be cached."""
+        if index is not None and all(st.st_mtime_ns <= self.observed - RACY_WINDOW_NS
+                                     for st in self.stats.values()):
+            self.cache.record_checked(self.key, index.weight_map, index.total_size,
+                                      index.metadata, self._shards)
+        self.cache.save()
+
+
 def _read_headers(root: Path, names: list[str]) -> dict[str, ShardHeader]:
     # Threads overlap the per-file latency of network filesystems for the reads; the parsing
     # holds the GIL, so it runs here, serially (threads made it slower).
@@ -288,8 +343,11 @@ def parse_index(raw: bytes, where: str) -> ShardIndex:
     if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
         raise ShardIndexError("no weight_map object", where=where)
     weight_map = doc["weight_map"]
-    bad_names = {s for s in set(map(_hashable, weight_map.values()))
-                 if not (isinstance(s, str) and _safe_relpath(s))}
+    try:
+        shard_names = set(weight_map.values())
+    except TypeError:       # a list or object among the values
+        shard_names = set(map(_hashable, weight_map.values()))
+    bad_names = {s for s in shard_names if not (isinstance(s, str) and _safe_relpath(s))}
     if bad_names:
         tensor, shard = next((t, s) for t, s in weight_map.items() if _hashable(s) in bad_names)
         raise ShardIndexError(f"shard name {shard!r} is not a relative path inside the model",
@@ -312,9 +370,29 @@ def _safe_relpath(name: str) -> bool:
             and posixpath.normpath(name) == name and not name.startswith("../") and name != "..")
 
 
+def name_to_shard(shards: dict[str, ShardHeader], names: Iterable[str]) -> dict[str, str]:
+    """tensor name -> shard over the shards ``names``, built by one C-level ``dict`` call."""
+    return dict(chain.from_iterable(zip(shards[s].tensors, repeat(s)) for s in names))
+
+
+def _index_matches(index: ShardIndex, shards: dict[str, ShardHeader]) -> bool:
+    """The common case, proven without a Python step per tensor: the index maps exactly the
+    tensors of the shards it names, each to its shard, and ``total_size`` (if given) is their
+    data (validated headers tile their data sections, so a shard's data is its tensors' bytes)."""
+    referenced = set(index.weight_map.values())
+    if not referenced <= shards.keys():
+        return False
+    actual = name_to_shard(shards, sorted(referenced))
+    return (len(actual) == sum(len(shards[s].tensors) for s in referenced)
+            and actual == index.weight_map
+            and index.total_size in (None, sum(shards[s].data_size for s in referenced)))
+
+
 def _index_defects(root: Path, index: ShardIndex, shards: dict[str, ShardHeader],
                    files: dict[str, ModelFile]) -> list[PatchError]:
     where = str(root / INDEX_NAME)
+    if _index_matches(index, shards):
+        return _unreferenced_siblings(where, index, shards)
     defects: list[PatchError] = []
     for shard in sorted(set(index.weight_map.values())):
         if shard not in shards:

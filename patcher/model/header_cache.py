@@ -16,9 +16,13 @@ Rules (those of ``patcher.integrity.digest_cache``):
   header passes the same whole-column checks as a freshly parsed one
   (``tensor_table.checked_table``) before it is used. A cache that is unreadable, corrupt, of
   another version or for another directory is ignored, never an error.
-* Bounded: one file per model directory under ``$MODELPATCH_CACHE_DIR/headers`` (mode 0700),
-  the least recently written removed beyond ``MAX_FILES`` or ``MAX_BYTES``. Written to a
-  temporary file and renamed into place; never fsynced (it is only a cache).
+* Bounded: two files per model directory under ``$MODELPATCH_CACHE_DIR/headers`` (mode 0700):
+  ``<key>.ids``, small (identities, checks, the index's order, and where each shard's columns
+  lie in ``<key>.bin`` with their sha256), and ``<key>.bin``, the columns. A command reads
+  ``.ids`` only, and a blob of ``.bin`` when it first looks at that shard's tensors; linking the
+  base into a variant rewrites ``.ids`` alone. The least recently written pairs are removed
+  beyond ``MAX_FILES`` or ``MAX_BYTES``. Each file is written to a temporary file and renamed
+  into place; never fsynced (it is only a cache).
 
 As for the digest cache, whoever can write the cache directory can make modelpatch read a
 header that is valid but not the file's; the directory is the user's own.
@@ -26,6 +30,7 @@ header that is valid but not the file's; the directory is the user's own.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import marshal
@@ -34,7 +39,8 @@ import tempfile
 import time
 from array import array
 from collections.abc import Mapping
-from itertools import chain, count, repeat
+from itertools import chain, count, islice, repeat
+from operator import le
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +53,7 @@ CACHE_DIR_ENV = "MODELPATCH_CACHE_DIR"     # shared with patcher.integrity.diges
 RACY_WINDOW_NS = 2_000_000_000
 MAX_FILES = 32
 MAX_BYTES = 1 << 30
-_MAGIC = b"modelpatch-headers-1\n"
+_MAGIC = b"modelpatch-headers-2\n"
 _DTYPE_NAMES = tuple(sorted(DTYPE_BITS))
 _DTYPE_CODE = {name: i for i, name in enumerate(_DTYPE_NAMES)}
 
@@ -64,16 +70,18 @@ def cache_dir() -> Path:
 
 
 def _cache_file(root: Path) -> tuple[Path, str]:
+    """The ``.ids`` file of ``root`` (its ``.bin`` beside it), and root's real path."""
     real = os.path.realpath(root)
     return cache_dir() / (hashlib.sha256(real.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-                          + ".bin"), real
+                          + ".ids"), real
 
 
 class HeaderCache:
     """The cached headers of one model directory, loaded once; ``save`` writes them back.
 
-    Entries: ``shards``: relpath -> (identity, header_len, metadata, columns as a marshal blob,
-    decoded only when a command looks at the tensors); ``checked``: the identities of the index
+    Entries: ``shards``: relpath -> (identity, header_len, metadata, columns: a marshal blob
+    not yet written, else its (sha256, offset, length) in the ``.bin`` file, read and decoded
+    only when a command looks at the tensors); ``checked``: the identities of the index
     and of every shard when the index last matched the headers, with ``index``: its weight map
     as positions among the headers' tensors (valid only while ``checked`` holds)."""
 
@@ -99,11 +107,25 @@ class HeaderCache:
         _, header_len, metadata, blob = entry
         data_size = st.st_size - 8 - header_len
         if data_size < 0 or (metadata is not None and not _string_map(metadata)) or \
-                not isinstance(blob, bytes):
+                not (isinstance(blob, bytes) or _is_ref(blob)):
             return None
         return ShardHeader(path=path, header_len=header_len, file_size=st.st_size,
-                           tensors=LazyTable(lambda: _decoded(blob, data_size, path)),
+                           tensors=LazyTable(lambda: _decoded(self._blob(blob), data_size,
+                                                              path)),
                            metadata=metadata)
+
+    def _blob(self, ref) -> bytes | None:
+        """A blob recorded in this run, or the one ``ref`` names in ``.bin`` if its sha256
+        matches (else None)."""
+        if isinstance(ref, bytes):
+            return ref
+        digest, offset, length = ref
+        try:
+            with open(self.path.with_suffix(".bin"), "rb") as f:
+                blob = os.pread(f.fileno(), length, offset)
+        except OSError:
+            return None
+        return blob if hashlib.sha256(blob).digest() == digest else None
 
     def index(self, key: tuple, shards: dict[str, ShardHeader]) -> tuple | None:
         """(weight_map, total_size, metadata, shard names) when the index was checked against
@@ -113,8 +135,9 @@ class HeaderCache:
             return None
         try:
             positions, total, metadata, names = entry
-            if not (isinstance(positions, bytes) and isinstance(metadata, dict)
-                    and set(names) <= shards.keys() and len(positions) % 4 == 0):
+            if not ((positions in _ORDERS or isinstance(positions, bytes)
+                     and len(positions) % 4 == 0)
+                    and isinstance(metadata, dict) and set(names) <= shards.keys()):
                 return None
         except (TypeError, ValueError):
             return None
@@ -138,10 +161,8 @@ class HeaderCache:
         if self.path is None or self.entries["checked"] == key:
             return
         names = sorted(set(weight_map.values()))
-        position = dict(zip(chain.from_iterable(shards[s].tensors for s in names), count()))
         self.entries["checked"] = key
-        self.entries["index"] = (array("I", map(position.__getitem__, weight_map)).tobytes(),
-                                 total, metadata, names)
+        self.entries["index"] = (_order(weight_map, names, shards), total, metadata, names)
         self.dirty = True
 
     def forget(self, keep: set[str]) -> None:
@@ -171,24 +192,34 @@ class HeaderCache:
                 self.dirty = True
 
     def save(self) -> None:
-        """Write the entries back if they changed (atomically; failures only logged)."""
+        """Write the entries back if they changed (atomically; failures only logged): a new
+        ``.bin`` when columns were recorded, then ``.ids``."""
         if self.path is None or not self.dirty:
             return
         try:
-            payload = marshal.dumps((self.real, self.entries))
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".tmp-")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(_MAGIC + hashlib.sha256(payload).digest() + payload)
-                os.replace(tmp, self.path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
+            shards = self.entries["shards"]
+            if any(isinstance(e[3], bytes) for e in shards.values()):
+                self._write_blobs(shards)
+            payload = marshal.dumps((self.real, self.entries))
+            _write(self.path, _MAGIC + hashlib.sha256(payload).digest() + payload)
             _evict(self.path.parent, self.path)
         except (OSError, ValueError) as exc:
             log.warning("header cache %s not written: %s", self.path, exc)
         self.dirty = False
+
+    def _write_blobs(self, shards: dict) -> None:
+        """One ``.bin`` with every shard's columns; entries then refer to it."""
+        parts, refs, offset = [], {}, 0
+        for rel, entry in shards.items():
+            blob = self._blob(entry[3])
+            if blob is None:
+                continue
+            parts.append(blob)
+            refs[rel] = (hashlib.sha256(blob).digest(), offset, len(blob))
+            offset += len(blob)
+        _write(self.path.with_suffix(".bin"), b"".join(parts))
+        self.entries["shards"] = {rel: (*shards[rel][:3], ref) for rel, ref in refs.items()}
 
 
 class LazyMap(Mapping):
@@ -252,7 +283,23 @@ def _columns(tensors) -> tuple:
     return tuple(map(list, zip(*rows))) if rows else ([], [], [], [], [])
 
 
-def _decoded(blob: bytes, data_size: int, path: Path) -> TensorTable:
+def _is_ref(value: Any) -> bool:
+    return isinstance(value, tuple) and len(value) == 3 and isinstance(value[0], bytes) and \
+        all(isinstance(v, int) and v >= 0 for v in value[1:])
+
+
+def _write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _decoded(blob: bytes | None, data_size: int, path: Path) -> TensorTable:
     """The cached columns, if they pass the checks of a freshly parsed header; else the file's
     own header."""
     try:
@@ -268,10 +315,31 @@ def _decoded(blob: bytes, data_size: int, path: Path) -> TensorTable:
     return TensorTable(*_columns(read_header(path).tensors))
 
 
-def _weight_map(positions: bytes, names: list[str], shards: dict[str, ShardHeader]) -> dict:
+_ORDERS = ("headers", "sorted")
+
+
+def _order(weight_map, names: list[str], shards: dict[str, ShardHeader]):
+    """How to rebuild the weight map's key order from the headers: ``"headers"`` (the order of
+    the shards' headers), ``"sorted"`` (by name, as most writers emit it), else the position of
+    each key among the headers' tensors."""
+    keys = list(weight_map)
+    tensor = list(chain.from_iterable(shards[s].tensors for s in names))
+    if keys == tensor:
+        return "headers"
+    if all(map(le, keys, islice(keys, 1, None))):
+        return "sorted"
+    position = dict(zip(tensor, count()))
+    return array("I", map(position.__getitem__, keys)).tobytes()
+
+
+def _weight_map(positions, names: list[str], shards: dict[str, ShardHeader]) -> dict:
     tables = [shards[s].tensors for s in names]
     tensor = list(chain.from_iterable(tables))
     shard = list(chain.from_iterable(map(repeat, names, map(len, tables))))
+    if positions == "headers":
+        return dict(zip(tensor, shard))
+    if positions == "sorted":
+        return dict(sorted(zip(tensor, shard)))
     order = array("I", positions)
     return dict(zip(map(tensor.__getitem__, order), map(shard.__getitem__, order)))
 
@@ -303,19 +371,23 @@ def _read(path: Path, real: str) -> dict | None:
 
 
 def _evict(directory: Path, keep: Path) -> None:
-    """Remove the least recently written cache files beyond MAX_FILES or MAX_BYTES."""
-    files = []
+    """Remove the least recently written cache pairs beyond MAX_FILES or MAX_BYTES."""
+    pairs: dict[str, list] = {}
     for entry in os.scandir(directory):
-        if entry.name.endswith(".bin") or entry.name.startswith(".tmp-"):
-            st = entry.stat(follow_symlinks=False)
-            stale_tmp = entry.name.startswith(".tmp-") and st.st_mtime < time.time() - 3600
-            if stale_tmp:
+        st = entry.stat(follow_symlinks=False)
+        if entry.name.startswith(".tmp-"):
+            if st.st_mtime < time.time() - 3600:
                 os.unlink(entry.path)
-            elif entry.name.endswith(".bin"):
-                files.append((st.st_mtime_ns, st.st_size, entry.path))
-    files.sort(reverse=True)
+            continue
+        stem, _, suffix = entry.name.rpartition(".")
+        if suffix in ("ids", "bin"):
+            pair = pairs.setdefault(stem, [0, 0])
+            pair[0] = max(pair[0], st.st_mtime_ns)
+            pair[1] += st.st_size
     total = 0
-    for n, (_, size, path) in enumerate(files):
+    for n, (stem, (_, size)) in enumerate(sorted(pairs.items(), key=lambda p: -p[1][0])):
         total += size
-        if path != str(keep) and (n >= MAX_FILES or total > MAX_BYTES):
-            os.unlink(path)
+        if stem != keep.stem and (n >= MAX_FILES or total > MAX_BYTES):
+            for suffix in (".ids", ".bin"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(directory / (stem + suffix))

@@ -327,6 +327,10 @@ def gc_paused() -> Iterator[None]:
     try:
         yield
     finally:
+        # What was parsed lives as long as the model; freezing moves it out of the collector's
+        # generations, so the next collection does not scan it (reference counting still
+        # frees it).
+        gc.freeze()
         if enabled:
             gc.enable()
 

@@ -14,7 +14,7 @@ from patcher.model.model_dir import ModelDir
 from patcher.model.safetensors_io import OutputTensor, encode_header
 
 
-def _write_model(root, shards=3, per=4, age=3600):
+def _write_model(root, shards=3, per=4, age=3600, order="reversed"):
     root.mkdir()
     weight_map = {}
     total = 0
@@ -26,6 +26,11 @@ def _write_model(root, shards=3, per=4, age=3600):
         (root / name).write_bytes(header + bytes(data))
         total += data
         weight_map.update({t.name: name for t in reversed(tensors)})   # not header order
+    if order == "headers":
+        weight_map = {k: weight_map[k] for k in sorted(weight_map, key=lambda k: (
+            weight_map[k], int(k.rsplit("t", 1)[1])))}
+    elif order == "sorted":
+        weight_map = dict(sorted(weight_map.items()))
     (root / model_dir.INDEX_NAME).write_text(json.dumps(
         {"metadata": {"total_size": total}, "weight_map": weight_map}))
     (root / "config.json").write_text('{"model_type": "llama"}')
@@ -63,10 +68,13 @@ def _same(a: ModelDir, b: ModelDir):
     assert a.index.total_size == b.index.total_size and a.tensor_shards == b.tensor_shards
 
 
-def test_a_hit_reads_no_header_and_gives_the_same_model(tmp_path, reads):
-    root = _write_model(tmp_path / "m")
+@pytest.mark.parametrize("order", ["reversed", "headers", "sorted"])
+def test_a_hit_reads_no_header_and_gives_the_same_model(tmp_path, reads, order):
+    root = _write_model(tmp_path / "m", per=12, order=order)
     cold = ModelDir.open(root)
     assert len(reads) == 3
+    stored = header_cache.HeaderCache(root).entries["index"][0]
+    assert stored == order if order != "reversed" else isinstance(stored, bytes)
     warm = ModelDir.open(root)
     assert len(reads) == 3                       # nothing read the second time
     _same(cold, warm)

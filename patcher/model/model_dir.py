@@ -10,21 +10,21 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import posixpath
-import re
 import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from itertools import chain, repeat
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterator
 
-from ..errors import ModelDirError, PatchError, ShardIndexError
+from ..errors import ModelDirError, ShardIndexError
 from ..config.jsonfile import parse_json
 from .header_cache import RACY_WINDOW_NS, HeaderCache, checked_key
 from .safetensors_io import ShardHeader, TensorInfo, parse_header, read_raw_header
+from .shard_index import ShardIndex, index_defects, name_to_shard, parse_index, shard_set
+
+__all__ = ["INDEX_NAME", "MANIFEST_NAME", "ModelDir", "ModelFile", "ShardIndex", "parse_index"]
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_SHARD_NAME = "model.safetensors"
@@ -34,8 +34,6 @@ STATE_DIR = ".modelpatch"
 # submodule has), and the huggingface_hub local-dir download cache. One rule for every command:
 # see ``is_model_path``.
 SKIPPED_DIRS = frozenset({STATE_DIR, ".git", ".cache"})
-# Shard names as transformers and huggingface_hub write them: model-00001-of-00004.safetensors.
-_SHARD_NAME = re.compile(r"(?P<stem>.+)-(?P<number>\d{5,})-of-(?P<count>\d{5,})\.safetensors")
 
 
 def is_model_path(relpath: str) -> bool:
@@ -57,22 +55,6 @@ class ModelFile:
     @property
     def is_symlink(self) -> bool:
         return self.link_target is not None
-
-
-@dataclass(frozen=True)
-class ShardIndex:
-    """``model.safetensors.index.json``: which shard holds each tensor."""
-
-    weight_map: Mapping[str, str]
-    total_size: int | None
-    metadata: dict[str, Any]
-    shard_names: tuple[str, ...] | None = None     # the weight map's values, when known
-
-    def shards(self) -> list[str]:
-        """The shards the index names, sorted."""
-        if self.shard_names is not None:
-            return sorted(self.shard_names)
-        return sorted(set(self.weight_map.values()))
 
 
 @dataclass
@@ -187,7 +169,7 @@ class ModelDir:
             self.warnings.append(f"{shard}: {reason}; left as an opaque file")
         if self.index is None or not defects:
             return
-        defects = _index_defects(self.root, self.index, self.shards, self.files)
+        defects = index_defects(str(self.root / INDEX_NAME), self.index, self.shards)
         if defects:
             first = defects[0]
             more = f" (and {len(defects) - 1} more index defects)" if len(defects) > 1 else ""
@@ -202,18 +184,12 @@ def _json_type(doc: object) -> str:
             int: "a number", float: "a number"}.get(type(doc), type(doc).__name__)
 
 
-def _shard_set(relpath: str) -> tuple[str, str] | None:
-    """(directory/prefix, shard count) of a file named like a shard of a sharded model."""
-    m = _SHARD_NAME.fullmatch(relpath)
-    return (m["stem"], m["count"]) if m else None
-
-
 def _refuse_shards_without_index(root: Path, shards: dict[str, ShardHeader]) -> None:
     """Shards named ``model-NNNNN-of-MMMMM.safetensors`` and neither an index nor a
     ``model.safetensors``: the index is missing, and the model is not an empty one."""
     if SINGLE_SHARD_NAME in shards:
         return
-    sharded = [s for s in sorted(set(shards)) if (key := _shard_set(s)) and key[0] == "model"]
+    sharded = [s for s in sorted(set(shards)) if (key := shard_set(s)) and key[0] == "model"]
     if sharded:
         raise ShardIndexError(
             f"sharded model without {INDEX_NAME}: {len(sharded)} shard file(s) such as "
@@ -341,110 +317,3 @@ def _read_index(root: Path, files: dict[str, ModelFile]) -> ShardIndex | None:
     return parse_index(files[INDEX_NAME].path.read_bytes(), str(root / INDEX_NAME))
 
 
-def parse_index(raw: bytes, where: str) -> ShardIndex:
-    """The shard index from the bytes of ``model.safetensors.index.json`` (``where``: its name)."""
-    doc = parse_json(raw, where)
-    if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
-        raise ShardIndexError("no weight_map object", where=where)
-    weight_map = doc["weight_map"]
-    try:
-        shard_names = set(weight_map.values())
-    except TypeError:       # a list or object among the values
-        shard_names = set(map(_hashable, weight_map.values()))
-    bad_names = {s for s in shard_names if not (isinstance(s, str) and _safe_relpath(s))}
-    if bad_names:
-        tensor, shard = next((t, s) for t, s in weight_map.items() if _hashable(s) in bad_names)
-        raise ShardIndexError(f"shard name {shard!r} is not a relative path inside the model",
-                              where=where, tensor=tensor)
-    metadata = doc.get("metadata") or {}
-    if not isinstance(metadata, dict):
-        raise ShardIndexError("metadata is not an object", where=where)
-    total = metadata.get("total_size")
-    if total is not None and not (isinstance(total, int) and not isinstance(total, bool)):
-        raise ShardIndexError(f"metadata.total_size is not an integer: {total!r}", where=where)
-    return ShardIndex(weight_map=dict(weight_map), total_size=total, metadata=metadata)
-
-
-def _hashable(value: object) -> object:
-    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
-
-
-def _safe_relpath(name: str) -> bool:
-    return (bool(name) and not name.startswith("/") and "\\" not in name
-            and posixpath.normpath(name) == name and not name.startswith("../") and name != "..")
-
-
-def name_to_shard(shards: dict[str, ShardHeader], names: Iterable[str]) -> dict[str, str]:
-    """tensor name -> shard over the shards ``names``, built by one C-level ``dict`` call."""
-    return dict(chain.from_iterable(zip(shards[s].tensors, repeat(s)) for s in names))
-
-
-def _index_matches(index: ShardIndex, shards: dict[str, ShardHeader]) -> bool:
-    """The common case, proven without a Python step per tensor: the index maps exactly the
-    tensors of the shards it names, each to its shard, and ``total_size`` (if given) is their
-    data (validated headers tile their data sections, so a shard's data is its tensors' bytes)."""
-    referenced = set(index.weight_map.values())
-    if not referenced <= shards.keys():
-        return False
-    actual = name_to_shard(shards, sorted(referenced))
-    return (len(actual) == sum(len(shards[s].tensors) for s in referenced)
-            and actual == index.weight_map
-            and index.total_size in (None, sum(shards[s].data_size for s in referenced)))
-
-
-def _index_defects(root: Path, index: ShardIndex, shards: dict[str, ShardHeader],
-                   files: dict[str, ModelFile]) -> list[PatchError]:
-    where = str(root / INDEX_NAME)
-    if _index_matches(index, shards):
-        return _unreferenced_siblings(where, index, shards)
-    defects: list[PatchError] = []
-    for shard in sorted(set(index.weight_map.values())):
-        if shard not in shards:
-            defects.append(ShardIndexError(f"names shard {shard!r}, which does not exist",
-                                           where=where))
-    defects += _unreferenced_siblings(where, index, shards)
-    seen: dict[str, str] = {}
-    for shard in sorted(set(shards) & set(index.weight_map.values())):
-        for name in shards[shard].tensors:
-            if name in seen:
-                defects.append(ShardIndexError(f"present in both {seen[name]} and {shard}",
-                                               where=where, tensor=name))
-                continue
-            seen[name] = shard
-            mapped = index.weight_map.get(name)
-            if mapped is None:
-                defects.append(ShardIndexError(f"in shard {shard} but missing from the index",
-                                               where=where, tensor=name))
-            elif mapped != shard:
-                defects.append(ShardIndexError(f"index places it in {mapped} but it is in {shard}",
-                                               where=where, tensor=name))
-    for name, shard in index.weight_map.items():
-        if shard in shards and name not in shards[shard].tensors and name not in seen:
-            defects.append(ShardIndexError(f"index places it in {shard}, which has no such tensor",
-                                           where=where, tensor=name))
-    if index.total_size is not None and not defects:
-        actual = sum(shards[s].tensors[t].nbytes for t, s in index.weight_map.items())
-        if actual != index.total_size:
-            defects.append(ShardIndexError(
-                f"metadata.total_size is {index.total_size} but the tensors hold {actual} bytes",
-                where=where))
-    return defects
-
-
-def _unreferenced_siblings(where: str, index: ShardIndex,
-                           shards: dict[str, ShardHeader]) -> list[PatchError]:
-    """Shards the index does not name, though named as members of a set of shards it does name
-    (same prefix, same shard count): the index is evidently missing their tensors."""
-    referenced = set(index.weight_map.values())
-    sets = {key: shard for shard in sorted(referenced, reverse=True)
-            if (key := _shard_set(shard)) is not None}
-    defects: list[PatchError] = []
-    for shard in sorted(set(shards) - referenced):
-        key = _shard_set(shard)
-        member_of = sets.get(key) if key else None
-        if member_of is not None:
-            defects.append(ShardIndexError(
-                f"does not reference {shard}, a shard of the same set as {member_of} "
-                f"(it holds {len(shards[shard].tensors)} tensor(s))", where=where,
-                hint="the index is incomplete, or the file is left over from another download"))
-    return defects

@@ -192,3 +192,21 @@ def test_remote_code_fix_keeps_the_native_class(tmp_path):
     custom["architectures"] = ["MyOwnForCausalLM"]
     (model / "config.json").write_text(json.dumps(custom))
     assert _found(model)["remote-code-with-native-class"]["fix"] is None
+
+
+def test_a_rule_fix_takes_recipe_params_and_params_from_only(tmp_path):
+    from patcher.doctor.rules import load_rules
+    from patcher.errors import RecipeError
+
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    rule = ("doctor: 1\nid: mine\nseverity: info\nsummary: s\n"
+            "evidence: [{source: x, versions: any}]\nfix: FIX\n"
+            "when: {file: config.json, path: /x, exists: true}\n")
+    (rules / "r.yaml").write_text(rule.replace("FIX", "{recipe: fix-eos, params_from: /eos/fix}"))
+    assert load_rules((str(rules),))[-1].fix == {"recipe": "fix-eos", "params_from": "/eos/fix"}
+    for bad in ("{recipe: fix-eos, params_from: eos}", "{recipe: fix-eos, with: 1}",
+                "{recipe: fix-eos, params: [1]}"):
+        (rules / "r.yaml").write_text(rule.replace("FIX", bad))
+        with pytest.raises(RecipeError, match="fix is {recipe: NAME}"):
+            load_rules((str(rules),))

@@ -29,7 +29,7 @@ def doctor(ctx, model, engine, gpu, rules_dirs, fix, out, in_place, endpoint, as
     an engine version and GPU. Exit 1 when a blocker is found (after --fix: when one remains)."""
     from .. import api
     from .diagnose import render
-    from .fix import apply_fixes, fixing_recipes
+    from .fix import apply_fixes, fixing_params, fixing_recipes
 
     if (out or in_place) and not fix:
         raise click.UsageError("-o/--output and --in-place go with --fix")
@@ -44,7 +44,7 @@ def doctor(ctx, model, engine, gpu, rules_dirs, fix, out, in_place, endpoint, as
     if recipes:
         quiet = bool((ctx.find_root().obj or {}).get("quiet"))
         fixed = apply_fixes(model, recipes, out=out, in_place=in_place, endpoint=endpoint,
-                            progress=not quiet)
+                            progress=not quiet, params=fixing_params(report))
         final = api.doctor(fixed, engine=engine, gpu=gpu, rules=rules_dirs)
         report["fix"] = {"recipes": recipes, "output": str(fixed), "after": final}
     if as_json:

@@ -39,15 +39,24 @@ def model_facts(model: ModelDir) -> dict:
     has a native class for config.json's model_type (None without transformers);
     ``tensor_count``: tensors the model loads; ``tensor_groups``: their count per module group
     of ``inspect`` (only groups that have tensors: ``/tensor_groups/lm_head`` exists or not);
-    ``unloaded_shards``: safetensors files the model does not load (not in its index)."""
+    ``unloaded_shards``: safetensors files the model does not load (not in its index);
+    ``tensors``: tensor name -> shard (``/tensors/lm_head.weight`` exists or not); ``eos``,
+    ``quant_ignore``, ``kv_scale_names``, ``layers_past_config``: see ``patcher.doctor.facts``."""
     from ..model.inspect_model import quantization_summary
+    from . import facts
 
     return _LazyFacts({
         "quantization": lambda: quantization_summary(model),
         "native_model_type": lambda: _transformers_knows(model.config.get("model_type")),
+        "native_class": lambda: _native_class(model.config),
         "tensor_count": lambda: len(model.tensor_shards),
         "tensor_groups": lambda: _tensor_groups(model),
-        "unloaded_shards": lambda: sorted(set(model.shards) - set(model.model_shards))})
+        "unloaded_shards": lambda: sorted(set(model.shards) - set(model.model_shards)),
+        "tensors": lambda: model.tensor_shards,
+        "eos": lambda: facts.eos_facts(model),
+        "quant_ignore": lambda: facts.ignore_facts(model),
+        "kv_scale_names": lambda: facts.kv_scale_names(model),
+        "layers_past_config": lambda: facts.layers_past_config(model)})
 
 
 def _tensor_groups(model: ModelDir) -> dict[str, int]:
@@ -68,6 +77,21 @@ def _transformers_knows(model_type: Any) -> bool | None:
     except ImportError:
         return None
     return model_type in CONFIG_MAPPING_NAMES
+
+
+def _native_class(config: dict) -> dict | None:
+    """no-remote-code's params: config.json's own model_type and architectures, when the
+    installed transformers has a native class for each (else None)."""
+    archs, model_type = config.get("architectures"), config.get("model_type")
+    if not (_transformers_knows(model_type) and isinstance(archs, list) and archs
+            and all(isinstance(a, str) for a in archs)):
+        return None
+    from transformers.models.auto import modeling_auto
+
+    native = {name for key, table in vars(modeling_auto).items()
+              if key.endswith("_MAPPING_NAMES") and isinstance(table, dict)
+              for name in table.values() if isinstance(name, str)}
+    return {"model_type": model_type, "architectures": archs} if set(archs) <= native else None
 
 
 def diagnose(model: ModelDir, target: Target, rules: list[Rule]) -> dict:
@@ -100,8 +124,19 @@ def _finding(rule: Rule, read) -> dict:
         value = resolve(read(MODEL_FACTS), rule.details)
         details = None if value is MISSING else value
     return {"rule": rule.id, "severity": rule.severity, "summary": rule.summary,
-            "details": details, "evidence": list(rule.evidence), "fix": rule.fix,
+            "details": details, "evidence": list(rule.evidence), "fix": _fix(rule.fix, read),
             "source": rule.source}
+
+
+def _fix(fix: dict | None, read) -> dict | None:
+    """The rule's fix, its ``params_from`` (a pointer into ``@model``) resolved into params;
+    None when that pointer finds no params (the model does not say enough to fix it)."""
+    if fix is None or "params_from" not in fix:
+        return fix
+    params = resolve(read(MODEL_FACTS), fix["params_from"])
+    if not isinstance(params, dict):
+        return None
+    return {"recipe": fix["recipe"], "params": {**(fix.get("params") or {}), **params}}
 
 
 def render(report: dict) -> str:
@@ -118,7 +153,7 @@ def render(report: dict) -> str:
             lines.append(f"{'':<11}evidence: {e['source']} ({e['versions']})")
         if f["fix"]:
             params = f["fix"].get("params") or {}
-            with_params = "".join(f" --set {k}={v}" for k, v in params.items())
+            with_params = "".join(f" --set {k}={_param_text(v)}" for k, v in params.items())
             lines.append(f"{'':<11}fix: modelpatch apply {f['fix']['recipe']}{with_params} MODEL"
                          f"  (or doctor --fix)")
     for n in report["not_checked"]:
@@ -130,3 +165,8 @@ def render(report: dict) -> str:
     lines.append(f"{len(report['findings'])} finding(s), {blockers} blocker(s)"
                  if report["findings"] else "no findings")
     return "\n".join(lines)
+
+
+def _param_text(value) -> str:
+    """A param as ``--set`` takes it: a list comma-separated."""
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)

@@ -8,7 +8,8 @@ A rule file::
     summary: one line on what is wrong
     evidence:                           # where the engine says so, and the versions it covers
       - {source: "https://github.com/vllm-project/vllm/pull/34597", versions: "vllm < 0.18.0"}
-    fix: {recipe: sm120-fp16-kv}        # optional: a built-in recipe (and its params)
+    fix: {recipe: sm120-fp16-kv}        # optional: a built-in recipe, its params, and
+                                        # params_from: a pointer into @model giving params
     details: /quantization/disagreements  # optional: a pointer into @model shown with the finding
     when: <condition>
 
@@ -123,8 +124,15 @@ def _rule(v: rc.Validator, root: Any, source: str) -> Rule | None:
     if any(not (isinstance(e, dict) and e.get("source") and e.get("versions")) for e in evidence):
         v.err(rc.val_pos(root, "evidence"), "each evidence entry needs 'source' and 'versions'")
     fix = _plain(root.get("fix")) if "fix" in root else None
-    if fix is not None and not (isinstance(fix, dict) and isinstance(fix.get("recipe"), str)):
-        v.err(rc.val_pos(root, "fix"), "fix is {recipe: NAME} (a built-in recipe)")
+    if fix is not None and not (
+            isinstance(fix, dict) and isinstance(fix.get("recipe"), str)
+            and set(fix) <= {"recipe", "params", "params_from"}
+            and isinstance(fix.get("params", {}), dict)
+            and (isinstance(fix.get("params_from", "/"), str)
+                 and fix.get("params_from", "/").startswith("/"))):
+        v.err(rc.val_pos(root, "fix"), "fix is {recipe: NAME} (a built-in recipe), with "
+                                       "optional params: {...} and params_from: /POINTER "
+                                       "(into @model)")
     details = v.pointer(root, "details") if "details" in root else None
     when = parse_condition(v, root["when"], rc.val_pos(root, "when")) if "when" in root else None
     if v.problems or when is None:

@@ -23,6 +23,7 @@ from typing import Callable, Iterator
 from .. import faults
 from ..integrity.digests.digest_cache import KnownDigests
 from ..errors import InputError, OperationFailed
+from ..model import header_cache
 from ..model.base_identity import identify
 from ..integrity.shared_inodes import remember_variant
 from ..fsops import link_or_copy, make_parents, remove_tree, write_file
@@ -320,6 +321,7 @@ def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | No
     record.manifest_sha256 = manifest_sha
     _write_revert_data(record, model, staging, carried)
     builder.rerecord_linked(base_digests)
+    header_cache.refresh(model, list(builder.source_stats))
     fsync_tree(staging)
     copied = carried.bytes.get("copy", 0)
     return {"manifest_sha256": manifest_sha, "files": len(subjects),

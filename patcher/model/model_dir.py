@@ -10,18 +10,21 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import posixpath
-import re
 import stat
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import ModelDirError, PatchError, ShardIndexError
+from ..errors import ModelDirError, ShardIndexError
 from ..config.jsonfile import parse_json
+from .header_cache import RACY_WINDOW_NS, HeaderCache, checked_key
 from .safetensors_io import ShardHeader, TensorInfo, parse_header, read_raw_header
+from .shard_index import ShardIndex, index_defects, name_to_shard, parse_index, shard_set
+
+__all__ = ["INDEX_NAME", "MANIFEST_NAME", "ModelDir", "ModelFile", "ShardIndex", "parse_index"]
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_SHARD_NAME = "model.safetensors"
@@ -31,8 +34,6 @@ STATE_DIR = ".modelpatch"
 # submodule has), and the huggingface_hub local-dir download cache. One rule for every command:
 # see ``is_model_path``.
 SKIPPED_DIRS = frozenset({STATE_DIR, ".git", ".cache"})
-# Shard names as transformers and huggingface_hub write them: model-00001-of-00004.safetensors.
-_SHARD_NAME = re.compile(r"(?P<stem>.+)-(?P<number>\d{5,})-of-(?P<count>\d{5,})\.safetensors")
 
 
 def is_model_path(relpath: str) -> bool:
@@ -56,15 +57,6 @@ class ModelFile:
         return self.link_target is not None
 
 
-@dataclass(frozen=True)
-class ShardIndex:
-    """``model.safetensors.index.json``: which shard holds each tensor."""
-
-    weight_map: dict[str, str]
-    total_size: int | None
-    metadata: dict[str, Any]
-
-
 @dataclass
 class ModelDir:
     """A validated, read-only view of a model directory."""
@@ -75,6 +67,7 @@ class ModelDir:
     index: ShardIndex | None
     cache_repo: Path | None = None             # the models--org--name dir for HF snapshots
     warnings: list[str] = field(default_factory=list)
+    header_cache: HeaderCache | None = field(default=None, repr=False, compare=False)
     _json: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -91,10 +84,11 @@ class ModelDir:
         cache_repo = hf_cache_repo(root)
         files = dict(_list_files(root, cache_repo))
         shard_names = sorted(p for p in files if p.endswith(".safetensors"))
-        shards = _read_headers(root, shard_names)
-        index = _read_index(root, files)
-        model = cls(root=root, files=files, shards=shards, index=index, cache_repo=cache_repo)
-        model._check_index()
+        reader = _CachedReader(root, files, shard_names)
+        model = cls(root=root, files=files, shards=reader.shards(), index=reader.index(),
+                    cache_repo=cache_repo, header_cache=reader.cache)
+        model._check_index(defects=not reader.index_checked())
+        reader.save(model.index)
         return model
 
     # --- JSON ------------------------------------------------------------------------------
@@ -142,14 +136,13 @@ class ModelDir:
     @cached_property
     def tensor_shards(self) -> dict[str, str]:
         """tensor name -> shard relpath, over every shard the model loads."""
-        return {name: shard for shard in self.model_shards
-                for name in self.shards[shard].tensors}
+        return name_to_shard(self.shards, self.model_shards)
 
     @property
     def model_shards(self) -> list[str]:
         """Shards the model loads: the index's shards, or the single ``model.safetensors``."""
         if self.index is not None:
-            return sorted(set(self.index.weight_map.values()))
+            return self.index.shards()
         return [SINGLE_SHARD_NAME] if SINGLE_SHARD_NAME in self.shards else []
 
     def tensors(self) -> Iterator[tuple[str, TensorInfo]]:
@@ -164,7 +157,7 @@ class ModelDir:
 
     # --- validation ------------------------------------------------------------------------
 
-    def _check_index(self) -> None:
+    def _check_index(self, defects: bool = True) -> None:
         unloaded = sorted(set(self.shards) - set(self.model_shards))
         if self.index is None:
             _refuse_shards_without_index(self.root, self.shards)
@@ -174,9 +167,9 @@ class ModelDir:
             reason = f"not referenced by {INDEX_NAME}"
         for shard in unloaded:
             self.warnings.append(f"{shard}: {reason}; left as an opaque file")
-        if self.index is None:
+        if self.index is None or not defects:
             return
-        defects = _index_defects(self.root, self.index, self.shards, self.files)
+        defects = index_defects(str(self.root / INDEX_NAME), self.index, self.shards)
         if defects:
             first = defects[0]
             more = f" (and {len(defects) - 1} more index defects)" if len(defects) > 1 else ""
@@ -191,18 +184,12 @@ def _json_type(doc: object) -> str:
             int: "a number", float: "a number"}.get(type(doc), type(doc).__name__)
 
 
-def _shard_set(relpath: str) -> tuple[str, str] | None:
-    """(directory/prefix, shard count) of a file named like a shard of a sharded model."""
-    m = _SHARD_NAME.fullmatch(relpath)
-    return (m["stem"], m["count"]) if m else None
-
-
 def _refuse_shards_without_index(root: Path, shards: dict[str, ShardHeader]) -> None:
     """Shards named ``model-NNNNN-of-MMMMM.safetensors`` and neither an index nor a
     ``model.safetensors``: the index is missing, and the model is not an empty one."""
     if SINGLE_SHARD_NAME in shards:
         return
-    sharded = [s for s in sorted(set(shards)) if (key := _shard_set(s)) and key[0] == "model"]
+    sharded = [s for s in sorted(set(shards)) if (key := shard_set(s)) and key[0] == "model"]
     if sharded:
         raise ShardIndexError(
             f"sharded model without {INDEX_NAME}: {len(sharded)} shard file(s) such as "
@@ -254,6 +241,50 @@ def _model_file(entry: Path, relpath: str, allowed: list[str]) -> ModelFile:
     return ModelFile(relpath, entry, st.st_size, link_target=target)
 
 
+class _CachedReader:
+    """Headers and index from ``header_cache`` where the files' identities match, the rest read
+    and parsed; ``save`` records what was read, and an index check that passed."""
+
+    def __init__(self, root: Path, files: dict[str, ModelFile], shard_names: list[str]):
+        self.root, self.files, self.names = root, files, shard_names
+        self.observed = time.time_ns()
+        self.stats = {rel: os.stat(files[rel].path)
+                      for rel in [*shard_names, INDEX_NAME] if rel in files}
+        self.cache = HeaderCache(root)
+        self.key = checked_key(self.stats)
+        self.from_cache = False
+
+    def shards(self) -> dict[str, ShardHeader]:
+        cache, root = self.cache, self.root
+        found = {rel: cache.shard(rel, self.stats[rel], root / rel) for rel in self.names}
+        read = _read_headers(root, [rel for rel, h in found.items() if h is None])
+        for rel, header in read.items():
+            cache.record(rel, self.stats[rel], header, self.observed)
+        cache.forget(set(self.names))
+        self._shards = {rel: found[rel] or read[rel] for rel in self.names}
+        return self._shards
+
+    def index(self) -> ShardIndex | None:
+        if INDEX_NAME not in self.stats:
+            return None
+        cached = self.cache.index(self.key, self._shards)
+        if cached is not None:
+            self.from_cache = True
+            return ShardIndex(*cached)
+        return _read_index(self.root, self.files)
+
+    def index_checked(self) -> bool:
+        return self.from_cache
+
+    def save(self, index: ShardIndex | None) -> None:
+        """After a passing check: remember it, if every file is old enough to be cached."""
+        if index is not None and all(st.st_mtime_ns <= self.observed - RACY_WINDOW_NS
+                                     for st in self.stats.values()):
+            self.cache.record_checked(self.key, index.weight_map, index.total_size,
+                                      index.metadata, self._shards)
+        self.cache.save()
+
+
 def _read_headers(root: Path, names: list[str]) -> dict[str, ShardHeader]:
     # Threads overlap the per-file latency of network filesystems for the reads; the parsing
     # holds the GIL, so it runs here, serially (threads made it slower).
@@ -272,6 +303,10 @@ def gc_paused() -> Iterator[None]:
     try:
         yield
     finally:
+        # What was parsed lives as long as the model; freezing moves it out of the collector's
+        # generations, so the next collection does not scan it (reference counting still
+        # frees it).
+        gc.freeze()
         if enabled:
             gc.enable()
 
@@ -282,87 +317,3 @@ def _read_index(root: Path, files: dict[str, ModelFile]) -> ShardIndex | None:
     return parse_index(files[INDEX_NAME].path.read_bytes(), str(root / INDEX_NAME))
 
 
-def parse_index(raw: bytes, where: str) -> ShardIndex:
-    """The shard index from the bytes of ``model.safetensors.index.json`` (``where``: its name)."""
-    doc = parse_json(raw, where)
-    if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
-        raise ShardIndexError("no weight_map object", where=where)
-    weight_map = doc["weight_map"]
-    bad_names = {s for s in set(map(_hashable, weight_map.values()))
-                 if not (isinstance(s, str) and _safe_relpath(s))}
-    if bad_names:
-        tensor, shard = next((t, s) for t, s in weight_map.items() if _hashable(s) in bad_names)
-        raise ShardIndexError(f"shard name {shard!r} is not a relative path inside the model",
-                              where=where, tensor=tensor)
-    metadata = doc.get("metadata") or {}
-    if not isinstance(metadata, dict):
-        raise ShardIndexError("metadata is not an object", where=where)
-    total = metadata.get("total_size")
-    if total is not None and not (isinstance(total, int) and not isinstance(total, bool)):
-        raise ShardIndexError(f"metadata.total_size is not an integer: {total!r}", where=where)
-    return ShardIndex(weight_map=dict(weight_map), total_size=total, metadata=metadata)
-
-
-def _hashable(value: object) -> object:
-    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
-
-
-def _safe_relpath(name: str) -> bool:
-    return (bool(name) and not name.startswith("/") and "\\" not in name
-            and posixpath.normpath(name) == name and not name.startswith("../") and name != "..")
-
-
-def _index_defects(root: Path, index: ShardIndex, shards: dict[str, ShardHeader],
-                   files: dict[str, ModelFile]) -> list[PatchError]:
-    where = str(root / INDEX_NAME)
-    defects: list[PatchError] = []
-    for shard in sorted(set(index.weight_map.values())):
-        if shard not in shards:
-            defects.append(ShardIndexError(f"names shard {shard!r}, which does not exist",
-                                           where=where))
-    defects += _unreferenced_siblings(where, index, shards)
-    seen: dict[str, str] = {}
-    for shard in sorted(set(shards) & set(index.weight_map.values())):
-        for name in shards[shard].tensors:
-            if name in seen:
-                defects.append(ShardIndexError(f"present in both {seen[name]} and {shard}",
-                                               where=where, tensor=name))
-                continue
-            seen[name] = shard
-            mapped = index.weight_map.get(name)
-            if mapped is None:
-                defects.append(ShardIndexError(f"in shard {shard} but missing from the index",
-                                               where=where, tensor=name))
-            elif mapped != shard:
-                defects.append(ShardIndexError(f"index places it in {mapped} but it is in {shard}",
-                                               where=where, tensor=name))
-    for name, shard in index.weight_map.items():
-        if shard in shards and name not in shards[shard].tensors and name not in seen:
-            defects.append(ShardIndexError(f"index places it in {shard}, which has no such tensor",
-                                           where=where, tensor=name))
-    if index.total_size is not None and not defects:
-        actual = sum(shards[s].tensors[t].nbytes for t, s in index.weight_map.items())
-        if actual != index.total_size:
-            defects.append(ShardIndexError(
-                f"metadata.total_size is {index.total_size} but the tensors hold {actual} bytes",
-                where=where))
-    return defects
-
-
-def _unreferenced_siblings(where: str, index: ShardIndex,
-                           shards: dict[str, ShardHeader]) -> list[PatchError]:
-    """Shards the index does not name, though named as members of a set of shards it does name
-    (same prefix, same shard count): the index is evidently missing their tensors."""
-    referenced = set(index.weight_map.values())
-    sets = {key: shard for shard in sorted(referenced, reverse=True)
-            if (key := _shard_set(shard)) is not None}
-    defects: list[PatchError] = []
-    for shard in sorted(set(shards) - referenced):
-        key = _shard_set(shard)
-        member_of = sets.get(key) if key else None
-        if member_of is not None:
-            defects.append(ShardIndexError(
-                f"does not reference {shard}, a shard of the same set as {member_of} "
-                f"(it holds {len(shards[shard].tensors)} tensor(s))", where=where,
-                hint="the index is incomplete, or the file is left over from another download"))
-    return defects

@@ -131,11 +131,42 @@ def header_length(prefix: bytes, file_size: int, where: str) -> int:
 
 def parse_header(path: Path, file_size: int, raw: bytes, where: str) -> ShardHeader:
     """The CPU half of ``read_header``: parse and validate header bytes read from ``path``."""
+    fast = _parse_header_fast(raw, file_size - 8 - len(raw))
+    if fast is not None:
+        return ShardHeader(path=path, header_len=len(raw), file_size=file_size,
+                           tensors=fast[0], metadata=fast[1])
     tensors, metadata = _parse_header_json(raw, where)
     header = ShardHeader(path=path, header_len=len(raw), file_size=file_size,
                          tensors=tensors, metadata=metadata)
     _check_layout(header, where)
     return header
+
+
+def _parse_header_fast(raw: bytes, data_size: int):
+    """(tensors, metadata) of a header proven well-formed by whole-column checks
+    (``patcher.model.tensor_table``), or None: the per-entry path below then decides, and names
+    the defect if there is one."""
+    from .tensor_table import table_from_json
+
+    if b"\\" in raw:       # escapes (lone surrogates among them) take the exact path
+        return None
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    if type(obj) is not dict:
+        return None
+    keys = len(obj)
+    metadata = obj.pop("__metadata__", None)
+    if metadata is not None and not (type(metadata) is dict and all(
+            type(k) is str and type(v) is str for k, v in metadata.items())):
+        return None
+    table = table_from_json(obj, data_size)
+    # Entries of a table hold exactly three keys and no object inside, so this counts every
+    # key kept; as many colons in the text prove none was a duplicate (config.unique_keys).
+    if table is None or raw.count(b":") != keys + 3 * len(table) + len(metadata or ()):
+        return None
+    return table, metadata
 
 
 def _parse_header_json(raw: bytes, where: str) -> tuple[dict[str, TensorInfo], dict | None]:

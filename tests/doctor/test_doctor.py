@@ -30,12 +30,17 @@ def _configs(kimi: Path, dest: Path, edit=None) -> Path:
     dest.mkdir()
     for name in JSON_FILES:
         shutil.copy(kimi / name, dest / name)
+    docs = {n: json.loads((dest / n).read_text()) for n in JSON_FILES}
+    _eos_agrees(docs)       # the look-alike's EOS disagree as Kimi's do (eos-inconsistent)
     if edit:
-        docs = {n: json.loads((dest / n).read_text()) for n in JSON_FILES}
         edit(docs)
-        for name, doc in docs.items():
-            (dest / name).write_text(json.dumps(doc, indent=2))
+    for name, doc in docs.items():
+        (dest / name).write_text(json.dumps(doc, indent=2))
     return dest
+
+
+def _eos_agrees(docs):
+    docs["generation_config.json"]["eos_token_id"] = [769, 770]
 
 
 def _rules_found(model, **target) -> dict[str, str]:
@@ -57,7 +62,9 @@ def test_every_builtin_rule_loads_and_is_tested():
     assert ids == {"fp8-kv-mla-vllm-sm120", "fp8-kv-mla-vllm-below-sm89",
                    "quant-config-disagreement", "remote-code-with-native-class",
                    "tied-lm-head-ignored", "untied-lm-head-missing",
-                   "duplicate-consolidated-safetensors", "quantized-weights-below-vllm-minimum"}
+                   "duplicate-consolidated-safetensors", "quantized-weights-below-vllm-minimum",
+                   "eos-inconsistent", "quant-ignore-unmatched", "quant-unquantized-uncovered",
+                   "kv-scale-names-sglang", "mtp-layers-unused"}
     assert len(list(builtin_rules_dir().glob("*.yaml"))) == len(ids)
 
 
@@ -259,8 +266,9 @@ def test_fix_in_place_is_revertible(kimi, tmp_path):
     result = CliRunner().invoke(main, ["doctor", str(model), "--engine", "vllm==0.33.0",
                                        "--gpu", "sm86", "--fix", "--in-place"])
     assert result.exit_code == 0, result.output
-    assert "fixed with sm120-fp16-kv" in result.output
-    api.revert(model)
+    assert "fixed with sm120-fp16-kv, fix-eos" in result.output
+    api.revert(model)                     # fix-eos
+    api.revert(model)                     # sm120-fp16-kv
     assert (model / "config.json").read_bytes() == (kimi / "config.json").read_bytes()
 
 
@@ -271,7 +279,7 @@ def test_fix_writes_a_verified_variant_that_doctor_finds_clean(kimi, tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["blockers"] == 1
-    assert report["fix"]["recipes"] == ["sm120-fp16-kv"]
+    assert report["fix"]["recipes"] == ["sm120-fp16-kv", "fix-eos"]   # blocker, warning
     assert report["fix"]["after"]["blockers"] == 0 and report["fix"]["after"]["findings"] == []
     assert api.verify(out).ok
     again = CliRunner().invoke(main, ["doctor", str(out), "--engine", "vllm==0.15.1",
@@ -294,7 +302,7 @@ def test_fix_stacks_several_recipes_on_one_variant(kimi, tmp_path):
                                        "--gpu", "sm70", "--fix", "-o", str(out), "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
-    assert report["fix"]["recipes"] == ["sm120-fp16-kv", "to-bf16"]
+    assert report["fix"]["recipes"] == ["sm120-fp16-kv", "to-bf16", "fix-eos"]
     assert report["fix"]["after"]["findings"] == []
     assert api.verify(out).ok
     assert digest(shard) == before

@@ -164,7 +164,9 @@ def test_doctor_on_the_hub_finds_the_fp8_kv_blocker_before_any_download(served, 
     result = CliRunner().invoke(main, [*args, "--json"])
     assert result.exit_code == 1, result.output
     report = json.loads(result.stdout)
-    (finding,) = report["findings"]
+    findings = {f["rule"]: f for f in report["findings"]}
+    assert set(findings) == {"fp8-kv-mla-vllm-sm120", "eos-inconsistent"}   # EOS as Kimi's
+    finding = findings["fp8-kv-mla-vllm-sm120"]
     assert (finding["rule"], finding["severity"]) == ("fp8-kv-mla-vllm-sm120", "blocker")
     assert finding["fix"] == {"recipe": "sm120-fp16-kv"}
     assert finding["evidence"][0] == {"source": "https://github.com/vllm-project/vllm/pull/34597",

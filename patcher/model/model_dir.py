@@ -296,6 +296,12 @@ def _read_headers(root: Path, names: list[str]) -> dict[str, ShardHeader]:
         return {name: parse_header(*r, str(root / name)) for name, r in zip(names, raw)}
 
 
+#: Freeze the collector's generations after parsing headers (``gc.freeze``). Only for a
+#: short-lived process: the command line turns it on. A long-running one (a library user, the
+#: hub server) keeps it off, since a frozen cycle is never collected.
+FREEZE_AFTER_PARSE = False
+
+
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     enabled = gc.isenabled()
@@ -306,7 +312,8 @@ def gc_paused() -> Iterator[None]:
         # What was parsed lives as long as the model; freezing moves it out of the collector's
         # generations, so the next collection does not scan it (reference counting still
         # frees it).
-        gc.freeze()
+        if FREEZE_AFTER_PARSE:
+            gc.freeze()
         if enabled:
             gc.enable()
 

@@ -154,3 +154,16 @@ def test_the_cache_directory_is_bounded(tmp_path, monkeypatch):
     for i in range(4):
         ModelDir.open(_write_model(tmp_path / f"m{i}"))
     assert len(list(header_cache.cache_dir().glob("*.bin"))) == 2
+
+
+def test_reading_headers_in_a_library_process_leaves_the_collector_unfrozen(tmp_path, monkeypatch):
+    """gc.freeze after parsing is for the one-command CLI process only: in a long-running one
+    (the hub server, a library user) a frozen cycle would never be collected."""
+    import gc
+    root = _write_model(tmp_path / "m")
+    monkeypatch.setenv("MODELPATCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(model_dir, "FREEZE_AFTER_PARSE", False)
+    before = gc.get_freeze_count()
+    ModelDir.open(root)
+    assert gc.get_freeze_count() == before
+    assert gc.isenabled()

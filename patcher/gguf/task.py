@@ -48,10 +48,11 @@ class GGUFTask:
         from .. import faults
         from ..integrity.hash_writer import HashingWriter, hash_while_copying
         from ..integrity.source_digest import SourceDigest
+        from ..tensors.shard_writer import Writeback
 
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb", buffering=0) as raw:
-            writer = HashingWriter(raw)
+            writer, writeback = HashingWriter(raw), Writeback(raw.fileno())
             writer.write(self.header)
             if on_progress:
                 on_progress(len(self.header))
@@ -64,6 +65,7 @@ class GGUFTask:
                                        source_digest=digest)
                     if pad:
                         writer.write(b"\0" * pad)
+                    writeback(writer.size)      # the final fsync finds little left to write
                 source_result = digest.result() if digest is not None else None
             finally:
                 os.close(src)

@@ -47,6 +47,9 @@ def _open(model: str | os.PathLike) -> ModelDir:
 def _open_recovered(model: str | os.PathLike) -> ModelDir:
     from .gguf.single_file import is_gguf_file, open_gguf_file
 
+    if str(model).endswith(".gguf") and not os.path.isdir(model) and not is_gguf_file(model):
+        raise ModelDirError("no such file" if not os.path.lexists(model) else
+                            "not a regular file", where=model)
     return open_gguf_file(model) if is_gguf_file(model) else ModelDir.open(model)
 
 

@@ -107,3 +107,27 @@ def test_a_split_member_as_model_takes_the_whole_set(tmp_path):
     out = api.apply("gguf-context", root / names[1], out=tmp_path / "v").output
     assert sorted(os.listdir(out)) == sorted(names + [".modelpatch", MANIFEST_NAME])
     assert read_back(out / names[0])[0]["llama.context_length"] == 8192
+
+
+def test_a_missing_file_is_named_in_one_line(tmp_path):
+    result = run("plan", "gguf-context", tmp_path / "nope.gguf")
+    assert result.exit_code == 2 and "nope.gguf: no such file" in result.stderr
+
+
+def test_a_file_of_a_hugging_face_cache_snapshot_writes_its_variant_outside_the_cache(
+        tmp_path, monkeypatch):
+    from examples.generate import make_hf_cache_snapshot
+    from fs_snapshot import blobs
+
+    source = quants_dir(tmp_path)
+    root = make_hf_cache_snapshot(source, tmp_path / "hub", "org/tiny-GGUF")
+    repo = root.parents[1]
+    blobs_before = blobs(repo)
+    assert (root / "tiny-F16.gguf").is_symlink()
+    monkeypatch.chdir(tmp_path)
+    result = run("apply", "gguf-context", root / "tiny-F16.gguf")
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "tiny-F16-gguf-context"
+    assert result.output.strip() == str(out)
+    assert read_back(out / "tiny-F16.gguf")[0]["llama.context_length"] == 8192
+    assert blobs(repo) == blobs_before and sorted(os.listdir(root)) == sorted(os.listdir(source))

@@ -8,7 +8,7 @@ import os
 
 import pytest
 from click.testing import CliRunner
-from fs_snapshot import diff, snapshot
+from fs_snapshot import cli, diff, snapshot
 
 from gguf_fixtures import gguf, needs_gguf, read_back, write_tiny
 from patcher import api
@@ -32,7 +32,7 @@ def _recipe(tmp_path, body=SAME_NAME):
 
 def _model(tmp_path, name, **kw):
     root = tmp_path / name
-    root.mkdir()
+    root.mkdir(parents=True)
     write_tiny(root / "tiny.gguf", **kw)
     return root
 
@@ -123,3 +123,55 @@ def test_a_merged_file_from_gguf_split_is_read(tmp_path):
         "split.tensors.count": (gguf.GGUFValueType.INT32, 21)})
     out = api.apply("gguf-context", root, out=tmp_path / "out").output
     assert read_back(out / "tiny.gguf")[0]["llama.context_length"] == 8192
+
+
+def _in_place_reshard_points(tmp_path):
+    """The fault points a complete in-place reshard passes, and the tree it leaves."""
+    root = _model(tmp_path / "trace", "single")
+    trace = tmp_path / "trace.txt"
+    r = cli("apply", "gguf-context", root, "--in-place", "--max-shard-size", "25KB",
+            env={"MODELPATCH_FAULT_TRACE": str(trace),
+                 "MODELPATCH_CACHE_DIR": str(tmp_path / "dc")})
+    assert r.returncode == 0, r.stderr
+    counts, points = {}, []
+    for name in trace.read_text().splitlines():
+        counts[name] = counts.get(name, 0) + 1
+        points.append(f"{name}#{counts[name]}")
+    return points, snapshot(root, vary=VARY)
+
+
+VARY = ("modelpatch.provenance.json", "record.json")
+
+
+def _kill_in_place_reshard_at(tmp_path, point, after):
+    case = tmp_path / point.replace("/", "_").replace(":", "_")
+    root = _model(case, "single")
+    before = snapshot(root, vary=VARY)
+    env = {"MODELPATCH_CACHE_DIR": str(case / "dc")}
+    r = cli("apply", "gguf-context", root, "--in-place", "--max-shard-size", "25KB",
+            env={**env, "MODELPATCH_FAULT": f"kill@{point}"})
+    assert r.returncode == -9, (point, r.stderr)
+    check = cli("verify", root, env=env)                 # recovers first
+    assert "Traceback" not in check.stderr, check.stderr
+    state = snapshot(root, vary=VARY)
+    assert state in (before, after), (point, diff(before, state)[:4], diff(after, state)[:4])
+    if state == after:
+        assert check.returncode == 0, check.stdout
+    rerun = cli("apply", "gguf-context", root, "--in-place", "--max-shard-size", "25KB", env=env)
+    assert rerun.returncode == (0 if state == before else 1), rerun.stderr   # 1: nothing to do
+
+
+def test_kill_9_during_an_in_place_reshard_leaves_the_base_or_the_result(tmp_path):
+    points, after = _in_place_reshard_points(tmp_path)
+    # preparing (rolled back), switching (rolled forward), cleaning up; -m slow: every point
+    wanted = ["tensor:", "journal:install:tiny-00003", "journal:finish"]
+    chosen = [next(p for p in points if p.startswith(w)) for w in wanted]
+    for point in chosen:
+        _kill_in_place_reshard_at(tmp_path, point, after)
+
+
+@pytest.mark.slow
+def test_kill_9_at_every_point_of_an_in_place_reshard(tmp_path):
+    points, after = _in_place_reshard_points(tmp_path)
+    for point in points:
+        _kill_in_place_reshard_at(tmp_path, point, after)

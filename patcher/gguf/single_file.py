@@ -54,11 +54,13 @@ def open_gguf_file(path: str | os.PathLike) -> ModelDir:
 
 
 def default_output(path: str | os.PathLike, recipe_name: str) -> Path:
-    """``DIR/NAME-<recipe>/`` for ``DIR/NAME.gguf`` (``NAME`` without the split suffix)."""
+    """``DIR/NAME-<recipe>/`` for ``DIR/NAME.gguf`` (``NAME`` without the split suffix); in the
+    current directory for a file of a Hugging Face cache snapshot (the cache stays the hub's)."""
     path = Path(os.path.abspath(path))
     m = SPLIT_NAME.fullmatch(path.name)
     stem = m["stem"] if m else path.name[:-len(".gguf")]
-    return path.parent / f"{stem}-{recipe_name}"
+    where = Path.cwd() if hf_cache_repo(path.parent) else path.parent
+    return where / f"{stem}-{recipe_name}"
 
 
 def check_output(out) -> None:

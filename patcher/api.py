@@ -133,6 +133,11 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     from .execute.linking import predict_for_plan
     from .plan import plan as make_plan
 
+    from .gguf.single_file import check_in_place, is_gguf_file
+
+    if (options or {}).get("in_place") and is_gguf_file(model):
+        check_in_place(model)           # as apply_in_place: refused, or the whole directory
+        model = Path(model).parent
     loaded, base = load(recipe), open_model(model, endpoint=endpoint)
     the_plan = make_plan(loaded, base, options=options)
     if hasattr(base, "transfer_report"):

@@ -77,8 +77,9 @@ def test_output_named_like_a_gguf_file_is_refused_in_one_line(tmp_path):
 def test_in_place_on_a_file_beside_another_model_is_refused(tmp_path):
     root = quants_dir(tmp_path)
     before = snapshot(root)
-    result = run("apply", "gguf-context", root / "tiny-F16.gguf", "--in-place")
-    assert result.exit_code == 2 and "also holds the GGUF model tiny-Q8_0.gguf" in result.stderr
+    for dry in ([], ["--dry-run"]):
+        result = run("apply", "gguf-context", root / "tiny-F16.gguf", "--in-place", *dry)
+        assert result.exit_code == 2 and "also holds the GGUF model tiny-Q8_0.gguf" in result.stderr
     assert diff(before, snapshot(root)) == []
 
 

@@ -69,15 +69,10 @@ def _default_output(model: str | os.PathLike, base: ModelDir, recipe_name: str,
 
 def load(recipe: str | os.PathLike | Recipe | list | tuple) -> Recipe:
     """A recipe from a path, a built-in name, or an already loaded ``Recipe``; a list of those
-    is one recipe applying each in order (``recipe.bind.combine``)."""
-    from .recipe.bind import combine
-    from .recipe.load import Recipe, load_recipe, resolve_recipe
+    is one recipe applying each in order (``recipe.load.load_recipes``)."""
+    from .recipe.load import load_recipes
 
-    if isinstance(recipe, (list, tuple)):
-        if not recipe:
-            raise InputError("no recipe given")
-        return combine([load(r) for r in recipe])
-    return recipe if isinstance(recipe, Recipe) else load_recipe(resolve_recipe(recipe))
+    return load_recipes(recipe)
 
 
 def inspect(model: str | os.PathLike, *, endpoint: str | None = None) -> dict:

@@ -17,7 +17,7 @@ from .config.ops import apply_config_ops
 from .errors import NothingToChange, PlanError
 from .config.jsonfile import dump_json_document, load_json_document, unified_diff
 from .model.model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir
-from .recipe.bind import bind_recipe
+from .recipe.params.bind import bind_recipe
 from .recipe.load import Recipe
 
 

@@ -13,14 +13,29 @@ import pytest
 
 PATCHER = Path(__file__).resolve().parent.parent / "patcher"
 
+# Layers above the library: nothing in the library imports the command line or the API facade.
+_ABOVE = ("patcher.cli", "patcher.api")
+
 # package -> packages it must not import (directly or from inside a function)
 FORBIDDEN = {
-    "patcher.recipe": ("patcher.execute", "patcher.hub"),
-    "patcher.model": ("patcher.execute", "patcher.hub"),
-    "patcher.config": ("patcher.execute", "patcher.hub"),
+    "patcher.recipe": ("patcher.execute", "patcher.hub", "patcher.tensors", "patcher.plan",
+                       *_ABOVE),
+    "patcher.model": ("patcher.execute", "patcher.hub", "patcher.tensors", "patcher.plan",
+                      *_ABOVE),
+    "patcher.config": ("patcher.execute", "patcher.hub", "patcher.tensors", "patcher.plan",
+                       *_ABOVE),
+    "patcher.tensors": ("patcher.execute", "patcher.hub", *_ABOVE),
+    "patcher.integrity": ("patcher.execute", "patcher.hub", *_ABOVE),
+    "patcher.execute": ("patcher.hub", *_ABOVE),
+    "patcher.gguf": ("patcher.hub", *_ABOVE),
+    "patcher.remote": _ABOVE,
+    "patcher.hub": _ABOVE,
     # the hub's storage is pure standard library: the Starlette side is the server's
     "patcher.hub.store": ("patcher.hub.server",),
 }
+
+# modules every package may import: they import nothing from patcher
+STANDALONE = ("patcher.errors", "patcher.fsops", "patcher.faults", "patcher.units")
 
 
 def module_name(path: Path) -> str:
@@ -53,8 +68,10 @@ def is_within(name: str, package: str) -> bool:
 
 def violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
     folder = PATCHER.parent.joinpath(*package.split("."))
+    paths = sorted(folder.rglob("*.py")) if folder.is_dir() else [folder.with_suffix(".py")]
+    assert paths and all(p.is_file() for p in paths), package     # never pass on a typo
     found = []
-    for path in sorted(folder.rglob("*.py")):
+    for path in paths:
         module = module_name(path)
         for line, name in imported_modules(path.read_text(), module, path.name == "__init__.py"):
             if any(is_within(name, banned) for banned in forbidden):
@@ -65,6 +82,37 @@ def violations(package: str, forbidden: tuple[str, ...]) -> list[str]:
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_import_direction(package):
     assert violations(package, FORBIDDEN[package]) == []
+
+
+@pytest.mark.parametrize("module", STANDALONE)
+def test_standalone_modules_import_nothing_from_patcher(module):
+    assert violations(module, ("patcher",)) == []
+
+
+def test_no_library_module_imports_the_command_line_or_the_api():
+    """Only ``cli`` (and ``doctor``, a command of its own that runs ``api``) sit above the API."""
+    packages = [p for p in sorted(PATCHER.iterdir())
+                if (p.is_dir() and (p / "__init__.py").is_file()) or p.suffix == ".py"]
+    found = []
+    for path in packages:
+        name = module_name(path if path.suffix == ".py" else path / "__init__.py")
+        if name in ("patcher", "patcher.cli", "patcher.doctor"):
+            continue
+        found += violations(name, ("patcher.cli",) if name == "patcher.api" else _ABOVE)
+    assert found == []
+
+
+def test_a_leak_into_the_command_line_is_reported(tmp_path, monkeypatch):
+    """The rule above fails on the leak it guards against (a copy of the tree with one)."""
+    import shutil
+
+    copy = tmp_path / "patcher"
+    shutil.copytree(PATCHER, copy, ignore=shutil.ignore_patterns("__pycache__", "builtin_recipes"))
+    linking = copy / "execute" / "linking.py"
+    linking.write_text(linking.read_text() + "\nfrom ..cli.render import human_bytes\n")
+    monkeypatch.setitem(globals(), "PATCHER", copy)
+    found = violations("patcher.execute", FORBIDDEN["patcher.execute"])
+    assert any("patcher/execute/linking.py" in v and "patcher.cli.render" in v for v in found)
 
 
 def test_relative_imports_are_resolved():
@@ -103,7 +151,7 @@ def test_a_forbidden_import_is_reported_with_its_line():
 LOCAL_EXCEPTIONS = {
     "patcher.hub.request_errors": None,               # every class there
     "patcher.fsops": {"NotRegularFile", "TooLarge"},  # OSError flavours read_capped raises
-    "patcher.integrity.hashing": {"_Cancelled"},
+    "patcher.integrity.digests.hashing": {"_Cancelled"},
     "patcher.integrity.manifest_rules": {"Invalid"},
     "patcher.tensors.quant.kernel_args": {"NonFiniteInput"},
     "patcher.gguf.format": {"_NeedMore"},             # control flow: read more of the header

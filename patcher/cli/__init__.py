@@ -1,11 +1,12 @@
-"""The command line (``modelpatch``): the click commands, the global options and exit codes,
+"""The command line (``modelpatch``): the click commands (``commands``; the hub commands in
+``hub_commands``, ``recipes`` in ``recipe_commands``), the global options and exit codes,
 error reports, human renderings and progress meters.
 
 ``main``, the console script's entry point and ``python -m patcher.cli``, is loaded on first use,
 so that a library path importing ``render`` does not import the commands.
 
-May import every other package; nothing in ``patcher`` imports it except ``render.human_bytes``
-and, lazily, the progress meter types."""
+May import every other package; nothing else in ``patcher`` imports it (byte sizes for people are
+in ``patcher.units``)."""
 
 from __future__ import annotations
 

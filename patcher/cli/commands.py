@@ -16,16 +16,8 @@ import click
 from .. import __version__
 from .error_report import FlagWording
 from .group import (DEBUG_HELP, JSON_HELP, QUIET_HELP, ModelpatchGroup, add_shared_options,
-                    set_debug, set_json, set_quiet)
-from ..tensors.thread_budget import quiet_openmp
-
-
-quiet_option = click.option("-q", "--quiet", is_flag=True, expose_value=False,
-                            callback=set_quiet, help=QUIET_HELP)
-
-
-def _emit_json(data) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=False))
+                    base_model_option, emit_json, quiet_option, set_debug, set_json, set_quiet)
+from ..tensors.writing.thread_budget import quiet_openmp
 
 
 @click.group(cls=ModelpatchGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -66,9 +58,9 @@ def inspect(model: str, as_json: bool, endpoint: str | None) -> None:
 
     report = api.inspect(model, endpoint=endpoint)
     if as_json:
-        _emit_json(report)
+        emit_json(report)
     elif report.get("format") == "gguf" or report.get("gguf"):
-        from .render_gguf import render_gguf_report
+        from .render import render_gguf_report
 
         click.echo(render_gguf_report(report))
     else:
@@ -106,11 +98,6 @@ set_option = click.option(
          "parameter's declared type; repeatable.")
 
 
-base_model_option = click.option(
-    "--base-model", default=None, metavar="ORG/NAME",
-    help="The hub repository the base model is, for the model card's base_model (read from a "
-         "Hugging Face cache path or the base's manifest when not given; never guessed).")
-
 link_option = click.option(
     "--link", "link", type=click.Choice(["auto", "reflink", "hardlink", "copy"]), default=None,
     help="How to carry the base's unchanged files: reflink, else hardlink (the variant's file "
@@ -126,7 +113,7 @@ class ShardSize(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, int):
             return value
-        from ..tensors.resharding import parse_shard_size
+        from ..units import parse_shard_size
 
         try:
             return parse_shard_size(int(value) if str(value).isdigit() else value)
@@ -260,7 +247,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                                progress=progress, base_model=base_model,
                                allow_noop=allow_noop, params=params)
     if as_json:
-        _emit_json({"output": str(result.output), "recipe": recipe.identity(),
+        emit_json({"output": str(result.output), "recipe": recipe.identity(),
                     "manifest_sha256": result.manifest_sha256,
                     "files": result.files, "bytes_linked": result.bytes_linked,
                     "bytes_copied": result.bytes_copied,
@@ -283,7 +270,7 @@ def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, ba
     r = apply_and_publish(recipe, model, repo_id, endpoint=endpoint, base_model=base_model,
                           allow_noop=allow_noop, params=params)
     if as_json:
-        _emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
+        emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
                     "fetched": r.fetched, "copied_bytes": r.plan.copy_bytes,
                     "uploaded_bytes": r.plan.upload_bytes})
     else:
@@ -335,144 +322,17 @@ def revert(directory, out, all_patches, force, jobs, as_json):
 
     result = api.revert(directory, out=out, all_patches=all_patches, force=force, jobs=jobs)
     if as_json:
-        _emit_json({"output": str(result.output), "reverted": result.reverted})
+        emit_json({"output": str(result.output), "reverted": result.reverted})
     else:
         click.echo(f"reverted {', '.join(result.reverted)}: {result.output}")
 
 
-@main.command()
-@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
-@click.argument("repo_id")
-@click.option("--endpoint", default=None, envvar="HF_ENDPOINT",
-              help="Hub URL (default: huggingface.co, or $HF_ENDPOINT).")
-@click.option("--private/--public", default=True, show_default=True,
-              help="Visibility of the repository if publish creates it.")
-@click.option("--revision", default=None, help="Branch to commit to (created if needed).")
-@click.option("-m", "--message", default=None, help="Commit message.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Machine-readable result (repo_id, revision, commit, files, copied_bytes, "
-                   "uploaded_bytes).")
-@click.option("--plan", "plan_only", is_flag=True,
-              help="Only show what would be copied server-side from the base repository and "
-                   "what uploaded; change nothing.")
-@base_model_option
-@quiet_option
-@click.pass_context
-def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_json, plan_only,
-            base_model):
-    """Verify the variant DIRECTORY and upload it to REPO_ID in one commit. Files its base
-    repository on the hub already holds are copied there server-side, not uploaded."""
-    from .. import api
-    from . import render
-
-    r = api.publish(directory, repo_id, endpoint=endpoint, private=private, revision=revision,
-                    message=message, progress=not ctx.obj.get("quiet"), base_model=base_model,
-                    plan_only=plan_only)
-    if as_json:
-        _emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
-                    "files": r.files, "copied_bytes": r.plan.copy_bytes,
-                    "uploaded_bytes": r.plan.upload_bytes})
-    elif plan_only:
-        click.echo(f"plan: {r.plan.summary()}")
-        for name, (src, size) in sorted(r.plan.copies.items()):
-            click.echo(f"  copy    {name} ({render.human_bytes(size)}) <- {src}")
-        for name, size in sorted(r.plan.uploads.items()):
-            click.echo(f"  upload  {name} ({render.human_bytes(size)})")
-    else:
-        click.echo(f"{r.repo_id}@{r.revision} {r.commit}")
-
-
-@main.command()
-@click.argument("repo_id")
-@click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
-              help="Directory to create (default: ./<name>).")
-@click.option("--endpoint", default=None, envvar="HF_ENDPOINT",
-              help="Hub URL (default: huggingface.co, or $HF_ENDPOINT).")
-@click.option("--revision", default=None, help="Branch, tag or commit.")
-@click.option("--reuse", "reuse", multiple=True, type=click.Path(file_okay=False, path_type=str),
-              help="Directory whose files to link instead of downloading when their sha256 "
-                   "matches (repeatable; the Hugging Face cache is always searched).")
-@quiet_option
-@click.pass_context
-def pull(ctx, repo_id, out, endpoint, revision, reuse):
-    """Download REPO_ID and verify every file against the hub's digests and the manifest."""
-    from .. import api
-
-    result = api.pull(repo_id, out, endpoint=endpoint, revision=revision,
-                      progress=not ctx.obj.get("quiet"), reuse=reuse)
-    click.echo(str(result.output))
-
-
-@main.group()
-def hub() -> None:
-    """A self-hosted hub speaking the Hugging Face Hub API (needs the hub extra)."""
-
-
-@hub.command("serve")
-@click.option("--root", required=True, type=click.Path(file_okay=False, path_type=str),
-              help="Storage directory (blobs, repositories, tokens.json).")
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on (0.0.0.0 for every interface).")
-@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
-              help="TCP port to listen on (0: any free port).")
-def hub_serve(root, host, port):
-    """Serve repositories stored under ROOT until interrupted."""
-    try:
-        from ..hub.server.app import serve
-    except ImportError as exc:
-        raise click.ClickException(f"the hub server needs its extra: pip install -e '.[hub]' "
-                                   f"in the modelpatch checkout ({exc.name} is missing)") from None
-    from pathlib import Path
-
-    serve(Path(root), host=host, port=port)
-
-
-@main.group()
-def recipes() -> None:
-    """List and show the built-in recipes."""
-
-
-@recipes.command("list")
-def recipes_list() -> None:
-    """List the built-in recipes with their descriptions."""
-    import shutil
-
-    from ..recipe.load import builtin_recipe_dir, load_recipe
-    from .render import shorten
-
-    width = shutil.get_terminal_size().columns       # $COLUMNS, the terminal, else 80
-    for path in sorted(builtin_recipe_dir().glob("*.yaml")):
-        recipe = load_recipe(path)
-        click.echo(f"{recipe.name:<22} {shorten(recipe.description, width - 23)}")
-        if recipe.params:
-            params = " ".join(f"{p.name}={_param_default(p)}" for p in recipe.params)
-            click.echo(" " * 23 + shorten(f"--set {params}", width - 23))
-
-
-def _param_default(param) -> str:
-    from ..recipe.schema import REQUIRED
-
-    return "REQUIRED" if param.default is REQUIRED else json.dumps(param.default)
-
-
-@recipes.command("show")
-@click.argument("name")
-def recipes_show(name: str) -> None:
-    """Print the built-in recipe NAME (or a recipe file), then its parameters."""
-    from ..recipe.load import load_recipe, resolve_recipe
-
-    path = resolve_recipe(name)
-    click.echo(path.read_text(encoding="utf-8"), nl=False)
-    params = load_recipe(path).params
-    if params:
-        click.echo("\n# Parameters (apply/plan --set NAME=VALUE):")
-    for p in params:
-        click.echo(f"#   {p.name} ({p.type}, default {_param_default(p)}): {p.description}")
-
-
 from ..doctor.command import doctor  # noqa: E402  (its own module; click only)
+from .hub_commands import hub, publish, pull  # noqa: E402
+from .recipe_commands import recipes  # noqa: E402
 
-main.add_command(doctor)
+for command in (doctor, hub, publish, pull, recipes):
+    main.add_command(command)
 
 add_shared_options(main)     # after every command: --debug, -q and --json after the subcommand
 

@@ -9,6 +9,7 @@ also set by the group's.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 
@@ -120,3 +121,17 @@ class ModelpatchGroup(click.Group):
             if (ctx.obj or {}).get("json"):
                 emit(exc, ctx.obj, text=False, exit_code=code)
             ctx.exit(code)
+
+
+quiet_option = click.option("-q", "--quiet", is_flag=True, expose_value=False,
+                            callback=set_quiet, help=QUIET_HELP)
+
+base_model_option = click.option(
+    "--base-model", default=None, metavar="ORG/NAME",
+    help="The hub repository the base model is, for the model card's base_model (read from a "
+         "Hugging Face cache path or the base's manifest when not given; never guessed).")
+
+
+def emit_json(data) -> None:
+    """A command's ``--json`` result on stdout."""
+    click.echo(json.dumps(data, indent=2, sort_keys=False))

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import TextIO
 
-from .render import human_bytes
+from ..units import human_bytes
 
 INTERVAL_ENV = "MODELPATCH_PROGRESS_INTERVAL"
 DEFAULT_INTERVAL = 5.0

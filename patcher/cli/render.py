@@ -4,20 +4,7 @@ from __future__ import annotations
 
 import re
 
-
-def human_bytes(n: int | float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def human_count(n: int) -> str:
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f}{unit}"
-    return str(n)
+from ..units import human_bytes, human_count  # noqa: F401  (renderings use them)
 
 
 def shorten(text: str, width: int) -> str:
@@ -250,3 +237,34 @@ def render_verify(report: dict) -> str:
     lines += [f"  manifest  modelpatch.provenance.json: {p}"
               for p in report.get("manifest_problems", [])]
     return "\n".join(lines)
+
+
+def render_gguf_report(report: dict) -> str:
+    """The text of an inspect report that has GGUF models (alone, or beside safetensors)."""
+    if report.get("format") == "gguf":
+        return "\n".join([f"model      {report['path']}", *render_gguf(report["models"])])
+    return "\n".join([render_inspect(report), "", *render_gguf(report["gguf"])])
+
+
+def render_gguf(reports: list[dict]) -> list[str]:
+    """Per GGUF model: header line, split layout, metadata, tensors by type and by group."""
+    lines = []
+    for r in reports:
+        split = r["split"]
+        lines += [f"gguf       {r['name']}  (GGUF v{r['version']}, architecture "
+                  f"{r['architecture']}, alignment {r['alignment']})",
+                  f"files      {split['count']}" + (" (split set, consistent)"
+                                                   if split["count"] > 1 else "")
+                  + (f" ({split['note']})" if split.get("note") else ""), ""]
+        width = max((len(k) for k in r["metadata"]), default=0)
+        lines += [f"  {k:<{width}}  {m['type']:<16} {m['value']}"
+                  for k, m in r["metadata"].items()]
+        lines.append("")
+        lines += table([[k, c["tensors"], human_bytes(c["bytes"])]
+                        for k, c in r["tensors"]["by_type"].items()], ["type", "tensors", "bytes"])
+        lines.append("")
+        lines += table([[k, c["tensors"], human_bytes(c["bytes"])]
+                        for k, c in r["tensors"]["by_group"].items()],
+                       ["group", "tensors", "bytes"])
+        lines.append("")
+    return lines

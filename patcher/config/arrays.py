@@ -38,7 +38,7 @@ IN_STEP = {("config.json", "/quantization_config/ignore"):
 def parse_array_op(v: rc.Validator, node: Any, action: str, file: str | None,
                    pos: rc.Pos) -> list[tuple[str, ArrayOp]]:
     """[(file, op)]: the op, and its in-step counterpart when asked."""
-    from ..recipe.tensor_ops import check_regex
+    from ..recipe.tensor_ops.parse import check_regex
 
     v.check_keys(node, ARRAY_KEYS[action], f"'{action}' operation")
     path = v.pointer(node, action, allow_root=False)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..recipe import load as recipe_module
+from ..recipe import sections as recipe_sections
 from ..recipe import checks as rc
 from ..errors import RecipeError
 from ..fsops import NotRegularFile, TooLarge, read_capped
@@ -151,15 +152,15 @@ def parse_condition(v: rc.Validator, node: Any, pos: tuple[int, int], top: bool 
     rule's own ``any_of``/``all_of``/``not`` is always ours: it stops at the first deciding
     condition, so an expensive ``@model`` fact is computed only when the cheap ones hold."""
     plain_combo = rc.is_map(node) and len(node) == 1 and next(iter(node)) in \
-        recipe_module.COMBINATORS
+        recipe_sections.COMBINATORS
     if not _has_fact(node) and not (top and plain_combo):
-        return recipe_module.parse_condition(v, node, pos)
+        return recipe_sections.parse_condition(v, node, pos)
     loc = v.loc(pos)
     facts = [k for k in node if k in FACT_KEYS]
     if facts:
         v.check_keys(node, (facts[0],), "fact condition")
         return _fact(v, facts[0], node[facts[0]], rc.val_pos(node, facts[0]), loc)
-    kinds = [k for k in node if k in recipe_module.COMBINATORS]
+    kinds = [k for k in node if k in recipe_sections.COMBINATORS]
     if len(kinds) != 1 or len(node) != 1:
         v.err(pos, "a condition over engine/gpu facts is one of any_of, all_of, not (no 'in' "
                    "or 'message')")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .. import faults
-from ..integrity.digest_cache import KnownDigests
+from ..integrity.digests.digest_cache import KnownDigests
 from ..errors import InputError, OperationFailed
 from ..model.base_identity import identify
 from ..integrity.shared_inodes import remember_variant
@@ -208,7 +208,7 @@ class PatchBuilder:
         """A ``link_or_copy`` copy function for base file ``rel`` that hashes what it copies:
         the base is then not read a second time to hash it, and a digest claimed for it (an HF
         blob name, the cache) that the bytes contradict is caught here."""
-        from ..integrity.hash_writer import copy_hashed
+        from ..integrity.digests.hash_writer import copy_hashed
 
         def copy(src: Path, dst: Path) -> None:
             observed = time.time_ns()
@@ -228,8 +228,8 @@ class PatchBuilder:
 
     def _rewrite_shards(self, shards: list, dest: Path) -> dict[str, str]:
         """Write the rewritten shards; a base shard whose digest is not known yet is hashed as
-        the rewrite reads it (``patcher.integrity.source_digest``), not in a pass of its own."""
-        from ..tensors.shard_writer import run_shard_tasks
+        the rewrite reads it (``patcher.integrity.digests.source_digest``), not in a pass of its own."""
+        from ..tensors.writing.shard_writer import run_shard_tasks
 
         for fp in shards:
             make_parents(dest, fp.path)

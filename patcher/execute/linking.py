@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..fsops import reflink
-from ..cli.render import human_bytes
+from ..units import human_bytes
 
 MODES = ("auto", "reflink", "hardlink", "copy")
 COPY_WARN_BYTES = 1 << 30

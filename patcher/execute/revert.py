@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import faults
-from ..integrity.digest_cache import KnownDigests
+from ..integrity.digests.digest_cache import KnownDigests
 from .output_dir import commit, fsync_tree, make_staging_dir, remove_stale_staging
 from ..errors import InputError, ModelDirError, OperationFailed, VerifyMismatch
 from ..fsops import link_or_copy, make_parents, remove_tree

@@ -1,6 +1,6 @@
 """``modelpatch inspect`` for GGUF: architecture, metadata (long values summarised), tensors by
 ggml type, bytes by module group, and the split layout, as plain data
-(``patcher.cli.render_gguf`` draws it)."""
+(``patcher.cli.render`` draws it)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Writing one GGUF file: the new header, then every kept tensor's bytes copied in bulk.
 
 A ``GGUFTask`` rides in a plan's ``rewrite-shard`` entry like a safetensors ``ShardTask`` and is
-written by the same shard writer (``patcher.tensors.shard_writer.write_shard`` hands it to
+written by the same shard writer (``patcher.tensors.writing.shard_writer.write_shard`` hands it to
 ``GGUFTask.write``): the output is hashed as it is written, the source ranges are copied by the
 kernel (``copy_file_range``) and hashed from the page cache in the same pass. A resharded output
 may draw its tensors from several files of a split set.
@@ -46,11 +46,11 @@ class GGUFTask:
         """Write the file to ``target`` (which must not exist). Returns its sha256 and, when all
         tensors come from one source that is in ``hash_sources`` and are read in ascending
         order, the source path with its digest, computed from the same reads
-        (``patcher.integrity.source_digest``)."""
+        (``patcher.integrity.digests.source_digest``)."""
         from .. import faults
-        from ..integrity.hash_writer import HashingWriter, hash_while_copying
-        from ..integrity.source_digest import SourceDigest
-        from ..tensors.shard_writer import Writeback
+        from ..integrity.digests.hash_writer import HashingWriter, hash_while_copying
+        from ..integrity.digests.source_digest import SourceDigest
+        from ..tensors.writing.shard_writer import Writeback
 
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb", buffering=0) as raw:

@@ -1,5 +1,5 @@
-"""What makes a variant verifiable and revertible: hashing (also while writing), the digest
-cache, source digests, the provenance manifest and its rules, the patch records under
+"""What makes a variant verifiable and revertible: ``digests/`` (hashing, also while writing, the
+digest cache, source digests), the provenance manifest and its rules, the patch records under
 ``.modelpatch/``, ``verify``, and shared-inode detection.
 
 May import ``errors``, ``fsops``, ``faults``, ``config``, ``model`` and ``tensors.tasks``; never

@@ -47,7 +47,7 @@ from typing import Any, Mapping
 
 from .. import __version__
 from ..errors import InputError, OperationFailed
-from .hashing import is_sha256_hex
+from .digests.hashing import is_sha256_hex
 from ..fsops import NotRegularFile, TooLarge, read_capped, replace_file
 from ..config.jsonfile import parse_json
 from .canonical_json import canonical_json as _canonical_json, encode_array

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from .hashing import is_sha256_hex
+from .digests.hashing import is_sha256_hex
 from ..model.model_dir import MANIFEST_NAME, STATE_DIR, is_model_path
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"

@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from .digest_cache import default_cache_path
+from .digests.digest_cache import default_cache_path
 from ..fsops import read_capped
 
 REGISTRY_NAME = "variants.log"

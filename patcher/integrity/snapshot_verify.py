@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .digest_cache import DigestCache, KnownDigests
+from .digests.digest_cache import DigestCache, KnownDigests
 from ..errors import OperationFailed
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -60,7 +60,7 @@ def verify_snapshot(root: Path, listing: dict, *, jobs: int | None = None,
                     on_progress: Callable[[int], None] | None = None,
                     on_total: Callable[[int], None] | None = None):
     """A ``VerifyReport`` of the snapshot ``root`` (``listing``: ``verify.list_files``)."""
-    from .hashing import hash_files_stat
+    from .digests.hashing import hash_files_stat
     from .verify import Mismatch, VerifyReport
 
     claims = {rel: blob_claim(root / rel) for rel, st in listing.items() if st is not None}

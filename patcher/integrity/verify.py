@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import faults
-from .digest_cache import DigestCache, KnownDigests
+from .digests.digest_cache import DigestCache, KnownDigests
 from ..errors import InputError, OperationFailed, VerifyMismatch
-from .hashing import hash_files_stat
+from .digests.hashing import hash_files_stat
 from .manifest import MANIFEST_NAME, read_manifest
 
 __all__ = ["Mismatch", "VerifyReport", "compare_maps", "list_files", "verify_dir"]

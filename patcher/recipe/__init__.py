@@ -1,5 +1,7 @@
-"""Recipes: the typed model (frozen dataclasses), safe YAML loading, validation, regex bounds,
-dtype names, guards (``requires:``) and the built-in recipe lookup.
+"""Recipes: the typed model (frozen dataclasses, ``schema``), safe YAML loading and the built-in
+recipe lookup (``yaml_safe``, ``load``), validation (``checks``, ``sections``), regex bounds and
+guards (``requires:``); ``params/``: parameters, includes, templates and binding; ``tensor_ops/``:
+the ``tensors:`` section and the dtype vocabulary.
 
-May import ``errors``, ``fsops``, ``config``, ``model`` and ``tensors.resharding`` (shard sizes);
-never ``execute`` or ``hub``."""
+May import ``errors``, ``fsops``, ``units``, ``config``, ``model`` and ``gguf`` (its recipe
+section); never ``tensors``, ``plan``, ``execute``, ``hub``, ``cli`` or ``api``."""

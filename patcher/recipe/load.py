@@ -1,4 +1,5 @@
-"""Recipes: loading, validation and lookup.
+"""Recipes: loading, validation and lookup (a file path, or the name of a built-in recipe in
+``recipes/``).
 
 A recipe is a YAML document (see ``recipes/sm120-fp16-kv.yaml`` and
 ``patcher/schemas/recipe.schema.json``)::
@@ -18,6 +19,7 @@ as ``recipe.yaml:LINE:COL: message``. The typed result is defined in ``patcher.r
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import os
 from pathlib import Path
@@ -26,37 +28,18 @@ from typing import Any
 from . import checks as rc
 from ..errors import InputError, RecipeError, YamlProblems
 from ..fsops import NotRegularFile, TooLarge, read_capped
-from .builtin import (  # noqa: F401  (part of the public recipe API)
-    builtin_recipe_dir, builtin_recipe_names, resolve_recipe)
 from .guards import check_guards, evaluate_guards  # noqa: F401  (re-exported)
-from ..config.arrays import parse_array_op
-from .params import (INCLUDE_KEYS, has_templates, include_path, parse_params, read_beside,
-                     template_ops, template_value, type_problem)
-from .schema import (RECIPE_FORMAT_VERSIONS, AddFile, AllOf, AnyOf, Check, ConfigOp, Condition,
-                     DropFile, DropOp, FileOp, Include, Not, OutputLayout, PatchOp, Recipe,
-                     RenameOp, SetOp)
-from .tensor_ops import parse_tensor_op
+from .params.parse import parse_include, parse_params, template_ops
+from .schema import RECIPE_FORMAT_VERSIONS, ConfigOp, DropFile, FileOp, OutputLayout, Recipe
+from .sections import parse_condition, parse_config, parse_file_op
+from .tensor_ops.parse import parse_tensor_op
 from .yaml_safe import MAX_RECIPE_BYTES, compose_recipe
 
-__all__ = ["load_recipe", "evaluate_guards", "check_guards", "builtin_recipe_dir",
+__all__ = ["load_recipe", "load_recipes", "evaluate_guards", "check_guards", "builtin_recipe_dir",
            "builtin_recipe_names", "resolve_recipe", "Recipe"]
 
 TOP_KEYS = ("modelpatch", "name", "description", "params", "include", "requires", "config",
             "files", "tensors", "output", "gguf")
-PREDICATES = ("exists", "equals", "contains", "one_of")
-COMBINATORS = ("any_of", "all_of", "not")
-LEAF_KEYS = ("file", "path", *PREDICATES, "in", "message")
-CONFIG_ACTIONS = ("drop", "set", "rename", "architectures", "model_type", "op")
-CONFIG_KEYS = {
-    "drop": ("drop", "in", "missing_ok"),
-    "set": ("set", "value", "in", "create_parents"),
-    "rename": ("rename", "to", "in", "missing_ok"),
-    "architectures": ("architectures", "in"),
-    "model_type": ("model_type", "in"),
-    "op": ("op", "path", "value", "from", "in", "missing_ok"),
-}
-PATCH_OPS = ("add", "remove", "replace", "move", "copy", "test")
-FILE_KEYS = {"drop": ("drop", "missing_ok"), "add": ("add", "content", "from", "overwrite")}
 
 
 # ------------------------------------------------------------------------------ loading
@@ -114,6 +97,18 @@ def load_recipe(path_or_text: str | bytes | os.PathLike, *,
                   path=path)
 
 
+def load_recipes(recipe: str | os.PathLike | Recipe | list | tuple) -> Recipe:
+    """A recipe from a path, a built-in name, or an already loaded ``Recipe``; a list of those
+    is one recipe applying each in order (``recipe.params.bind.combine``)."""
+    if isinstance(recipe, (list, tuple)):
+        if not recipe:
+            raise InputError("no recipe given")
+        from .params.bind import combine
+
+        return combine([load_recipes(r) for r in recipe])
+    return recipe if isinstance(recipe, Recipe) else load_recipe(resolve_recipe(recipe))
+
+
 def _read_capped(path: Path, source: str) -> bytes:
     try:
         return read_capped(path, MAX_RECIPE_BYTES)
@@ -166,12 +161,12 @@ def _top_level(v: rc.Validator, root: Any) -> dict[str, Any]:
     params = parse_params(v, root)
     v.param_names = {p.name for p in params}
     includes = tuple(i for i in (
-        _include(v, node, pos) for node, pos in v.items(root, "include")) if i is not None)
+        parse_include(v, node, pos) for node, pos in v.items(root, "include")) if i is not None)
     requires = tuple(c for c in (
         parse_condition(v, node, pos) for node, pos in v.items(root, "requires")) if c is not None)
-    config = template_ops(v, _config(v, root), v.param_names)
+    config = template_ops(v, parse_config(v, root), v.param_names)
     files = tuple(f for f in (
-        _file_op(v, node, pos) for node, pos in v.items(root, "files")) if f is not None)
+        parse_file_op(v, node, pos) for node, pos in v.items(root, "files")) if f is not None)
     tensors = tuple(t for t in (
         parse_tensor_op(v, node, pos) for node, pos in v.items(root, "tensors")) if t is not None)
     _cross_check(v, root, config, files)
@@ -180,53 +175,6 @@ def _top_level(v: rc.Validator, root: Any) -> dict[str, Any]:
     return dict(format_version=version, name=name, description=description, requires=requires,
                 config=config, files=files, tensors=tensors, output=_output(v, root),
                 params=params, includes=includes, gguf=parse_section(v, root))
-
-
-def _include(v: rc.Validator, node: Any, pos: tuple[int, int]) -> Include | None:
-    """``include: NAME`` or ``{recipe: NAME, params: {...}}``: the recipe, loaded now."""
-    if isinstance(node, str):
-        node = {"recipe": node}
-        values_node: Any = {}
-    elif rc.is_map(node):
-        v.check_keys(node, INCLUDE_KEYS, "include", required=("recipe",))
-        values_node = node.get("params") or {}
-    else:
-        v.err(pos, f"an include is a recipe name or path, or {{recipe: NAME, params: {{...}}}}; "
-              f"got {rc.yaml_type(node)}")
-        return None
-    name = v.check_string(node.get("recipe"), pos) if "recipe" in node else None
-    if name is None:
-        return None
-    try:
-        path = include_path(name, v.recipe_path)
-        if str(path.resolve()) in v.including:
-            v.err(pos, f"include {name!r} includes itself (through "
-                  f"{' -> '.join(Path(p).name for p in v.including)})")
-            return None
-        included = load_recipe(path, _including=v.including)
-    except (RecipeError, InputError) as exc:
-        v.err(pos, f"include {name!r}: {exc}")
-        return None
-    if not rc.is_map(values_node):
-        v.err(pos, f"include {name!r}: params must be a mapping")
-        return None
-    declared = {p.name: p for p in included.params}
-    values = {}
-    for key in values_node:
-        kpos = rc.key_pos(values_node, key)
-        if key not in declared:
-            v.err(kpos, f"include {name!r}: it has no parameter {key!r} (it has: "
-                  f"{', '.join(declared) or 'none'})")
-            continue
-        value = v.json_value(values_node[key], kpos)
-        if value is rc.INVALID:
-            continue
-        value = template_value(v, value, kpos, v.param_names)
-        problem = None if has_templates(value) else type_problem(declared[key].type, value)
-        if problem:
-            v.err(kpos, f"include {name!r}: parameter {key}: {problem}")
-        values[key] = value
-    return Include(included, values, v.loc(pos))
 
 
 def _output(v: rc.Validator, root: Any) -> OutputLayout | None:
@@ -240,7 +188,7 @@ def _output(v: rc.Validator, root: Any) -> OutputLayout | None:
     v.check_keys(node, ("max_shard_size",), "output")
     size = None
     if "max_shard_size" in node:
-        from ..tensors.resharding import parse_shard_size
+        from ..units import parse_shard_size
 
         try:
             size = parse_shard_size(node["max_shard_size"])
@@ -263,215 +211,55 @@ def _cross_check(v: rc.Validator, root: Any, config: dict[str, tuple[ConfigOp, .
                   "do one or the other")
 
 
-# ---------------------------------------------------------------------------- conditions
-
-def parse_condition(v: rc.Validator, node: Any, pos: tuple[int, int]) -> Condition | None:
-    if not rc.is_map(node):
-        v.err(pos, f"a condition must be a mapping such as {{file: config.json, path: /x, "
-              f"exists: true}}; got {rc.yaml_type(node)}")
-        return None
-    loc = v.loc(pos)
-    combos = [k for k in node if k in COMBINATORS]
-    if len(combos) > 1:
-        v.err(rc.key_pos(node, combos[1]), f"a condition has one of any_of, all_of, not; "
-              f"found {combos[0]!r} and {combos[1]!r} (nest them instead)")
-        return None
-    if combos:
-        kind = combos[0]
-        v.check_keys(node, (kind, "in", "message"), f"'{kind}' condition",
-                     suggest=(*LEAF_KEYS, *COMBINATORS))
-        scopes = v.scopes(node)
-        message = v.string(node, "message")
-        if kind == "not":
-            child = node[kind]
-            inner = parse_condition(v, child, rc.val_pos(node, kind))
-            return None if inner is None else Not(inner, scopes, message, loc)
-        children = [parse_condition(v, n, p) for n, p in v.items(node, kind, nonempty=True)]
-        if any(c is None for c in children):
-            return None
-        cls = AnyOf if kind == "any_of" else AllOf
-        return cls(tuple(children), scopes, message, loc)
-    unknown = v.check_keys(node, LEAF_KEYS, "condition", required=("file", "path"),
-                           suggest=(*LEAF_KEYS, *COMBINATORS))
-    file = v.filename(node, "file")
-    path = v.pointer(node, "path")
-    scopes = v.scopes(node)
-    message = v.string(node, "message")
-    preds = [k for k in node if k in PREDICATES]
-    if not preds:
-        if not unknown:
-            v.err(pos, "a condition needs one of exists, equals, contains, one_of "
-                  "(or any_of, all_of, not)")
-        return None
-    if len(preds) > 1:
-        v.err(rc.key_pos(node, preds[1]), f"a condition has one predicate; found {preds[0]!r} "
-              f"and {preds[1]!r} (combine them with all_of)")
-        return None
-    pred = preds[0]
-    if pred == "exists":
-        expected = v.boolean(node, "exists")
-    elif pred == "one_of":
-        values = [v.json_value(n, p) for n, p in v.items(node, "one_of", nonempty=True)]
-        expected = rc.INVALID if not values or any(x is rc.INVALID for x in values) else values
-    else:
-        expected = v.json_value(node[pred], rc.val_pos(node, pred))
-    if file is None or path is None or expected is rc.INVALID:
-        return None
-    return Check(file, path, pred, expected, scopes, message, loc)
-
-
-# ---------------------------------------------------------------------------- config ops
-
-def _config(v: rc.Validator, root: Any) -> dict[str, tuple[ConfigOp, ...]]:
-    if "config" not in root:
-        return {}
-    section = root["config"]
-    if section is None:
-        return {}
-    if not rc.is_map(section):
-        v.err(rc.val_pos(root, "config"), "config: must map file names to lists of operations, "
-              f"e.g. {{config.json: [{{drop: /x}}]}}; got {rc.yaml_type(section)}")
-        return {}
-    out: dict[str, tuple[ConfigOp, ...]] = {}
-    in_step: list[tuple[str, ConfigOp]] = []
-    for key in section:
-        name = v.check_filename(key, rc.key_pos(section, key))
-        ops = []
-        for n, p in v.items(section, key):
-            array = [k for k in ("each", "append") if rc.is_map(n) and k in n]
-            if len(array) == 1 and not any(k in n for k in CONFIG_ACTIONS):
-                made = parse_array_op(v, n, array[0], name, p)
-                ops.extend(op for _, op in made[:1])
-                in_step.extend(made[1:])
-            else:
-                ops.append(_config_op(v, n, p))
-        if name is not None:
-            out[name] = tuple(op for op in ops if op is not None)
-    for file, op in in_step:
-        out[file] = out.get(file, ()) + (op,)
-    return out
-
-
-def _config_op(v: rc.Validator, node: Any, pos: tuple[int, int]) -> ConfigOp | None:
-    if not rc.is_map(node):
-        v.err(pos, "a config operation must be a mapping such as {drop: /x}; got "
-              f"{rc.yaml_type(node)}")
-        return None
-    actions = [k for k in node if k in CONFIG_ACTIONS]
-    all_keys = tuple(dict.fromkeys(k for keys in CONFIG_KEYS.values() for k in keys))
-    if not actions:
-        if not v.check_keys(node, (), "config operation", suggest=all_keys):
-            v.err(pos, "a config operation needs one of: " + ", ".join(CONFIG_ACTIONS))
-        return None
-    if len(actions) > 1:
-        v.err(rc.key_pos(node, actions[1]), f"one operation per list item; found "
-              f"{actions[0]!r} and {actions[1]!r}")
-        return None
-    action = actions[0]
-    required = {"set": ("value",), "rename": ("to",), "op": ("path",)}.get(action, ())
-    v.check_keys(node, CONFIG_KEYS[action], f"'{action}' operation", required=required,
-                 suggest=all_keys)
-    loc = v.loc(pos)
-    scopes = v.scopes(node)
-    if action == "drop":
-        path = v.pointer(node, "drop", allow_root=False)
-        missing_ok = v.boolean(node, "missing_ok", default=False)
-        return None if path is None else DropOp(path, scopes, missing_ok, loc)
-    if action == "set":
-        path = v.pointer(node, "set", allow_root=False)
-        value = v.json_value(node["value"], rc.val_pos(node, "value")) if "value" in node \
-            else rc.INVALID
-        create_parents = v.boolean(node, "create_parents", default=True)
-        if path is None or value is rc.INVALID:
-            return None
-        return SetOp(path, value, scopes, loc, create_parents=create_parents)
-    if action == "rename":
-        path = v.pointer(node, "rename", allow_root=False)
-        to = v.pointer(node, "to", allow_root=False)
-        missing_ok = v.boolean(node, "missing_ok", default=False)
-        if path is None or to is None:
-            return None
-        if to == path or to.startswith(path + "/"):
-            v.err(rc.val_pos(node, "to"), f"cannot rename {path} to {to} (inside itself)")
-            return None
-        return RenameOp(path, to, scopes, missing_ok, loc)
-    if action == "architectures":
-        archs = [v.check_string(n, p) for n, p in v.items(node, "architectures", nonempty=True)]
-        if not archs or None in archs:
-            return None
-        return SetOp("/architectures", archs, scopes, loc, label="architectures")
-    if action == "model_type":
-        model_type = v.string(node, "model_type")
-        return None if model_type is None else SetOp("/model_type", model_type, scopes, loc,
-                                                     label="model_type")
-    return _patch_op(v, node, scopes, loc)
-
-
-def _patch_op(v: rc.Validator, node: Any, scopes: tuple[str, ...], loc: str) -> PatchOp | None:
-    op = v.choice(node, "op", PATCH_OPS)
-    path = v.pointer(node, "path")
-    if op is None or path is None:
-        return None
-    needs_value = op in ("add", "replace", "test")
-    needs_from = op in ("move", "copy")
-    for key, needed in (("value", needs_value), ("from", needs_from)):
-        if needed and key not in node:
-            v.err(v.pos_of(node), f"'{op}' needs '{key}'")
-            return None
-        if not needed and key in node:
-            v.err(rc.key_pos(node, key), f"'{op}' takes no '{key}'")
-            return None
-    value = v.json_value(node["value"], rc.val_pos(node, "value")) if needs_value else None
-    from_path = v.pointer(node, "from") if needs_from else None
-    if value is rc.INVALID or (needs_from and from_path is None):
-        return None
-    if op == "move" and from_path is not None and path.startswith(from_path + "/"):
-        v.err(rc.val_pos(node, "path"), f"cannot move {from_path} into its own child {path}")
-        return None
-    if "missing_ok" in node and op not in PatchOp.MISSING_OK_OPS:
-        v.err(rc.key_pos(node, "missing_ok"), f"'{op}' takes no 'missing_ok' (only "
-              f"{', '.join(PatchOp.MISSING_OK_OPS)} read a path that may be missing)")
-        return None
-    missing_ok = v.boolean(node, "missing_ok", default=False)
-    return PatchOp(op, path, value, from_path, scopes, loc, missing_ok)
-
-
-# ------------------------------------------------------------------------------ file ops
-
-def _file_op(v: rc.Validator, node: Any, pos: tuple[int, int]) -> FileOp | None:
-    if not rc.is_map(node):
-        v.err(pos, f"a file operation must be a mapping such as {{drop: name}}; got "
-              f"{rc.yaml_type(node)}")
-        return None
-    actions = [k for k in node if k in FILE_KEYS]
-    all_keys = ("drop", "missing_ok", "add", "content", "from", "overwrite")
-    if len(actions) != 1:
-        if len(actions) > 1:
-            v.err(rc.key_pos(node, actions[1]), "one operation per list item; found 'drop' and "
-                  "'add'")
-        elif not v.check_keys(node, (), "file operation", suggest=all_keys):
-            v.err(pos, "a file operation needs 'drop' or 'add'")
-        return None
-    action = actions[0]
-    v.check_keys(node, FILE_KEYS[action], f"'{action}' file operation", suggest=all_keys)
-    name = v.filename(node, action)
-    loc = v.loc(pos)
-    if action == "drop":
-        missing_ok = v.boolean(node, "missing_ok", default=True)
-        return None if name is None else DropFile(name, missing_ok, loc)
-    if ("content" in node) == ("from" in node):
-        v.err(pos, "files: add needs one of 'content' (the text) and 'from' (a file next to the "
-              "recipe)")
-        return None
-    overwrite = v.boolean(node, "overwrite", default=False)
-    if "from" in node:
-        source = v.string(node, "from")
-        found = None if source is None else read_beside(v, source, rc.val_pos(node, "from"))
-        if name is None or found is None:
-            return None
-        return AddFile(name, found[0], overwrite, loc, source=found[1])
-    content = v.string(node, "content", nonempty=False)
-    return None if name is None or content is None else AddFile(name, content, overwrite, loc)
-
-
 # -------------------------------------------------------------------------------- lookup
+
+
+def builtin_recipe_dir() -> Path:
+    """The directory of built-in recipes (``patcher/builtin_recipes``, a link to ``recipes/``)."""
+    return Path(__file__).resolve().parent.parent / "builtin_recipes"
+
+
+def builtin_recipe_names() -> list[str]:
+    """Names (file stems) of the built-in recipes, sorted."""
+    directory = builtin_recipe_dir()
+    if not directory.is_dir():
+        return []
+    return sorted(p.stem for p in directory.iterdir()
+                  if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
+def is_builtin_name(text: str) -> bool:
+    """A bare word (no ``/``, no ``.yaml``/``.yml`` suffix) names a built-in recipe, always:
+    a file of that name in the current directory (a cloned model repo can ship one) never
+    shadows it. Anything else is a path."""
+    return not ("/" in text or os.sep in text or text.endswith((".yaml", ".yml")))
+
+
+def resolve_recipe(name_or_path: str | os.PathLike) -> Path:
+    """The recipe file for a built-in recipe name or a path (see ``is_builtin_name``; a
+    ``pathlib.Path`` is always a path).
+
+    Raises:
+        InputError: no such built-in recipe, or no such file; the message lists the built-ins.
+    """
+    text = os.fspath(name_or_path)
+    names = builtin_recipe_names()
+    if is_builtin_name(text) and not isinstance(name_or_path, os.PathLike):
+        if text in names:
+            return next(builtin_recipe_dir() / (text + suffix) for suffix in (".yaml", ".yml")
+                        if (builtin_recipe_dir() / (text + suffix)).is_file())
+        what = f"no built-in recipe named {text!r}"
+        if Path(text).is_file():
+            what += f" (to run the file {text!r}, write ./{text})"
+    else:
+        path = Path(text)
+        if path.is_file():
+            return path
+        builtin = builtin_recipe_dir() / text
+        if "/" not in text and os.sep not in text and builtin.is_file():
+            return builtin      # "sm120-fp16-kv.yaml", no such file here: the built-in's name
+        what = f"no recipe file {text!r}"
+    close = difflib.get_close_matches(Path(text).stem, names, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else None
+    available = ", ".join(names) if names else "none"
+    raise InputError(f"{what} (built-in recipes: {available})", hint=hint)

@@ -108,7 +108,7 @@ def _raw_header(hub: HubFiles, root: HubRoot, rel: str) -> bytes:
 
 def describe_transfer(report: dict) -> str:
     """One line: ``fetched 71.2 KB in 9 requests: 0.45% of the repository's 15.6 MB``."""
-    from ..cli.render import human_bytes
+    from ..units import human_bytes
 
     return (f"fetched {human_bytes(report['bytes_transferred'])} in {report['requests']} "
             f"requests: {report['fraction']:.2%} of the repository's "

@@ -15,7 +15,7 @@ import torch
 from ..errors import NumericError
 from .quant import fp8, nvfp4
 from .quant.mxfp4 import dequantize_mxfp4_gpt_oss
-from .quant.chunks import CHUNK_ELEMENTS
+from .quant.kernel_args import CHUNK_ELEMENTS
 from .quant.kernel_args import NonFiniteInput
 from .tasks import TensorJob
 

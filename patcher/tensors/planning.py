@@ -13,10 +13,10 @@ import re
 from dataclasses import dataclass, replace
 
 from ..errors import CompanionError, InputError, PlanError
-from ..model.model_dir import INDEX_NAME, ModelDir
-from ..plan import Action, FilePlan
+from ..model.model_dir import ModelDir
+from ..plan import FilePlan
 from ..recipe.regex_bound import per_name
-from ..model.safetensors_io import OutputTensor, tensor_nbytes
+from ..model.safetensors_io import OutputTensor
 from .schemes import (
     Fp8Block,
     QuantScheme,
@@ -24,69 +24,10 @@ from .schemes import (
     find_scheme,
     scheme_named,
 )
-from .tasks import ShardTask, TensorJob, TensorSource, index_document
+from .tasks import TensorJob, TensorSource
+from .view import VirtualTensor, initial_view, select, shard_plans
 
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
-
-
-@dataclass(frozen=True)
-class VirtualTensor:
-    """A tensor of the planned output: its name, where it lives and how its bytes are made."""
-
-    name: str
-    shard: str
-    dtype: str
-    shape: tuple[int, ...]
-    job: TensorJob
-    order: float          # position in the shard (source position; new tensors sort after theirs)
-
-    @property
-    def changed(self) -> bool:
-        return self.job.op != "copy" or self.job.inputs[0].name != self.name
-
-
-def _source(model: ModelDir, name: str) -> TensorSource:
-    shard = model.tensor_shards[name]
-    header = model.shards[shard]
-    info = header.tensors[name]
-    return TensorSource(path=str(header.path), shard=shard, name=name, dtype=info.dtype,
-                        shape=info.shape, offset=header.data_offset + info.start,
-                        nbytes=info.nbytes)
-
-
-def initial_view(model: ModelDir) -> dict[str, VirtualTensor]:
-    view = {}
-    for shard, info in model.tensors():
-        src = _source(model, info.name)
-        job = TensorJob(out=OutputTensor(info.name, info.dtype, info.shape), op="copy",
-                        inputs=(src,))
-        view[info.name] = VirtualTensor(info.name, shard, info.dtype, info.shape, job, info.start)
-    return view
-
-
-def select(view: dict[str, VirtualTensor], op) -> list[str]:
-    names = []
-    with per_name(f"the selection {_describe_select(op.select)}", op.loc) as clock:
-        for n, t in view.items():
-            clock.start(n)
-            if op.select.matches(n, t.dtype):
-                names.append(n)
-    if not names and not op.allow_empty:
-        raise PlanError(f"the selection {_describe_select(op.select)} matches no tensor",
-                        where=op.loc, hint="fix the pattern, or set allow_empty: true")
-    return sorted(names)
-
-
-def _describe_select(sel) -> str:
-    kind, patterns = ("glob", sel.globs) if sel.globs else ("regex", sel.regexes)
-    text = patterns[0] if len(patterns) == 1 else list(patterns)
-    dtypes = f", dtype: {list(sel.dtypes)}" if sel.dtypes else ""
-    layers = f"layers: '{sel.layers[0]} {sel.layers[1]}'" if sel.layers else ""
-    if sel.groups:
-        layers = ", ".join(x for x in (layers, f"group: {list(sel.groups)}") if x)
-    if not patterns:
-        return f"{{{layers}{dtypes}}}"
-    return f"{{{kind}: {text!r}{dtypes}{', ' + layers if layers else ''}}}"
 
 
 def check_device(device: str | None) -> str:
@@ -152,7 +93,7 @@ def plan_tensor_ops(recipe, model: ModelDir, changes: list[dict], *, device: str
         if several:
             owner.update((n, op.loc) for n, t in view.items() if before.get(n) is not t)
     if max_shard_size is None:
-        files = _shard_plans(model, view, changes, device)
+        files = shard_plans(model, view, changes, device)
     else:
         from .resharding import reshard_plans
 
@@ -371,56 +312,3 @@ def _copy(view, names, op, changes) -> None:
 
 _HANDLERS = {"drop": _drop, "rename": _rename, "copy": _copy, "cast": _cast,
              "quantize": _quantize}
-
-
-# --- shards ---------------------------------------------------------------------------------
-
-def _shard_plans(model: ModelDir, view: dict[str, VirtualTensor], changes: list[dict],
-                 device: str) -> dict[str, FilePlan]:
-    by_shard: dict[str, list[VirtualTensor]] = {s: [] for s in model.model_shards}
-    for t in view.values():
-        by_shard[t.shard].append(t)
-    plans: dict[str, FilePlan] = {}
-    for shard, tensors in by_shard.items():
-        tensors.sort(key=lambda t: (t.order, t.name))
-        header = model.shards[shard]
-        original = [(i.name, i.dtype, i.shape)
-                    for i in sorted(header.tensors.values(), key=lambda i: (i.start, i.name))]
-        unchanged = ([(t.name, t.dtype, t.shape) for t in tensors] == original
-                     and not any(t.changed for t in tensors))
-        if unchanged:
-            continue
-        size = model.files[shard].size
-        if not tensors:
-            plans[shard] = FilePlan(shard, Action.DROP, source=shard, size_before=size)
-            changes.append({"kind": "file_dropped", "file": shard, "reason": "no tensors left"})
-            continue
-        metadata = dict(header.metadata or {})
-        metadata.setdefault("format", "pt")
-        task = ShardTask(output=shard, metadata=metadata, jobs=tuple(t.job for t in tensors),
-                         device=device)
-        plans[shard] = FilePlan(shard, Action.REWRITE_SHARD, source=shard, size_before=size,
-                                size_after=task.file_size, shard_task=task)
-    if plans and model.index is not None:
-        plans[INDEX_NAME] = _index_plan(model, view)
-    return plans
-
-
-def _index_plan(model: ModelDir, view: dict[str, VirtualTensor]) -> FilePlan:
-    before = model.read_bytes(INDEX_NAME)
-    weight_map = {t.name: t.shard for t in view.values()}
-    total = sum(tensor_nbytes(t.dtype, t.shape) for t in view.values())
-    after = index_document(before, str(model.root / INDEX_NAME), weight_map, total)
-    return FilePlan(INDEX_NAME, Action.WRITE_JSON, source=INDEX_NAME, size_before=len(before),
-                    size_after=len(after), content=after,
-                    diff=_index_diff_summary(model, weight_map, total))
-
-
-def _index_diff_summary(model: ModelDir, weight_map: dict[str, str], total: int) -> str:
-    old = model.index.weight_map
-    removed = len(set(old) - set(weight_map))
-    added = len(set(weight_map) - set(old))
-    moved = sum(1 for k in set(old) & set(weight_map) if old[k] != weight_map[k])
-    return (f"--- a/{INDEX_NAME}\n+++ b/{INDEX_NAME}\n"
-            f"@@ weight_map: {removed} removed, {added} added, {moved} moved; "
-            f"total_size {model.index.total_size} -> {total} @@\n")

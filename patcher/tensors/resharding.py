@@ -13,42 +13,15 @@ not part of the new layout are dropped (and kept as revert data like every repla
 
 from __future__ import annotations
 
-import re
-from decimal import Decimal, InvalidOperation
-
 from ..errors import PlanError
+from ..units import parse_shard_size  # noqa: F401  (re-exported)
 from ..model.model_dir import INDEX_NAME, ModelDir
 from ..plan import Action, FilePlan
 from ..model.safetensors_io import tensor_nbytes
 from .tasks import ShardTask, index_document
 
-SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
 FILENAME_PATTERN = "model{suffix}.safetensors"
 MAX_SHARDS = 99999      # the width of transformers' shard numbering
-
-
-def parse_shard_size(value: str | int) -> int:
-    """Bytes from ``5GB`` (decimal units, as transformers reads them), ``2GiB`` (binary units) or
-    an integer byte count. Raises ``ValueError`` with a sentence that can be shown as is."""
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ValueError(f"max_shard_size must be a size such as 5GB or 2GiB; got {value!r}")
-    if isinstance(value, int):
-        size = value
-    else:
-        m = _SIZE_RE.fullmatch(value)
-        unit = m.group(2).upper() if m else None
-        if m is None or unit not in SIZE_UNITS:
-            raise ValueError(f"max_shard_size {value!r} is not a size such as 5GB, 500MB or 2GiB "
-                             f"(units: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-        try:
-            size = int(Decimal(m.group(1)) * SIZE_UNITS[unit])
-        except InvalidOperation:  # pragma: no cover - the regex admits only decimals
-            raise ValueError(f"max_shard_size {value!r} is not a number") from None
-    if size <= 0:
-        raise ValueError(f"max_shard_size must be positive; got {value!r}")
-    return size
 
 
 def reshard_plans(model: ModelDir, view: dict, changes: list[dict], device: str,

@@ -5,25 +5,26 @@ rename it into place.
 Before downloading, LFS files whose bytes are already on this machine (the Hugging Face cache,
 ``--reuse DIR``: ``reuse.py``) are linked into the staging directory and verified; only the
 others are downloaded. The repository and commit are recorded in the pulled directory
-(``pulled_source.py``), so a variant made from it can be published with server-side copies.
+(``.modelpatch/hub/source.json``, outside what verify checks), so a variant made from it can be published with server-side copies.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import InputError, PatchError, VerifyMismatch
 from ...fsops import remove_tree
+from ...units import human_bytes
 from ...integrity.manifest import read_manifest
 from ...integrity.snapshot_verify import git_blob_sha1
 from ...model.model_dir import MANIFEST_NAME, SKIPPED_DIRS
-from ...cli.render import human_bytes
 from .connection import check_repo_id, client, hub_call, progress_bars
 from .model_card import CARD_NAME, HUB_CARD_COPY, HUB_FILES, ORIGINAL_README
-from .pulled_source import write_pulled_source
 from .reuse import Reuse, find_local, link_into
 
 GIT_ATTRIBUTES = ".gitattributes"
@@ -143,7 +144,7 @@ def _name_the_repo(exc: PatchError, staging: Path, repo_id: str) -> None:
 
 
 def _check_hub_digests(root: Path, info, repo_id: str) -> None:
-    from ...integrity.hashing import hash_files
+    from ...integrity.digests.hashing import hash_files
 
     lfs = {s.rfilename: s.lfs.sha256 for s in info.siblings if s.lfs is not None}
     plain = {s.rfilename: s.blob_id for s in info.siblings if s.lfs is None}
@@ -190,3 +191,30 @@ def _check_manifest(root: Path, repo_id: str) -> None:
     if not report.ok:
         raise VerifyMismatch(f"downloaded files do not match the provenance manifest: "
                              f"{report.summary()}", where=repo_id)
+
+
+# ------------------------------------------------------------------ where a pull came from
+
+SOURCE_FILE = Path(".modelpatch") / "hub" / "source.json"
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def write_pulled_source(root: Path, repo_id: str, commit: str) -> None:
+    path = root / SOURCE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"repo_id": repo_id, "commit": commit}) + "\n", encoding="utf-8")
+
+
+def read_pulled_source(root: Path) -> tuple[str, str] | None:
+    """``(repo_id, commit)`` recorded in ``root`` by pull; None when absent or malformed (it
+    only chooses where to copy from: publish checks every file's sha256 on the hub anyway)."""
+    try:
+        with open(root / SOURCE_FILE, encoding="utf-8") as f:
+            data = json.loads(f.read(4096))
+        repo_id, commit = data["repo_id"], data["commit"]
+        check_repo_id(repo_id)
+    except (OSError, ValueError, KeyError, TypeError, InputError):
+        return None
+    if not isinstance(commit, str) or not _COMMIT.fullmatch(commit):
+        return None
+    return repo_id, commit

@@ -48,12 +48,12 @@ def apply_and_publish(recipe, url: str, repo_id: str, *, endpoint: str | None = 
                       message: str | None = None, base_model: str | None = None,
                       allow_noop: bool = False,
                       params: dict | None = None) -> RemotePublishResult:
-    from ...api import load
+    from ...recipe.load import load_recipes
     from ...plan import plan as make_plan
     from ...remote.model import RemoteModel
 
     check_repo_id(repo_id)
-    loaded = load(recipe)
+    loaded = load_recipes(recipe)
     model = RemoteModel.open(url, endpoint=endpoint)
     options = {"in_place": False, "max_shard_size": None, **({"params": params} if params else {})}
     the_plan = make_plan(loaded, model, options=options)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ...errors import PatchError
 from ...fsops import link_or_copy
-from ...integrity.hashing import hash_files, sha256_file
+from ...integrity.digests.hashing import hash_files, sha256_file
 
 log = logging.getLogger("modelpatch")
 

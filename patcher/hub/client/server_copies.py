@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...model.base_identity import from_cache_path, local_dir_commit
-from ...cli.render import human_bytes
-from .pulled_source import read_pulled_source
+from ...units import human_bytes
+from .pull import read_pulled_source
 
 PATHS_INFO_BATCH = 500                 # what huggingface_hub itself asks for at a time
 

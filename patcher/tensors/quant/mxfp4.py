@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .chunks import row_chunks
+from .kernel_args import row_chunks
 from .kernel_args import check_out_dtype, torch_device
 from .rounding import round_exact
 

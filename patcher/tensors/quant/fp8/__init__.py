@@ -21,15 +21,15 @@ whenever the output dtype is the scale's dtype, and DeepSeek's whenever the outp
 docs/numerics.md says where the producers' own results differ.
 
 Large weights are processed in row chunks, so the extra memory is the output tensor plus a few
-chunk-sized temporaries, never whole-tensor float32 copies (see ``patcher.tensors.quant.chunks``).
+chunk-sized temporaries, never whole-tensor float32 copies (see ``patcher.tensors.quant.kernel_args``).
 
-Modules: ``e4m3`` (the float8 codec), ``shapes`` (shape checks on header metadata),
-``dequantize`` and ``quantize``.
+Modules: ``shapes`` (shape checks on header metadata), ``dequantize`` (with the float8 e4m3
+codec) and ``quantize``.
 """
 
 from ..kernel_args import OUT_DTYPES
 from .dequantize import dequantize_fp8_block, dequantize_fp8_per_tensor
-from .e4m3 import FP8_E4M3_MAX
+from .dequantize import FP8_E4M3_MAX
 from .quantize import quantize_fp8_block, quantize_fp8_per_tensor
 from .shapes import check_fp8_block_shapes, check_fp8_scale_shape, fp8_block_scale_shape
 

@@ -6,9 +6,9 @@ import math
 
 import torch
 
-from ..chunks import abs_max, row_chunks
+from ..kernel_args import abs_max, row_chunks
 from ..kernel_args import check_finite_amax, torch_device
-from .e4m3 import FP8_E4M3_MAX, to_e4m3
+from .dequantize import FP8_E4M3_MAX, to_e4m3
 from .shapes import check_block, fp8_block_scale_shape
 
 

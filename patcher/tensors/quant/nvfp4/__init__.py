@@ -15,7 +15,7 @@ Formats (confirmed against the producers' code; see docs/architecture.md §1):
   ``W = LUT * weight_scale / weight_global_scale``, evaluated exactly the way
   compressed-tensors evaluates it (see :func:`dequantize_nvfp4_compressed_tensors`).
 
-Large weights are processed in row chunks (see ``patcher.tensors.quant.chunks``).
+Large weights are processed in row chunks (see ``patcher.tensors.quant.kernel_args``).
 
 Modules: ``e2m1`` (the 4-bit codec and its packing), ``shapes`` (shape checks on header
 metadata), ``dequantize`` and ``quantize``.

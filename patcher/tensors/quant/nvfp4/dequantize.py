@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..chunks import row_chunks
+from ..kernel_args import row_chunks
 from ..kernel_args import check_out_dtype, scalar_f64, scale_f64, torch_device
 from ..rounding import round_via_f32
 from .e2m1 import (E2M1_VALUES, E2M1_VALUES_CT, E2M1_VALUES_CT_F64, E2M1_VALUES_F64,

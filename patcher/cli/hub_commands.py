@@ -1,0 +1,96 @@
+"""The hub commands: ``publish`` (verify a variant, then upload it in one commit), ``pull``
+(download and verify) and ``hub serve`` (the embedded hub). Registered on the main group by
+``commands``."""
+
+from __future__ import annotations
+
+import click
+
+from .group import base_model_option, emit_json, quiet_option
+
+
+@click.command()
+@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.argument("repo_id")
+@click.option("--endpoint", default=None, envvar="HF_ENDPOINT",
+              help="Hub URL (default: huggingface.co, or $HF_ENDPOINT).")
+@click.option("--private/--public", default=True, show_default=True,
+              help="Visibility of the repository if publish creates it.")
+@click.option("--revision", default=None, help="Branch to commit to (created if needed).")
+@click.option("-m", "--message", default=None, help="Commit message.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Machine-readable result (repo_id, revision, commit, files, copied_bytes, "
+                   "uploaded_bytes).")
+@click.option("--plan", "plan_only", is_flag=True,
+              help="Only show what would be copied server-side from the base repository and "
+                   "what uploaded; change nothing.")
+@base_model_option
+@quiet_option
+@click.pass_context
+def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_json, plan_only,
+            base_model):
+    """Verify the variant DIRECTORY and upload it to REPO_ID in one commit. Files its base
+    repository on the hub already holds are copied there server-side, not uploaded."""
+    from .. import api
+    from . import render
+
+    r = api.publish(directory, repo_id, endpoint=endpoint, private=private, revision=revision,
+                    message=message, progress=not ctx.obj.get("quiet"), base_model=base_model,
+                    plan_only=plan_only)
+    if as_json:
+        emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
+                    "files": r.files, "copied_bytes": r.plan.copy_bytes,
+                    "uploaded_bytes": r.plan.upload_bytes})
+    elif plan_only:
+        click.echo(f"plan: {r.plan.summary()}")
+        for name, (src, size) in sorted(r.plan.copies.items()):
+            click.echo(f"  copy    {name} ({render.human_bytes(size)}) <- {src}")
+        for name, size in sorted(r.plan.uploads.items()):
+            click.echo(f"  upload  {name} ({render.human_bytes(size)})")
+    else:
+        click.echo(f"{r.repo_id}@{r.revision} {r.commit}")
+
+
+@click.command()
+@click.argument("repo_id")
+@click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
+              help="Directory to create (default: ./<name>).")
+@click.option("--endpoint", default=None, envvar="HF_ENDPOINT",
+              help="Hub URL (default: huggingface.co, or $HF_ENDPOINT).")
+@click.option("--revision", default=None, help="Branch, tag or commit.")
+@click.option("--reuse", "reuse", multiple=True, type=click.Path(file_okay=False, path_type=str),
+              help="Directory whose files to link instead of downloading when their sha256 "
+                   "matches (repeatable; the Hugging Face cache is always searched).")
+@quiet_option
+@click.pass_context
+def pull(ctx, repo_id, out, endpoint, revision, reuse):
+    """Download REPO_ID and verify every file against the hub's digests and the manifest."""
+    from .. import api
+
+    result = api.pull(repo_id, out, endpoint=endpoint, revision=revision,
+                      progress=not ctx.obj.get("quiet"), reuse=reuse)
+    click.echo(str(result.output))
+
+
+@click.group()
+def hub() -> None:
+    """A self-hosted hub speaking the Hugging Face Hub API (needs the hub extra)."""
+
+
+@hub.command("serve")
+@click.option("--root", required=True, type=click.Path(file_okay=False, path_type=str),
+              help="Storage directory (blobs, repositories, tokens.json).")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 for every interface).")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
+              help="TCP port to listen on (0: any free port).")
+def hub_serve(root, host, port):
+    """Serve repositories stored under ROOT until interrupted."""
+    try:
+        from ..hub.server.app import serve
+    except ImportError as exc:
+        raise click.ClickException(f"the hub server needs its extra: pip install -e '.[hub]' "
+                                   f"in the modelpatch checkout ({exc.name} is missing)") from None
+    from pathlib import Path
+
+    serve(Path(root), host=host, port=port)

@@ -1,0 +1,223 @@
+"""Binding a recipe to a model: parameter values, ``{reference}`` templates, ``include:`` and
+several recipes applied as one.
+
+``bind_recipe(recipe, model.json, values)`` checks each recipe's guards (included recipes first,
+in order), evaluates every template against the parameter values and the model's JSON files,
+and returns one concrete ``Recipe``: no params, no includes, no templates; its ops are those of
+the included recipes followed by its own, each keeping the ``file:line:col`` it was written at.
+Two ops from different recipes that touch the same JSON pointer (or one inside the other) in
+different ways, or the same file, are refused naming both recipe lines.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+from typing import Any, Callable
+
+from ...errors import InputError, PlanError
+from ..guards import check_guards
+from ...config.json_pointer import join_pointer, json_equal
+from ...errors import TemplateError
+from .expr import Template, config_ref, read_config_ref, walk_templates
+from .parse import bind_tensor_ops, parse_set_value, type_problem
+from ..schema import REQUIRED, ArrayOp, DropOp, Include, PatchOp, Recipe, RenameOp, SetOp
+
+ReadJson = Callable[[str], Any]
+
+
+def combine(recipes: list[Recipe]) -> Recipe:
+    """Several recipes as one (``apply R1 R2 MODEL``): a recipe that includes each in order.
+    Its name is the names joined by ``+``; its text lists the recipes."""
+    if len(recipes) == 1:
+        return recipes[0]
+    lines = ["modelpatch: 1", "name: " + "+".join(r.name for r in recipes), "include:"]
+    lines += [f"  - {{recipe: {r.name}, sha256: {r.sha256}}}" for r in recipes]
+    text = "\n".join(lines) + "\n"
+    return Recipe(format_version=1, name="+".join(r.name for r in recipes),
+                  description="; ".join(r.description for r in recipes), requires=(),
+                  config={}, files=(), tensors=(), text=text,
+                  sha256=hashlib.sha256(text.encode()).hexdigest(), source="<command line>",
+                  includes=tuple(Include(r, {}, r.source) for r in recipes))
+
+
+def bind_recipe(recipe: Recipe, read_json: ReadJson,
+                values: dict[str, Any] | None = None) -> Recipe:
+    """The concrete recipe for this model (see the module docstring).
+
+    ``values``: parameter values, typed, or strings from ``--set NAME=VALUE`` (typed by the
+    parameter's declared type). For recipes combined with ``combine``, a value goes to every
+    recipe that declares the parameter.
+
+    Raises:
+        GuardRefused: a guard of any recipe does not hold.
+        InputError: a parameter is unknown, missing or of the wrong type.
+        PlanError: a template cannot be evaluated on this model, or two recipes conflict.
+    """
+    if recipe.bound is not None:            # already concrete (an in-place re-plan)
+        check_guards(recipe, read_json)
+        return recipe
+    values = dict(values or {})
+    composite = recipe.source == "<command line>"
+    if composite:
+        declared = {p.name for inc in recipe.includes for p in inc.recipe.params}
+        unknown = sorted(set(values) - declared)
+        if unknown:
+            raise InputError(f"no recipe given has a parameter {unknown[0]!r} "
+                             f"(they have: {', '.join(sorted(declared)) or 'none'})")
+    parts = _bind(recipe, read_json, values, composite)
+    return _merge(recipe, parts)
+
+
+def _bind(recipe: Recipe, read_json: ReadJson, values: dict[str, Any],
+          composite: bool = False) -> list[tuple[Recipe, dict]]:
+    """[(concrete recipe, its parameter values)] for ``recipe`` and everything it includes."""
+    typed = {} if composite else _typed_values(recipe, values)
+    lookup = _lookup(typed, read_json)
+    parts: list[tuple[Recipe, dict]] = []
+    for inc in recipe.includes:
+        if composite:
+            inc_values = {k: v for k, v in values.items()
+                          if k in {p.name for p in inc.recipe.params}}
+        else:
+            inc_values = {k: evaluate(v, lookup, inc.loc) for k, v in inc.params.items()}
+        parts.extend(_bind(inc.recipe, read_json, inc_values))
+    if composite:
+        return parts
+    check_guards(recipe, read_json)
+    config = {file: tuple(_bind_op(op, lookup) for op in ops)
+              for file, ops in recipe.config.items()}
+    tensors = bind_tensor_ops(recipe.tensors, lambda t, loc: evaluate(t, lookup, loc))
+    parts.append((replace(recipe, config=config, tensors=tensors, includes=(), params=(),
+                          bound=typed), typed))
+    return parts
+
+
+def _typed_values(recipe: Recipe, values: dict[str, Any]) -> dict[str, Any]:
+    declared = {p.name: p for p in recipe.params}
+    for name in values:
+        if name not in declared:
+            raise InputError(f"recipe {recipe.name!r} has no parameter {name!r} (it has: "
+                             f"{', '.join(declared) or 'none'})")
+    typed = {}
+    for name, param in declared.items():
+        if name in values:
+            value = values[name]
+            if isinstance(value, str) and param.type != "string":
+                value = parse_set_value(param, value)
+            problem = type_problem(param.type, value)
+            if problem:
+                raise InputError(f"recipe {recipe.name!r} parameter {name}: {problem}",
+                                 where=param.loc)
+            typed[name] = value
+        elif param.default is REQUIRED:
+            raise InputError(f"recipe {recipe.name!r} needs parameter {name!r} ("
+                             f"{param.description})", where=param.loc,
+                             hint=f"give it with --set {name}=VALUE")
+        else:
+            typed[name] = param.default
+    return typed
+
+
+def _lookup(typed: dict[str, Any], read_json: ReadJson) -> Callable[[str], Any]:
+    def lookup(ref: str) -> Any:
+        if ref in typed:
+            return typed[ref]
+        found = config_ref(ref)
+        if found is None:
+            raise TemplateError(f"{{{ref}}} is not a parameter")
+        file, keys = found
+        return read_config_ref(read_json(file), file, keys, ref)
+    return lookup
+
+
+def evaluate(value: Any, lookup: Callable[[str], Any], loc: str) -> Any:
+    def one(template: Template) -> Any:
+        try:
+            return template.evaluate(lookup)
+        except TemplateError as exc:
+            raise PlanError(f"{template.source!r}: {exc}", where=loc) from None
+    return walk_templates(value, one)
+
+
+def _bind_op(op, lookup):
+    if isinstance(op, (SetOp, PatchOp, ArrayOp)) and op.value is not None:
+        return replace(op, value=evaluate(op.value, lookup, op.loc))
+    return op
+
+
+# ------------------------------------------------------------------------------ merging
+
+def _merge(top: Recipe, parts: list[tuple[Recipe, dict]]) -> Recipe:
+    if len(parts) == 1 and parts[0][0].name == top.name:
+        return parts[0][0]
+    _check_conflicts([p for p, _ in parts])
+    config: dict[str, tuple] = {}
+    for part, _ in parts:
+        for file, ops in part.config.items():
+            config[file] = config.get(file, ()) + ops
+    outputs = [p.output for p, _ in parts if p.output is not None]
+    if len({o.max_shard_size for o in outputs}) > 1:
+        raise PlanError(f"two recipes set different output.max_shard_size (also at "
+                        f"{outputs[0].loc})", where=outputs[1].loc)
+    components = tuple({"name": p.name, "path": str(p.path.resolve()) if p.path else None,
+                        "sha256": p.sha256, "text": p.text, "params": values}
+                       for p, values in parts)
+    own = {} if top.source == "<command line>" else parts[-1][1]
+    return replace(top, requires=tuple(c for p, _ in parts for c in p.requires), config=config,
+                   files=tuple(f for p, _ in parts for f in p.files),
+                   tensors=tuple(t for p, _ in parts for t in p.tensors),
+                   output=outputs[0] if outputs else None, includes=(), params=(),
+                   bound=own, components=components)
+
+
+def _pointers(op) -> list[str]:
+    paths = [op.path]
+    if isinstance(op, RenameOp):
+        paths.append(op.to)
+    if isinstance(op, PatchOp) and op.from_path is not None:
+        paths.append(op.from_path)
+    return [join_pointer(scope, p) for scope in op.scopes for p in paths]
+
+
+def _overlap(a: str, b: str) -> bool:
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/") or not a or not b
+
+
+def _agree(a, b) -> bool:
+    """Two ops that do the same thing do not conflict (both drop it, both set it equal, or a
+    test)."""
+    if isinstance(a, PatchOp) and a.op == "test" or isinstance(b, PatchOp) and b.op == "test":
+        return True
+    if isinstance(a, DropOp) and isinstance(b, DropOp):
+        return a.path == b.path
+    if isinstance(a, SetOp) and isinstance(b, SetOp):
+        return a.path == b.path and json_equal(a.value, b.value)
+    return False
+
+
+def _check_conflicts(parts: list[Recipe]) -> None:
+    seen_ops: dict[str, list[tuple[int, Any]]] = {}
+    seen_files: dict[str, tuple[int, Any]] = {}
+    for index, part in enumerate(parts):
+        for file, ops in part.config.items():
+            for op in ops:
+                for other_index, other in seen_ops.get(file, []):
+                    if other_index != index and not _agree(op, other) and any(
+                            _overlap(a, b) for a in _pointers(op) for b in _pointers(other)):
+                        raise PlanError(f"recipes {parts[other_index].name!r} and {part.name!r} "
+                                        f"conflict on {file} {op.path} (the other operation is "
+                                        f"at {other.loc})", where=op.loc,
+                                        hint="apply them one after the other, or drop one op")
+            seen_ops.setdefault(file, []).extend((index, op) for op in ops)
+        for fop in part.files:
+            prior = seen_files.get(fop.path)
+            if prior is not None and prior[0] != index and replace(fop, loc=prior[1].loc) \
+                    != prior[1]:
+                raise PlanError(f"recipes {parts[prior[0]].name!r} and {part.name!r} both "
+                                f"{fop.kind} {fop.path} (the other at {prior[1].loc})",
+                                where=fop.loc)
+            seen_files.setdefault(fop.path, (index, fop))
+            if fop.path in {f for p in parts for f in p.config}:
+                raise PlanError(f"{fop.path} is both a file operation here and patched under "
+                                "config: by one of the recipes", where=fop.loc)

@@ -1,0 +1,313 @@
+"""Recipe ``params:``, ``include:`` and ``{reference}`` templates: parsing and typing.
+
+::
+
+    params:
+      factor: {type: number, default: 4, description: YaRN scaling factor}
+    include:
+      - fix-eos                                   # a built-in name, or
+      - {recipe: ./other.yaml, params: {x: "{factor}"}}   # a path relative to this recipe
+    config:
+      config.json:
+        - set: /rope_scaling/factor
+          value: "{factor}"                       # the typed value, see patcher.recipe.params.expr
+
+Templates are parsed when the recipe loads (a syntax error or an unknown name is a recipe error
+naming the line); they are evaluated when the recipe is bound to a model
+(``patcher.recipe.params.bind``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from ...errors import InputError, RecipeError, TemplateError
+from .. import checks as rc
+from .expr import Template, config_ref, parse_template, walk_templates
+from ..schema import (LAYER_COMPARISONS, PARAM_TYPES, REQUIRED, ArrayOp, Include, PatchOp, Param,
+                     SetOp, TensorOp)
+
+PARAM_KEYS = ("type", "default", "description")
+INCLUDE_KEYS = ("recipe", "params")
+_LAYERS_RE = re.compile(r"\s*(>=|<=|==|>|<)\s*(.+?)\s*\Z")
+
+
+def parse_params(v: rc.Validator, root: Any) -> tuple[Param, ...]:
+    node = root.get("params")
+    if node is None:
+        return ()
+    if not rc.is_map(node):
+        v.err(rc.val_pos(root, "params"), "params: must map parameter names to "
+              f"{{type, default, description}}; got {rc.yaml_type(node)}")
+        return ()
+    out = []
+    for name in node:
+        pos = rc.key_pos(node, name)
+        spec = node[name]
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) \
+                or name in ("config", "generation_config", "tokenizer_config",
+                            "hf_quant_config"):
+            v.err(pos, f"parameter name {name!r} must be an identifier ([A-Za-z_][A-Za-z0-9_]*) "
+                  "and not a config file name")
+            continue
+        if not rc.is_map(spec):
+            v.err(rc.val_pos(node, name), f"parameter {name}: needs {{type, default, "
+                  f"description}}; got {rc.yaml_type(spec)}")
+            continue
+        v.check_keys(spec, PARAM_KEYS, f"parameter {name!r}", required=("type", "description"))
+        kind = v.choice(spec, "type", PARAM_TYPES)
+        description = v.string(spec, "description")
+        default = REQUIRED
+        if "default" in spec and kind is not None:
+            value = v.json_value(spec["default"], rc.val_pos(spec, "default"))
+            problem = None if value is rc.INVALID else type_problem(kind, value)
+            if problem:
+                v.err(rc.val_pos(spec, "default"), f"parameter {name}: default {problem}")
+            default = value
+        if kind is not None and description is not None:
+            out.append(Param(name, kind, default, description, v.loc(pos)))
+    return tuple(out)
+
+
+def type_problem(kind: str, value: Any) -> str | None:
+    """Why ``value`` is not of parameter type ``kind``, or None."""
+    ok = {"string": isinstance(value, str),
+          "integer": isinstance(value, int) and not isinstance(value, bool),
+          "number": isinstance(value, (int, float)) and not isinstance(value, bool),
+          "boolean": isinstance(value, bool),
+          "list": isinstance(value, list)}[kind]
+    return None if ok else f"{json.dumps(value)} is not {_article(kind)}"
+
+
+def _article(kind: str) -> str:
+    return ("an " if kind[0] in "aeiou" else "a ") + kind
+
+
+def parse_set_value(param: Param, text: str) -> Any:
+    """The typed value of ``--set NAME=TEXT`` for ``param``; InputError if it does not fit."""
+    try:
+        if param.type == "string":
+            return text
+        if param.type == "integer":
+            return int(text)
+        if param.type == "number":
+            return int(text) if re.fullmatch(r"[-+]?\d+", text.strip()) else _finite(text)
+        if param.type == "boolean":
+            low = text.strip().lower()
+            if low in ("true", "yes", "1", "false", "no", "0"):
+                return low in ("true", "yes", "1")
+            raise ValueError(text)
+        value = json.loads(text) if text.strip().startswith("[") else \
+            [_scalar(t.strip()) for t in text.split(",") if t.strip()]
+        if not isinstance(value, list):
+            raise ValueError(text)
+        return value
+    except ValueError:
+        raise InputError(f"--set {param.name}={text}: not {_article(param.type)}",
+                         hint=f"{param.name}: {param.description}") from None
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(text)
+    return value
+
+
+def _scalar(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+# ------------------------------------------------------------------------------ templates
+
+def template_value(v: rc.Validator, value: Any, pos: rc.Pos, names: set[str]) -> Any:
+    """``value`` with every string that holds a reference parsed into a ``Template``; problems
+    (syntax, unknown names) are recorded at ``pos``."""
+    def convert(item: Any) -> Any:
+        if isinstance(item, str):
+            try:
+                template = parse_template(item)
+            except TemplateError as exc:
+                v.err(pos, str(exc))
+                return item
+            if template is not None:
+                for ref in template.refs:
+                    if ref not in names and config_ref(ref) is None:
+                        v.err(pos, f"{{{ref}}} is neither a parameter of this recipe ("
+                              f"{', '.join(sorted(names)) or 'none declared'}) nor config.KEY, "
+                              "generation_config.KEY, tokenizer_config.KEY, hf_quant_config.KEY")
+            return item if template is None else template
+        if isinstance(item, dict):
+            return {k: convert(x) for k, x in item.items()}
+        if isinstance(item, list):
+            return [convert(x) for x in item]
+        return item
+    return convert(value)
+
+
+def pos_of_loc(loc: str) -> rc.Pos:
+    line, col = loc.rsplit(":", 2)[1:]
+    return int(line), int(col)
+
+
+def template_ops(v: rc.Validator, config: dict, names: set[str]) -> dict:
+    """The config ops with their values templated."""
+    out = {}
+    for file, ops in config.items():
+        new = []
+        for op in ops:
+            if isinstance(op, (SetOp, PatchOp, ArrayOp)) and op.value is not None:
+                op = replace(op, value=template_value(v, op.value, pos_of_loc(op.loc), names))
+            new.append(op)
+        out[file] = tuple(new)
+    return out
+
+
+def parse_layers(v: rc.Validator, node: Any, pos: rc.Pos, names: set[str]):
+    """``layers: ">= {config.num_hidden_layers}"`` -> (comparison, int or Template)."""
+    text = str(node) if isinstance(node, (str, int)) and not isinstance(node, bool) else None
+    found = _LAYERS_RE.match(text) if text is not None else None
+    if found is None:
+        v.err(pos, "layers: must be a comparison and a layer index, such as '>= 61' or "
+              "'>= {config.num_hidden_layers}' (one of " + ", ".join(LAYER_COMPARISONS) + ")")
+        return None
+    bound = found.group(2)
+    if re.fullmatch(r"\d+", bound):
+        return found.group(1), int(bound)
+    template = template_value(v, bound, pos, names)
+    if not isinstance(template, Template):
+        v.err(pos, f"layers: {bound!r} is neither an integer nor a {{reference}} expression")
+        return None
+    return found.group(1), template
+
+
+def bind_tensor_ops(tensors: tuple[TensorOp, ...],
+                    evaluate: Callable[[Any, str], Any]) -> tuple[TensorOp, ...]:
+    """The tensor ops with their ``layers:`` bounds evaluated (PlanError naming the line)."""
+    from ...errors import PlanError
+
+    out = []
+    for op in tensors:
+        layers = op.select.layers
+        if layers is not None and isinstance(layers[1], Template):
+            bound = evaluate(layers[1], op.select.loc)
+            if isinstance(bound, bool) or not isinstance(bound, int):
+                raise PlanError(f"layers: {layers[1].source!r} is {bound!r}, not an integer "
+                                "layer index", where=op.select.loc)
+            op = replace(op, select=replace(op.select, layers=(layers[0], bound)))
+        out.append(op)
+    return tuple(out)
+
+
+def has_templates(value: Any) -> bool:
+    found = []
+    walk_templates(value, lambda t: found.append(t))
+    return bool(found)
+
+
+def include_path(text: str, including: Path | None) -> Path:
+    """The file of ``include: TEXT``: a built-in name, else a path relative to the including
+    recipe's directory (the current directory for a recipe given as text)."""
+    from ..load import is_builtin_name, resolve_recipe
+
+    if is_builtin_name(text):
+        return resolve_recipe(text)
+    path = Path(text)
+    if not path.is_absolute() and including is not None:
+        path = including.parent / path
+    if not path.is_file():
+        raise InputError(f"no recipe file {text!r} (looked at {path})")
+    return path
+
+
+MAX_FROM_BYTES = 16 << 20
+
+
+def read_beside(v: rc.Validator, name: str, pos: rc.Pos) -> tuple[str, dict] | None:
+    """``files: add ... from: NAME``: the UTF-8 text of NAME, a file in the recipe's directory
+    (or below it; never outside, never through a symlink that leads outside), and
+    ``{"from": NAME, "sha256": ...}`` to pin it in the plan and manifest."""
+    import hashlib
+
+    from ...fsops import NotRegularFile, TooLarge, read_capped
+
+    if v.recipe_path is None:
+        v.err(pos, "from: needs a recipe read from a file (it names a file next to the recipe)")
+        return None
+    base = Path(v.recipe_path).resolve().parent
+    target = (base / name).resolve()
+    if Path(name).is_absolute() or not target.is_relative_to(base):
+        v.err(pos, f"from: {name!r} is outside the recipe's directory {base}")
+        return None
+    try:
+        data = read_capped(target, MAX_FROM_BYTES)
+        text = data.decode("utf-8")
+    except (FileNotFoundError, IsADirectoryError, NotRegularFile):
+        v.err(pos, f"from: no such file {name!r} next to the recipe")
+        return None
+    except TooLarge:
+        v.err(pos, f"from: {name!r} is larger than {MAX_FROM_BYTES >> 20} MiB")
+        return None
+    except UnicodeDecodeError:
+        v.err(pos, f"from: {name!r} is not UTF-8 text")
+        return None
+    except OSError as exc:
+        v.err(pos, f"from: cannot read {name!r}: {exc.strerror or exc}")
+        return None
+    return text, {"from": name, "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def parse_include(v: rc.Validator, node: Any, pos: tuple[int, int]) -> Include | None:
+    """``include: NAME`` or ``{recipe: NAME, params: {...}}``: the recipe, loaded now."""
+    if isinstance(node, str):
+        node = {"recipe": node}
+        values_node: Any = {}
+    elif rc.is_map(node):
+        v.check_keys(node, INCLUDE_KEYS, "include", required=("recipe",))
+        values_node = node.get("params") or {}
+    else:
+        v.err(pos, f"an include is a recipe name or path, or {{recipe: NAME, params: {{...}}}}; "
+              f"got {rc.yaml_type(node)}")
+        return None
+    name = v.check_string(node.get("recipe"), pos) if "recipe" in node else None
+    if name is None:
+        return None
+    try:
+        path = include_path(name, v.recipe_path)
+        if str(path.resolve()) in v.including:
+            v.err(pos, f"include {name!r} includes itself (through "
+                  f"{' -> '.join(Path(p).name for p in v.including)})")
+            return None
+        from ..load import load_recipe
+
+        included = load_recipe(path, _including=v.including)
+    except (RecipeError, InputError) as exc:
+        v.err(pos, f"include {name!r}: {exc}")
+        return None
+    if not rc.is_map(values_node):
+        v.err(pos, f"include {name!r}: params must be a mapping")
+        return None
+    declared = {p.name: p for p in included.params}
+    values = {}
+    for key in values_node:
+        kpos = rc.key_pos(values_node, key)
+        if key not in declared:
+            v.err(kpos, f"include {name!r}: it has no parameter {key!r} (it has: "
+                  f"{', '.join(declared) or 'none'})")
+            continue
+        value = v.json_value(values_node[key], kpos)
+        if value is rc.INVALID:
+            continue
+        value = template_value(v, value, kpos, v.param_names)
+        problem = None if has_templates(value) else type_problem(declared[key].type, value)
+        if problem:
+            v.err(kpos, f"include {name!r}: parameter {key}: {problem}")
+        values[key] = value
+    return Include(included, values, v.loc(pos))

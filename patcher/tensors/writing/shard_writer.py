@@ -1,0 +1,376 @@
+"""Executes ``ShardTask``s: streams output shards tensor by tensor, hashing while writing.
+
+The header is written first (the layout is known from the plan), then each tensor: unchanged
+tensors are copied in bulk from the source range (consecutive tensors that are contiguous in the
+same source file as one range), computed ones are produced one at a time from their source
+ranges. Peak memory is bounded by the largest tensor involved, never the shard. The sha256 comes
+from the bytes as they are written; nothing is read back.
+
+``--jobs N`` runs shard tasks in N worker processes (see ``_pool_context`` for how they start),
+and each worker's torch uses its share of the cores rather than all of them
+(``patcher.thread_budget``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from ...errors import OperationFailed
+from ...integrity.digests.hash_writer import HashingWriter, hash_while_copying
+from ...integrity.digests.hashing import HashResult
+from ...integrity.digests.source_digest import SourceDigest, single_source_in_order
+from .shard_pipeline import Pipeline, read_ahead
+from ..tasks import ShardTask, TensorJob
+from .thread_budget import quiet_openmp, split
+
+# safetensors dtype name -> torch dtype attribute name
+_TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
+                 "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U8": "uint8",
+                 "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz",
+                 "F8_E8M0": "float8_e8m0fnu",
+                 "I8": "int8", "I16": "int16", "I32": "int32", "I64": "int64", "BOOL": "bool"}
+
+# Computed tensors are hashed and written in pieces of this size, so each piece is hashed while
+# it is still in the CPU cache and no single write(2) is huge.
+WRITE_PIECE = 4 << 20
+
+# Threads torch may use in this process (set in pool workers; None: torch's default).
+_torch_threads: int | None = None
+
+# Below this many bytes of computed tensors, an unset --jobs writes in this process: a worker
+# that computes must import torch (over a second) before its first tensor.
+SMALL_COMPUTE = 256 << 20
+
+# The kernel is asked to start writing the output to disk every this many bytes, so the fsync
+# at the end of a shard finds little left to do (disk I/O overlaps hashing and computing).
+WRITEBACK_STEP = 32 << 20
+
+
+@dataclass(frozen=True)
+class ShardResults:
+    outputs: dict[str, str]              # output relpath -> sha256
+    sources: dict[str, HashResult]       # source path -> its digest, computed while rewriting
+
+
+def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None = None,
+                    on_progress: Callable[[int], None] | None = None,
+                    hash_sources: frozenset[str] = frozenset()) -> ShardResults:
+    """Write every task's shard under ``staging``.
+
+    A task whose one source file is in ``hash_sources`` and is read front to back also yields
+    that file's sha256 (``patcher.integrity.digests.source_digest``), so that it is not read a second time.
+
+    With ``jobs`` > 1 the shards are written by worker processes, one task each, the biggest
+    first. Left unset (None), ``patcher.thread_budget.split`` chooses, except that less than
+    ``SMALL_COMPUTE`` bytes of computed tensors are written here, without workers. The first
+    failure cancels the tasks not started yet and is raised once the running ones end.
+    """
+    computes = any(j.op != "copy" for t in tasks for j in t.jobs)
+    if jobs is None and computes and sum(t.bytes_computed for t in tasks) < SMALL_COMPUTE:
+        jobs = 1        # starting workers (each imports torch) would cost more than it saves
+    jobs, threads = split(jobs, len(tasks), computes=computes)
+    results = ShardResults({}, {})
+    if jobs <= 1:
+        _use_threads(threads)
+        for task in tasks:
+            _collect(results, task, write_shard(task, staging / task.output, on_progress,
+                                                hash_sources))
+        return results
+    context = _pool_context(computes)
+    order = sorted(tasks, key=lambda t: t.file_size, reverse=True)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=context,
+                             initializer=_init_worker,
+                             initargs=(threads, os.getpid())) as pool:
+        futures = {pool.submit(write_shard, t, staging / t.output, None, hash_sources): t
+                   for t in order}
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    task = futures[future]
+                    _collect(results, task, future.result())
+                    if on_progress:
+                        on_progress(task.file_size)
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+    return results
+
+
+def _collect(results: ShardResults, task: ShardTask,
+             written: tuple[str, str | None, HashResult | None]) -> None:
+    sha256, source, digest = written
+    results.outputs[task.output] = sha256
+    if source is not None and digest is not None:
+        results.sources[source] = digest
+
+
+def _pool_context(computes: bool):
+    """Workers that only copy bytes are forked: instant, and they never touch torch. Workers that
+    compute are spawned (a fresh interpreter each, importing torch there): forked from this
+    process they could hang in their first parallel torch op once this process has used OpenMP
+    (GNU libgomp does not survive a fork), and CUDA cannot be used after a fork. A fork server
+    would import torch only once, but its workers are not this process's children: their CPU
+    time and memory would escape ``wait4``/``RUSAGE_CHILDREN``, and a worker could not tell
+    which process to take down with it (``faults``). The imports run in parallel, so on a
+    machine with as many cores as workers this costs about one torch import of wall time, the
+    same as importing torch here before forking."""
+    methods = multiprocessing.get_all_start_methods()
+    if not computes and "fork" in methods:
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
+
+
+def _init_worker(threads: int, parent: int) -> None:
+    _die_with(parent)
+    quiet_openmp()
+    _use_threads(threads)
+
+
+def _use_threads(threads: int) -> None:
+    """Give torch ``threads`` intra-op threads (now if it is loaded, else at its first use)."""
+    global _torch_threads
+    _torch_threads = threads
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+
+
+def _die_with(parent: int) -> None:
+    """End this worker when ``parent`` (the apply) ends, however it ends: a worker left behind
+    by a killed apply would go on writing into a staging directory nobody will commit (Linux
+    ``PR_SET_PDEATHSIG``; elsewhere the pool's broken pipe ends it at its next task)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:      # it ended before the request took effect
+        os._exit(1)
+
+
+def write_shard(task: ShardTask, target: Path,
+                on_progress: Callable[[int], None] | None = None,
+                hash_sources: frozenset[str] = frozenset()
+                ) -> tuple[str, str | None, HashResult | None]:
+    """Write ``task``'s shard to ``target`` (which must not exist), reading, computing and
+    writing in a pipeline (``patcher.tensors.writing.shard_pipeline``).
+
+    Returns its sha256, and the task's source file with that file's digest if it is in
+    ``hash_sources`` and could be hashed along the way (else None, None)."""
+    if hasattr(task, "write"):          # a patcher.gguf.task.GGUFTask writes itself
+        return task.write(target, on_progress, hash_sources)
+    header = task.header
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb", buffering=0) as raw:
+        writer = HashingWriter(raw)
+        writer.write(header)
+        if on_progress:
+            on_progress(len(header))
+        sources: dict[str, int] = {}
+        source = single_source_in_order(task)
+        try:
+            digest = (SourceDigest(_fd(sources, source))
+                      if source is not None and source in hash_sources else None)
+            _write_jobs(task, writer, Writeback(fd), sources, digest, on_progress, target)
+            source_result = digest.result() if digest is not None else None
+        finally:
+            for src_fd in sources.values():
+                os.close(src_fd)
+        os.fsync(raw.fileno())
+        os.fchmod(raw.fileno(), 0o444)
+    return writer.sha256, source if source_result else None, source_result
+
+
+def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict[str, int],
+                digest: SourceDigest | None, on_progress, target: Path) -> None:
+    """Every tensor of ``task`` after the header: the reader thread reads the sources of the
+    computed tensors (feeding ``digest``, in order), this thread computes, the writer thread
+    copies the unchanged ranges and writes the computed bytes, in shard order."""
+    from ... import faults
+
+    groups = list(_groups(task.jobs))
+    computed = [g[0] for g in groups if g[0].op != "copy"]
+    device, cache = task.device, {}
+    transfer = _transfer(device, computed)
+
+    def read(job: TensorJob):
+        if job.op == "quantize" and job.param("role") == "scale":
+            return None         # usually taken from the weight job's cache: read if needed
+        return transfer([_read(sources, s, digest, pinned=transfer.pinned) for s in job.inputs])
+
+    def store(group: list[TensorJob], data: memoryview | None) -> None:
+        before = writer.size
+        expected = sum(j.out.nbytes for j in group)
+        if data is None:
+            first = group[0].inputs[0]
+            copied = [0]
+
+            def progress(n: int) -> None:
+                copied[0] += n
+                writeback(before + copied[0])
+
+            hash_while_copying(_fd(sources, first.path), first.offset, expected, writer,
+                               on_progress=progress)
+        else:
+            _write_pieces(writer, data, writeback)
+        if writer.size - before != expected:
+            raise OperationFailed(f"wrote {writer.size - before} bytes, expected {expected}",
+                                  where=target, tensor=group[0].out.name)
+        if on_progress:
+            on_progress(expected)
+
+    with Pipeline() as pipeline:
+        reads = read_ahead(computed, read, pipeline)
+        for group in groups:
+            for job in group:
+                faults.point(f"tensor:{job.out.name}")
+            data = None
+            if group[0].op != "copy":
+                job, future = next(reads)
+                data = _compute(job, pipeline.take(future), sources, cache, device)
+                del future
+            pipeline.write(lambda group=group, data=data: store(group, data))
+            del data
+        pipeline.finish()
+
+
+def _groups(jobs: tuple[TensorJob, ...]) -> Iterator[list[TensorJob]]:
+    """Jobs in order, byte copies of consecutive ranges of one source file merged into one group
+    (one bulk copy); every computed job alone."""
+    group: list[TensorJob] = []
+    for job in jobs:
+        if job.op == "copy" and group and group[-1].op == "copy":
+            prev, src = group[-1].inputs[0], job.inputs[0]
+            if src.path == prev.path and src.offset == prev.offset + prev.nbytes:
+                group.append(job)
+                continue
+        if group:
+            yield group
+        group = [job]
+    if group:
+        yield group
+
+
+def _write_pieces(writer: HashingWriter, data: memoryview, writeback) -> None:
+    for start in range(0, data.nbytes, WRITE_PIECE):
+        writer.write(data[start:start + WRITE_PIECE])
+        writeback(writer.size)
+
+
+class Writeback:
+    """Starts the kernel's write-out of the bytes written so far, every ``WRITEBACK_STEP`` bytes
+    (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``: asynchronous, no wait, no durability
+    promise; the final fsync gives that). Elsewhere it does nothing."""
+
+    def __init__(self, fd: int):
+        self.fd, self.started = fd, 0
+
+    def __call__(self, position: int) -> None:
+        if position - self.started < WRITEBACK_STEP:
+            return
+        sync = _sync_file_range()
+        if sync is not None:
+            sync(self.fd, self.started, position - self.started, 2)   # SYNC_FILE_RANGE_WRITE
+        self.started = position
+
+
+_SYNC_FILE_RANGE: list = []
+
+
+def _sync_file_range():
+    if not _SYNC_FILE_RANGE:
+        fn = None
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+                fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+            except (OSError, AttributeError):
+                fn = None
+        _SYNC_FILE_RANGE.append(fn)
+    return _SYNC_FILE_RANGE[0]
+
+
+def _fd(sources: dict[str, int], path: str) -> int:
+    if path not in sources:
+        sources[path] = os.open(path, os.O_RDONLY)
+    return sources[path]
+
+
+def _read(sources: dict[str, int], src, digest: SourceDigest | None = None, pinned=None):
+    """A source tensor as a CPU torch tensor (one read of its bytes, no mmap of the shard), fed
+    to ``digest`` too; read into ``pinned(nbytes)`` (page-locked memory) when given."""
+    import torch
+
+    buf = pinned(src.nbytes) if pinned is not None else bytearray(src.nbytes)
+    view, fd, offset = memoryview(buf), _fd(sources, src.path), src.offset
+    while view:
+        n = os.preadv(fd, [view], offset)
+        if n == 0:
+            raise OperationFailed("unexpected end of file", where=src.path, tensor=src.name)
+        view, offset = view[n:], offset + n
+    if digest is not None:
+        digest.feed(src.offset, buf)
+    dtype = getattr(torch, _TORCH_DTYPES[src.dtype])
+    if not src.nbytes:
+        return torch.empty(src.shape, dtype=dtype)
+    return torch.frombuffer(buf, dtype=dtype).reshape(src.shape)
+
+
+def _transfer(device: str, computed: list[TensorJob]):
+    """What the reader does with the source tensors it read: nothing on the CPU; on CUDA, the
+    asynchronous copy to the GPU from pinned buffers (``patcher.tensors.writing.cuda_transfer``)."""
+    if device == "cpu" or not computed:
+        return _OnCpu()
+    from .cuda_transfer import ToDevice
+
+    return ToDevice(device, max(sum(s.nbytes for s in j.inputs) for j in computed))
+
+
+class _OnCpu:
+    pinned = None
+
+    def __call__(self, tensors):
+        return tensors
+
+
+def _compute(job: TensorJob, inputs, sources: dict[str, int], cache: dict,
+             device: str) -> memoryview:
+    """The output bytes of ``job``; ``inputs``: its source tensors as read ahead (a
+    ``ToDevice`` handle on CUDA; None: read them here if the computation needs them)."""
+    from ..compute import compute
+
+    global _torch_threads
+    if _torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(_torch_threads)
+        _torch_threads = None
+
+    def read_inputs():
+        if inputs is None:
+            return [_read(sources, s) for s in job.inputs]
+        return inputs.ready() if hasattr(inputs, "ready") else inputs
+
+    return _as_bytes(compute(job, read_inputs, cache, device))
+
+
+def _as_bytes(tensor) -> memoryview:
+    import torch
+
+    flat = tensor.contiguous().reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")

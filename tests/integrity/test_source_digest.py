@@ -1,0 +1,165 @@
+"""Base shards hashed while a rewrite reads them: the same sha256 as a separate pass, the pass
+itself skipped, and no digest where the reads were out of order or the file changed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+from fs_snapshot import copy_tree, diff, snapshot
+
+from patcher import api
+from patcher.integrity.digests.digest_cache import KnownDigests
+from patcher.model.model_dir import ModelDir
+from patcher.integrity.digests.source_digest import SourceDigest, single_source_in_order
+from patcher.tensors.tasks import ShardTask, TensorJob, TensorSource
+
+KV_SHARDS = {"model-00002-of-00004.safetensors", "model-00003-of-00004.safetensors"}
+
+
+@pytest.fixture(autouse=True)
+def _digest_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MODELPATCH_CACHE_DIR", str(tmp_path / "digest-cache"))
+
+
+def _file(tmp_path: Path, size: int = 3 * (8 << 20) + 12345) -> Path:
+    path = tmp_path / "f.bin"
+    path.write_bytes(os.urandom(size))
+    return path
+
+
+def test_ranges_fed_in_order_give_the_file_digest(tmp_path):
+    path = _file(tmp_path)
+    data = path.read_bytes()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        digest = SourceDigest(fd)
+        # a header gap, two adjacent ranges, a gap larger than the read buffer, then the tail
+        for start, end in [(100, 5000), (5000, 9000), (9000 + (9 << 20), 9000 + (10 << 20))]:
+            digest.feed(start, data[start:end])
+        result = digest.result()
+    finally:
+        os.close(fd)
+    assert result.stable and result.size == len(data)
+    assert result.sha256 == hashlib.sha256(data).hexdigest()
+
+
+def test_out_of_order_reads_give_no_digest(tmp_path):
+    path = _file(tmp_path, 4096)
+    data = path.read_bytes()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        digest = SourceDigest(fd)
+        digest.feed(1000, data[1000:2000])
+        digest.feed(500, data[500:600])
+        assert digest.result() is None
+    finally:
+        os.close(fd)
+
+
+def test_a_file_changed_while_read_is_not_stable(tmp_path):
+    path = _file(tmp_path, 4096)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        digest = SourceDigest(fd)
+        with open(path, "r+b") as f:
+            f.write(b"x")
+        os.utime(path, ns=(1, 1))
+        assert digest.result().stable is False
+    finally:
+        os.close(fd)
+
+
+def _job(path: str, offset: int, nbytes: int, name: str = "t") -> TensorJob:
+    from patcher.model.safetensors_io import OutputTensor
+
+    src = TensorSource(path=path, shard="s", name=name, dtype="U8", shape=(nbytes,),
+                       offset=offset, nbytes=nbytes)
+    return TensorJob(out=OutputTensor(name, "U8", (nbytes,)), op="copy", inputs=(src,))
+
+
+def test_which_tasks_can_hash_their_source():
+    def task(*jobs):
+        return ShardTask(output="o", metadata={}, jobs=jobs)
+
+    assert single_source_in_order(task(_job("a", 8, 10), _job("a", 30, 5))) == "a"
+    assert single_source_in_order(task(_job("a", 30, 5), _job("a", 8, 10))) is None
+    assert single_source_in_order(task(_job("a", 8, 10), _job("a", 12, 5))) is None   # overlap
+    assert single_source_in_order(task(_job("a", 8, 10), _job("b", 30, 5))) is None
+
+
+DROP_KV = ("modelpatch: 1\nname: d\ndescription: x\ntensors:\n"
+           "  - select: {glob: ['*.k_proj.k_scale', '*.v_proj.v_scale']}\n    drop: true\n")
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_first_time_rewrite_hashes_its_shards_as_it_reads_them(kimi_dir, tmp_path, jobs):
+    """Nothing known about the base (no manifest, empty digest cache, not an HF snapshot): only
+    the files the rewrite does not read are hashed in a pass of their own, and the digests of
+    the rewritten shards, recorded as the base's, are their true sha256."""
+    base = copy_tree(kimi_dir, tmp_path / "base")
+    recipe = tmp_path / "d.yaml"
+    recipe.write_text(DROP_KV)
+    result = api.apply(recipe, base, out=tmp_path / "v", jobs=jobs)
+    sizes = {f.relpath: f.size for f in ModelDir.open(base).files.values()}
+    assert result.bytes_hashed == sum(size for rel, size in sizes.items() if rel not in KV_SHARDS)
+    statement = json.loads((result.output / "modelpatch.provenance.json").read_text())
+    recorded = {d["name"]: d["digest"]["sha256"]
+                for d in statement["predicate"]["buildDefinition"]["resolvedDependencies"]
+                if d.get("name") in sizes}
+    for rel in sizes:
+        assert recorded[rel] == hashlib.sha256((base / rel).read_bytes()).hexdigest(), rel
+    cached = KnownDigests()
+    for rel in KV_SHARDS:
+        assert cached.sha256(base / rel) in (None, recorded[rel])     # None: too new to cache
+    assert api.verify(result.output).ok
+    back = api.revert(result.output, out=tmp_path / "back").output
+    for rel in sizes:
+        assert (back / rel).read_bytes() == (base / rel).read_bytes()
+
+
+def test_in_place_rewrite_hashes_its_shards_as_it_reads_them(kimi_dir, tmp_path):
+    root = copy_tree(kimi_dir, tmp_path / "m")
+    before = snapshot(root)
+    sizes = {f.relpath: f.size for f in ModelDir.open(root).files.values()}
+    recipe = tmp_path / "d.yaml"
+    recipe.write_text(DROP_KV)
+    result = api.apply_in_place(recipe, root)
+    assert result.bytes_hashed == sum(size for rel, size in sizes.items() if rel not in KV_SHARDS)
+    api.revert(root)
+    assert diff(snapshot(root), before) == []
+
+
+def test_copies_are_hashed_as_they_are_copied(kimi_dir, tmp_path):
+    """--copy (or a copy across file systems): each copied base file is hashed from the bytes
+    copied, not read again; only the replaced JSON files are hashed in a pass."""
+    base = copy_tree(kimi_dir, tmp_path / "base")
+    result = api.apply("sm120-fp16-kv", base, out=tmp_path / "v", force_copy=True)
+    assert result.link_method == "copy"
+    replaced = ("config.json", "hf_quant_config.json")
+    assert result.bytes_hashed == sum((base / rel).stat().st_size for rel in replaced)
+    assert api.verify(result.output).ok
+    for shard in base.glob("*.safetensors"):
+        assert (result.output / shard.name).stat().st_ino != shard.stat().st_ino
+
+
+def test_a_copy_contradicting_a_claimed_digest_is_refused(kimi_dir, tmp_path):
+    """A Hugging Face blob whose bytes no longer match its name: the copy finds out."""
+    from examples.generate import make_hf_cache_snapshot
+
+    snap = make_hf_cache_snapshot(kimi_dir, tmp_path / "hf", "org/kimi")
+    blob = (snap / "model-00001-of-00004.safetensors").resolve()
+    os.chmod(blob, 0o644)
+    with open(blob, "r+b") as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    from patcher.errors import OperationFailed
+
+    with pytest.raises(OperationFailed, match="known for this file"):
+        api.apply("sm120-fp16-kv", snap, out=tmp_path / "v", force_copy=True)
+    assert not (tmp_path / "v").exists()

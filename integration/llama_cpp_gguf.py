@@ -97,8 +97,9 @@ def observe(path: Path, prompt: list[int]) -> dict:
                 n_threads=1)
     llm.eval(prompt)
     logits = np.array(llm.scores[:len(prompt)], dtype=np.float32)
-    seen = {"chat_template": llm.metadata.get("tokenizer.chat_template"),
-            "eos": llm.token_eos(), "n_ctx_train": llm.n_ctx_train(), "logits": logits}
+    seen = {"chat_template": llm.metadata.get("tokenizer.chat_template"), "eos": llm.token_eos(),
+            # llama_model_n_ctx_train: Llama has no public wrapper for it (0.3.36)
+            "n_ctx_train": llm._model.n_ctx_train(), "logits": logits}
     llm.close()
     return seen
 

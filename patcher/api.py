@@ -36,8 +36,35 @@ def _recovered(directory: str | os.PathLike) -> None:
 
 
 def _open(model: str | os.PathLike) -> ModelDir:
-    _recovered(model)
-    return ModelDir.open(model)
+    """The model directory, or for a .gguf file the view holding just that model
+    (``patcher.gguf.single_file``, which says what each command does with one)."""
+    from .gguf.single_file import model_directory
+
+    _recovered(model_directory(model))
+    return _open_recovered(model)
+
+
+def _open_recovered(model: str | os.PathLike) -> ModelDir:
+    from .gguf.single_file import is_gguf_file, open_gguf_file
+
+    if str(model).endswith(".gguf") and not os.path.isdir(model) and not is_gguf_file(model):
+        raise ModelDirError("no such file" if not os.path.lexists(model) else
+                            "not a regular file", where=model)
+    return open_gguf_file(model) if is_gguf_file(model) else ModelDir.open(model)
+
+
+def _default_output(model: str | os.PathLike, base: ModelDir, recipe_name: str,
+                    out: str | os.PathLike | None) -> Path:
+    from .execute.engine import default_output
+    from .gguf import single_file
+
+    if base.subset:
+        single_file.check_output(out)
+    if out is not None:
+        return Path(out)
+    if base.subset:
+        return single_file.default_output(model, recipe_name)
+    return default_output(base.root, recipe_name)
 
 
 def load(recipe: str | os.PathLike | Recipe | list | tuple) -> Recipe:
@@ -98,10 +125,14 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     (default: where ``apply`` would write) in ``options["link"]`` mode (default ``auto``).
     For ``hf://org/name[@rev]`` (read without its tensor data) there is no such prediction, and
     ``plan.options["remote"]`` says what reading it transferred."""
-    from .execute.engine import default_output
     from .execute.linking import predict_for_plan
     from .plan import plan as make_plan
 
+    from .gguf.single_file import check_in_place, is_gguf_file
+
+    if (options or {}).get("in_place") and is_gguf_file(model):
+        check_in_place(model)           # as apply_in_place: refused, or the whole directory
+        model = Path(model).parent
     loaded, base = load(recipe), open_model(model, endpoint=endpoint)
     the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
     if hasattr(base, "transfer_report"):
@@ -109,7 +140,7 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
         return the_plan
     if the_plan.options.get("in_place"):
         return the_plan
-    target = Path(out) if out is not None else default_output(base.root, loaded.name)
+    target = _default_output(model, base, loaded.name, out)
     return predict_for_plan(the_plan, target, the_plan.options.get("link") or "auto")
 
 
@@ -138,25 +169,27 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
 
     ``executor="ray"`` runs the shard tasks and file hashes on the Ray cluster at
     ``ray_address`` (``patcher.execute.ray_executor``); the rest runs here."""
-    from .execute.engine import apply_plan, default_output
+    from .execute.engine import apply_plan
     from .execute.linking import check_mode, predict_for_plan, warn_before_copying
     from .execute.locking import lock_directory
     from .plan import plan as make_plan, require_change
 
     loaded = load(recipe)
     base_model = _checked_base_model(base_model)
-    _recovered(model)
     # Plan under the base's shared lock, so an in-place patch or revert cannot change the base
     # between planning and linking.
-    with lock_directory(Path(model), exclusive=False):
-        base = ModelDir.open(model)
+    from .gguf.single_file import model_directory
+
+    _recovered(model_directory(model))
+    with lock_directory(model_directory(model), exclusive=False):
+        base = _open_recovered(model)
         link = check_mode("copy" if force_copy else link)
         options = {"link": link, "jobs": jobs, "device": device, "in_place": False,
                    "max_shard_size": max_shard_size, **({"params": params} if params else {})}
         the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
         require_change(the_plan, allow_noop)
         _log_warnings(the_plan)
-        target = Path(out) if out is not None else default_output(base.root, loaded.name)
+        target = _default_output(model, base, loaded.name, out)
         the_plan = predict_for_plan(the_plan, target, link)
         warn_before_copying(the_plan.link)
         with _executor(executor, ray_address):
@@ -172,6 +205,9 @@ def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool 
     from .execute.locking import lock_directory
     from .integrity.verify import verify_dir
 
+    from .gguf.single_file import model_directory
+
+    directory = model_directory(directory)
     _recovered(directory)
     # Shared: verifies and out-of-place applies read together; an in-place apply or a revert
     # (exclusive) cannot change the files while they are hashed.
@@ -207,8 +243,13 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     from .execute.inplace import apply_in_place as run
     from .plan import plan as make_plan, require_change
 
+    from .gguf.single_file import check_in_place, is_gguf_file
+
     loaded = load(recipe)
     base_model = _checked_base_model(base_model)
+    if is_gguf_file(model):
+        check_in_place(model)
+        model = Path(model).parent
     base = _open(model)
     options = {"jobs": jobs, "device": device, "in_place": True,
                "max_shard_size": max_shard_size, **({"params": params} if params else {})}
@@ -252,7 +293,9 @@ def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None
     """Undo the last patch (or all with ``all_patches``): in place, or rebuilt into ``out``
     (with ``executor`` and ``ray_address`` as for ``apply``)."""
     from .execute.revert import rebuild_base, revert as revert_here
+    from .gguf.single_file import model_directory
 
+    directory = model_directory(directory)
     _recovered(directory)
     if out is not None:
         with _executor(executor, ray_address):
@@ -309,8 +352,10 @@ def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | No
 
 def publish(directory: str | os.PathLike, repo_id: str, **kwargs):
     """Verify and upload a variant in one commit (see ``hub.client.publish.publish``)."""
+    from .gguf.single_file import model_directory
     from .hub.client.publish import publish as run
 
+    directory = model_directory(directory)
     _recovered(directory)
     return run(directory, repo_id, **kwargs)
 

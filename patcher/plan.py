@@ -132,6 +132,8 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None,
         from .gguf.plan import plan_gguf
 
         replaced.update(plan_gguf(recipe, model, changes, max_shard_size))
+        if not model.shards:
+            max_shard_size = None       # it resharded the GGUF; no safetensors to reshard
     if recipe.tensors or max_shard_size:
         from .tensors.planning import plan_tensor_ops
 

@@ -152,7 +152,7 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
 
 @main.command()
 @click.argument("recipe", nargs=-1, required=True)
-@click.argument("model", type=click.Path(file_okay=False, path_type=str))
+@click.argument("model", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable plan.")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
 @max_shard_size_option
@@ -167,7 +167,7 @@ def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
          endpoint: str | None, set_values: tuple[str, ...]) -> None:
     """Show what applying RECIPE (one or more, in order) to MODEL would do (same as apply
     --dry-run). MODEL may be hf://ORG/NAME[@REV]: planned from its JSON files and safetensors
-    headers alone."""
+    headers alone; or one .gguf file."""
     from .. import api
 
     options = _plan_options(False, link or "auto", None, device, max_shard_size,
@@ -209,7 +209,8 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
           max_shard_size, as_json, allow_noop, base_model, publish_to, endpoint, set_values,
           executor, ray_address):
     """Apply RECIPE (a path or a built-in name; several are applied in order as one) to MODEL
-    and write a verified variant."""
+    and write a verified variant. For MODEL a .gguf file, the variant is the directory OUT
+    (default: <file>-<recipe> beside it) holding the new file and its manifest."""
     from .. import api
     from .render import recipe_source
 
@@ -287,7 +288,7 @@ def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, ba
 
 
 @main.command()
-@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.argument("directory", type=click.Path(path_type=str))
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Parallel hashing workers (default: all cores).")
 @click.option("--fast", is_flag=True,
@@ -298,7 +299,8 @@ def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, ba
 @quiet_option
 @click.pass_context
 def verify(ctx, directory, jobs, fast, as_json, executor, ray_address):
-    """Rehash DIRECTORY against its provenance manifest. Exit 1 on any mismatch."""
+    """Rehash DIRECTORY against its provenance manifest. Exit 1 on any mismatch. A .gguf file
+    stands for the directory holding it."""
     from .. import api
     from .render import render_verify
 
@@ -316,7 +318,7 @@ def verify(ctx, directory, jobs, fast, as_json, executor, ray_address):
 
 
 @main.command()
-@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.argument("directory", type=click.Path(path_type=str))
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
               help="Rebuild the base into OUT instead of reverting DIRECTORY in place.")
 @click.option("--all", "all_patches", is_flag=True, help="Revert every patch, back to the original.")
@@ -326,7 +328,8 @@ def verify(ctx, directory, jobs, fast, as_json, executor, ray_address):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 @executor_options
 def revert(directory, out, all_patches, force, jobs, as_json, executor, ray_address):
-    """Undo the last patch of DIRECTORY (byte-identical, symlinks restored)."""
+    """Undo the last patch of DIRECTORY (byte-identical, symlinks restored). A .gguf file
+    stands for the directory holding it."""
     from .. import api
 
     result = api.revert(directory, out=out, all_patches=all_patches, force=force, jobs=jobs,

@@ -96,7 +96,7 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
     if real_out == base:
         raise InputError("the output is the base directory itself", where=out,
                          hint="use apply_in_place() to patch a directory in place")
-    if base in real_out.parents or real_out in base.parents:
+    if (base in real_out.parents and not model.subset) or real_out in base.parents:
         raise InputError(f"the output and the base {model.root} contain one another", where=out,
                          hint="write the variant beside the base")
     if not out.parent.is_dir():

@@ -33,16 +33,16 @@ def plan_gguf(recipe, model, changes: list[dict],
     if not models:
         raise PlanError("the recipe has a gguf: section but the model has no .gguf model file "
                         "(mmproj and adapter files are left alone)", where=model.root)
-    if max_shard_size and not model.shards:
-        raise PlanError("--max-shard-size reshards safetensors; a GGUF keeps its split layout",
-                        where=model.root, hint="llama.cpp's gguf-split splits or merges GGUFs")
+    if model.shards:
+        max_shard_size = None       # safetensors beside: --max-shard-size reshards those
     out: dict[str, FilePlan] = {}
     for gm in models:
-        out.update(_plan_model(recipe, section, model, gm, changes))
+        out.update(_plan_model(recipe, section, model, gm, changes, max_shard_size))
     return out
 
 
-def _plan_model(recipe, section: GGUFSection, model, gm: GGUFModel, changes) -> dict:
+def _plan_model(recipe, section: GGUFSection, model, gm: GGUFModel, changes,
+                max_shard_size: int | None) -> dict:
     arch = gm.architecture
     if arch is None:
         raise PlanError("general.architecture is missing or not a string",
@@ -62,6 +62,14 @@ def _plan_model(recipe, section: GGUFSection, model, gm: GGUFModel, changes) -> 
     block_count = first_kv.get(f"{arch}.block_count")
     for op in section.tensors:
         _tensor_op(op, gm, kept, renamed, block_count.value if block_count else None, changes)
+    if max_shard_size:
+        from .reshard import reshard
+
+        plans = reshard(model, gm, first_kv, kept, renamed, max_shard_size, changes,
+                        tuple(f"rename {old} -> {new}" for old, new in renamed.items()),
+                        "".join(meta_lines) or None)
+        if plans is not None:
+            return plans
     kvs = [first_kv] + [dict(h.kv) for h in gm.headers[1:]]
     if len(gm.headers) > 1:
         _count_split_tensors(kvs, sum(len(k) for k in kept), changes, section.loc)
@@ -94,27 +102,34 @@ def _count_split_tensors(kvs: list[dict[str, KeyValue]], total: int, changes: li
 
 def _task(model, rel: str, header, kv: dict[str, KeyValue], kept: dict[str, TensorInfo],
           renamed: dict[str, str]) -> GGUFTask:
-    alignment = header.alignment
-    tensors = [TensorInfo(renamed.get(n, n), t.shape, t.ggml_type, t.offset, t.nbytes)
-               for n, t in kept.items()]
-    placed = layout(tensors, alignment)
+    path = str(model.files[rel].path)
+    entries = [(t, renamed.get(n, n), path, header.data_offset) for n, t in kept.items()]
+    changed = tuple(f"rename {old} -> {new}" for old, new in renamed.items() if old in kept)
+    return build_task(rel, kv, entries, header.alignment, changed, base=header)
+
+
+def build_task(rel: str, kv: dict[str, KeyValue], entries: list, alignment: int,
+               changed: tuple[str, ...] = (), base=None) -> GGUFTask:
+    """The task writing ``rel``: ``kv``, then each entry's tensor (``(TensorInfo in its
+    source, name in the output, source path, source's data offset)``) back to back, aligned.
+    When it replaces ``base`` (a header) and only the metadata changes, a header that fits the
+    base's header region is padded to it: every tensor keeps its offset."""
+    placed = layout([TensorInfo(name, t.shape, t.ggml_type, t.offset, t.nbytes)
+                     for t, name, _, _ in entries], alignment)
     head = encode_header(list(kv.items()), placed, alignment)
     notes = ()
-    same_data = [(t.name, t.offset) for t in placed] == [(t.name, t.offset) for t in
-                                                         header.tensors.values()]
-    if same_data and len(head) <= header.data_offset:
-        # The new metadata fits before the old data section: pad to it, and every tensor keeps
-        # its offset (only the header region differs from the base).
+    if base is not None and len(head) <= base.data_offset and \
+            [(t.name, t.offset) for t in placed] == [(t.name, t.offset)
+                                                     for t in base.tensors.values()]:
         notes = (f"header fits the base's header region ({len(head)} of "
-                 f"{header.data_offset} bytes): the tensor data keeps its offsets",)
-        head = head + b"\0" * (header.data_offset - len(head))
+                 f"{base.data_offset} bytes): the tensor data keeps its offsets",)
+        head = head + b"\0" * (base.data_offset - len(head))
     copies = []
-    for i, (src, dst) in enumerate(zip(kept.values(), placed)):
+    for i, ((src, _, path, data_offset), dst) in enumerate(zip(entries, placed)):
         end = dst.offset + dst.nbytes
         nxt = placed[i + 1].offset if i + 1 < len(placed) else -(-end // alignment) * alignment
-        copies.append((dst.name, header.data_offset + src.offset, src.nbytes, nxt - end))
-    changed = tuple(f"rename {old} -> {new}" for old, new in renamed.items() if old in kept)
-    return GGUFTask(rel, str(model.files[rel].path), head, tuple(copies), changed + notes)
+        copies.append((dst.name, path, data_offset + src.offset, src.nbytes, nxt - end))
+    return GGUFTask(rel, head, tuple(copies), changed + notes)
 
 
 def _check_guards(recipe, section: GGUFSection, gm: GGUFModel, arch: str) -> None:

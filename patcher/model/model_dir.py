@@ -66,6 +66,7 @@ class ModelDir:
     shards: dict[str, ShardHeader]             # relpath -> header, for every *.safetensors
     index: ShardIndex | None
     cache_repo: Path | None = None             # the models--org--name dir for HF snapshots
+    subset: bool = False                       # only some files of root (a .gguf as MODEL)
     warnings: list[str] = field(default_factory=list)
     header_cache: HeaderCache | None = field(default=None, repr=False, compare=False)
     _json: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -219,10 +220,11 @@ def _list_files(root: Path, cache_repo: Path | None) -> Iterator[tuple[str, Mode
                 continue
             entry = Path(dirpath) / name
             relpath = entry.relative_to(root).as_posix()
-            yield relpath, _model_file(entry, relpath, allowed)
+            yield relpath, model_file(entry, relpath, allowed)
 
 
-def _model_file(entry: Path, relpath: str, allowed: list[str]) -> ModelFile:
+def model_file(entry: Path, relpath: str, allowed: list[str]) -> ModelFile:
+    """The ``ModelFile`` at ``entry``; a symlink must resolve under one of ``allowed``."""
     if not entry.is_symlink():
         st = entry.lstat()
         if not stat.S_ISREG(st.st_mode):

@@ -317,12 +317,6 @@ def test_kill_9_while_writing_leaves_the_base_or_the_result(tmp_path, in_place, 
     assert read_back(target / "tiny.gguf")[0]["glm4moe.block_count"] == 2
 
 
-def test_max_shard_size_is_refused_for_gguf(tmp_path):
-    root = tiny_dir(tmp_path)
-    result = run("plan", "gguf-context", root, "--max-shard-size", "50KB")
-    assert result.exit_code == 2 and "a GGUF keeps its split layout" in result.stderr
-
-
 def test_token_values_and_the_readme_example(tmp_path):
     root = tiny_dir(tmp_path)
     path = recipe(tmp_path, """gguf:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import enum
 import os
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from .config.ops import apply_config_ops
-from .errors import NothingToChange, PlanError
+from .errors import InputError, NothingToChange, PlanError
 from .config.jsonfile import dump_json_document, load_json_document, unified_diff
 from .model.model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir
 from .recipe.params.bind import bind_recipe
@@ -44,6 +45,50 @@ class FilePlan:
 
 
 @dataclass(frozen=True)
+class PlanOptions:
+    """What shapes a plan and its execution besides the recipe and the model. The caller builds it
+    once (the CLI, ``api.apply``, ``api.apply_in_place``, the hub's remote apply); the plan
+    carries it, and the manifest records ``to_json()``."""
+
+    in_place: bool = False
+    link: str | None = None
+    """Out of place: how the base's unchanged files are carried (``auto``, ``reflink``,
+    ``hardlink``, ``copy``); None in place."""
+    jobs: int | None = None
+    """Worker processes for shard rewrites; None: as many as the thread budget allows."""
+    device: str | None = "cpu"
+    """Where tensor kernels run; None: nothing is computed here (a config-only apply on the
+    hub), and the manifest records neither ``jobs`` nor ``device``."""
+    max_shard_size: int | None = None
+    """Reshard the output into shards of at most this many bytes (overrides the recipe's)."""
+    params: Mapping[str, Any] | None = None
+    """Values of the recipe's ``params:`` (typed, or strings as ``--set`` gives them)."""
+
+    @classmethod
+    def of(cls, value: PlanOptions | Mapping[str, Any] | None) -> PlanOptions:
+        """``value`` itself, or the options a mapping of the same field names gives (the
+        library's ``api.plan(options={...})``); an unknown name is an InputError."""
+        if isinstance(value, PlanOptions):
+            return value
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(value or {}) - names)
+        if unknown:
+            raise InputError(f"unknown plan option {unknown[0]!r} (options: "
+                             f"{', '.join(sorted(names))})")
+        return cls(**dict(value or {}))
+
+    def to_json(self) -> dict[str, Any]:
+        """The options as the provenance manifest records them."""
+        out: dict[str, Any] = {} if self.link is None else {"link": self.link}
+        if self.device is not None:
+            out.update(jobs=self.jobs, device=self.device)
+        out.update(in_place=self.in_place, max_shard_size=self.max_shard_size)
+        if self.params:
+            out["params"] = dict(self.params)
+        return out
+
+
+@dataclass(frozen=True)
 class Plan:
     """Pure data describing an apply. Nothing here has touched the disk."""
 
@@ -52,9 +97,11 @@ class Plan:
     files: tuple[FilePlan, ...]
     changes: tuple[dict, ...]
     warnings: tuple[str, ...] = ()
-    options: dict = field(default_factory=dict)
+    options: PlanOptions = field(default_factory=PlanOptions)
     link: Any = None
     """A ``linking.LinkPrediction`` for an out-of-place apply (``linking.predict_for_plan``)."""
+    transfer: dict | None = None
+    """For a model read from a hub (``hf://``): what reading it transferred."""
 
     def by_action(self, action: Action) -> list[FilePlan]:
         return [f for f in self.files if f.action is action]
@@ -105,15 +152,16 @@ def _file_json(f: FilePlan) -> dict:
     return out
 
 
-def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None) -> Plan:
+def plan(recipe: Recipe, model: ModelDir, *,
+         options: PlanOptions | Mapping[str, Any] | None = None) -> Plan:
     """Compute the plan for applying ``recipe`` to ``model``.
 
     Raises:
         GuardRefused: a ``requires`` guard does not hold (nothing is planned).
         PlanError: an operation cannot be applied to this model (naming the recipe line).
     """
-    options = dict(options or {})
-    recipe = bind_recipe(recipe, model.json, options.get("params"))
+    options = PlanOptions.of(options)
+    recipe = bind_recipe(recipe, model.json, dict(options.params) if options.params else None)
     changes: list[dict] = []
     warnings: list[str] = list(model.warnings)
     replaced: dict[str, FilePlan] = {}
@@ -122,7 +170,7 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None) -> Pla
         if replaced_file is not None:
             replaced[name] = replaced_file
     replaced.update(_plan_file_ops(recipe, model, changes))
-    max_shard_size = options.get("max_shard_size") or recipe.max_shard_size
+    max_shard_size = options.max_shard_size or recipe.max_shard_size
     if recipe.gguf is not None:
         from .gguf.plan import plan_gguf
 
@@ -130,7 +178,7 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None) -> Pla
     if recipe.tensors or max_shard_size:
         from .tensors.planning import plan_tensor_ops
 
-        tensors = plan_tensor_ops(recipe, model, changes, device=options.get("device") or "cpu",
+        tensors = plan_tensor_ops(recipe, model, changes, device=options.device or "cpu",
                                   max_shard_size=max_shard_size)
         replaced.update(tensors.files)
         warnings.extend(_quantization_warnings(model, replaced, tensors.dtypes, changes))

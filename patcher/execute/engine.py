@@ -294,7 +294,7 @@ class PatchBuilder:
             subjects=subjects,
             base_files={p: (base_digests[p], model.files[p].size) for p in base_digests},
             recipe=plan.recipe.manifest_record(),
-            options=plan.options, changes=list(plan.changes), started=self.started,
+            options=plan.options.to_json(), changes=list(plan.changes), started=self.started,
             finished=_now(), base_statement=base_statement, base_model=base_model)
         return write_manifest(dest, statement)[0]
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .changes import FileAdded, FileDropped, changes_json
 from .config.ops import apply_config_ops
 from .errors import InputError, NothingToChange, PlanError
 from .config.jsonfile import dump_json_document, load_json_document, unified_diff
@@ -95,7 +96,7 @@ class Plan:
     recipe: Recipe
     base: Path
     files: tuple[FilePlan, ...]
-    changes: tuple[dict, ...]
+    changes: tuple  # of patcher.changes records and config.ops.Change
     warnings: tuple[str, ...] = ()
     options: PlanOptions = field(default_factory=PlanOptions)
     link: Any = None
@@ -125,7 +126,7 @@ class Plan:
             "recipe": self.recipe.identity(),
             "base": str(self.base),
             "files": [_file_json(f) for f in self.files],
-            "changes": list(self.changes),
+            "changes": changes_json(self.changes),
             "warnings": list(self.warnings),
             "bytes": self._bytes_json(),
             **({"link": self.link.to_json()} if self.link is not None else {}),
@@ -162,7 +163,7 @@ def plan(recipe: Recipe, model: ModelDir, *,
     """
     options = PlanOptions.of(options)
     recipe = bind_recipe(recipe, model.json, dict(options.params) if options.params else None)
-    changes: list[dict] = []
+    changes: list = []
     warnings: list[str] = list(model.warnings)
     replaced: dict[str, FilePlan] = {}
     for name, ops in recipe.config.items():
@@ -203,7 +204,7 @@ def _link(model: ModelDir, rel: str) -> FilePlan:
     return FilePlan(rel, Action.LINK, source=rel, size_before=size, size_after=size)
 
 
-def _plan_json_file(model: ModelDir, name: str, ops: list, changes: list[dict],
+def _plan_json_file(model: ModelDir, name: str, ops: list, changes: list,
                     warnings: list[str]) -> FilePlan | None:
     if not model.has(name):
         if all(getattr(op, "missing_ok", False) for op in ops):  # only tolerant drops
@@ -218,14 +219,14 @@ def _plan_json_file(model: ModelDir, name: str, ops: list, changes: list[dict],
     after = dump_json_document(new_value, document.style)
     if not document.exact:
         warnings.append(f"{name}: {document.note}; lines outside the patched keys may change")
-    changes.extend(change.to_json() for change in file_changes)
+    changes.extend(file_changes)
     if after == before:
         return None
     return FilePlan(name, Action.WRITE_JSON, source=name, size_before=len(before),
                     size_after=len(after), content=after, diff=unified_diff(before, after, name))
 
 
-def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list[dict]) -> dict[str, FilePlan]:
+def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list) -> dict[str, FilePlan]:
     out: dict[str, FilePlan] = {}
     for op in recipe.files:
         name = op.path
@@ -237,7 +238,7 @@ def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list[dict]) -> dict
                                 where=op.loc)
             size = model.files[name].size
             out[name] = FilePlan(name, Action.DROP, source=name, size_before=size)
-            changes.append({"kind": "file_dropped", "file": name, "size": size})
+            changes.append(FileDropped(name, size=size))
             continue
         if model.has(name) and not op.overwrite:
             raise PlanError(f"the recipe adds {name}, which the model already has",
@@ -251,8 +252,7 @@ def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list[dict]) -> dict
                              size_after=len(content), content=content,
                              diff=unified_diff(model.read_bytes(name) if source else None,
                                                content, name))
-        changes.append({"kind": "file_added", "file": name, "size": len(content),
-                        "replaced": source is not None, **(op.source or {})})
+        changes.append(FileAdded(name, len(content), source is not None, dict(op.source or {})))
     return out
 
 
@@ -292,7 +292,7 @@ def _check_added_file(name: str, content: bytes, loc: str) -> None:
 
 
 def _quantization_warnings(model: ModelDir, replaced: dict[str, FilePlan],
-                           dtypes: dict[str, str], changes: list[dict]) -> list[str]:
+                           dtypes: dict[str, str], changes: list) -> list[str]:
     from .tensors.quant_consistency import final_json, quantization_warnings
 
     def final(name: str):

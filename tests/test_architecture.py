@@ -35,7 +35,8 @@ FORBIDDEN = {
 }
 
 # modules every package may import: they import nothing from patcher
-STANDALONE = ("patcher.errors", "patcher.fsops", "patcher.faults", "patcher.units")
+STANDALONE = ("patcher.errors", "patcher.fsops", "patcher.faults", "patcher.units",
+              "patcher.changes")
 
 
 def module_name(path: Path) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .. import faults
+from ..changes import changes_json
 from ..integrity.digests.digest_cache import KnownDigests
 from ..errors import InputError, OperationFailed
 from ..model.base_identity import identify
@@ -294,7 +295,7 @@ class PatchBuilder:
             subjects=subjects,
             base_files={p: (base_digests[p], model.files[p].size) for p in base_digests},
             recipe=plan.recipe.manifest_record(),
-            options=plan.options.to_json(), changes=list(plan.changes), started=self.started,
+            options=plan.options.to_json(), changes=changes_json(plan.changes), started=self.started,
             finished=_now(), base_statement=base_statement, base_model=base_model)
         return write_manifest(dest, statement)[0]
 

@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...changes import changes_json
 from ...errors import InputError
 from ...integrity.manifest import build_statement, read_manifest, write_manifest
 from ...model.model_dir import MANIFEST_NAME
@@ -144,7 +145,8 @@ def _write_manifest(root: Path, model, the_plan, digests: dict[str, str], lfs: d
         subjects=subjects,
         base_files={rel: (sha, model.files[rel].size) for rel, sha in digests.items()},
         recipe={"name": recipe.name, "sha256": recipe.sha256, "text": recipe.text},
-        options=the_plan.options.to_json(), changes=list(the_plan.changes), started=now, finished=now,
+        options=the_plan.options.to_json(), changes=changes_json(the_plan.changes), started=now,
+        finished=now,
         base_statement=base_statement, base_model=base_model)
     write_manifest(root, statement)
     return read_manifest(root)

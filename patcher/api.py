@@ -197,18 +197,22 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model`` and
     ``params`` as for ``apply``. A plan that changes nothing raises ``NothingToChange`` unless
     ``allow_noop``."""
-    from .execute.inplace import apply_in_place as run
+    from .execute.inplace import apply_locked, prepare_directory
+    from .execute.locking import lock_directory
     from .plan import PlanOptions, plan as make_plan, require_change
 
     loaded = load(recipe)
     base_model = _checked_base_model(base_model)
-    base = _open(model)
     options = PlanOptions(in_place=True, jobs=jobs, device=device,
                           max_shard_size=max_shard_size, params=params or None)
-    the_plan = make_plan(loaded, base, options=options)
-    require_change(the_plan, allow_noop)
-    _log_warnings(the_plan)
-    return run(the_plan, base, jobs=jobs, progress=progress, base_model=base_model)
+    # Planned once, under the exclusive lock: nothing can change the directory in between.
+    with lock_directory(Path(model), exclusive=True):
+        prepare_directory(Path(model))
+        base = ModelDir.open(model)
+        the_plan = make_plan(loaded, base, options=options)
+        require_change(the_plan, allow_noop)
+        _log_warnings(the_plan)
+        return apply_locked(the_plan, base, jobs=jobs, progress=progress, base_model=base_model)
 
 
 def _checked_base_model(value: str | None) -> str | None:

@@ -18,7 +18,7 @@ from .changes import FileAdded, FileDropped, changes_json
 from .config.ops import apply_config_ops
 from .errors import InputError, NothingToChange, PlanError
 from .config.jsonfile import dump_json_document, load_json_document, unified_diff
-from .model.model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir
+from .model.model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir, fingerprint, read_fingerprint
 from .recipe.params.bind import bind_recipe
 from .recipe.load import Recipe
 
@@ -103,6 +103,9 @@ class Plan:
     """A ``linking.LinkPrediction`` for an out-of-place apply (``linking.predict_for_plan``)."""
     transfer: dict | None = None
     """For a model read from a hub (``hf://``): what reading it transferred."""
+    fingerprint: dict | None = None
+    """What the plan read of the base directory (``model_dir.fingerprint``): the executors
+    refuse the plan if the directory has changed since (``check_unchanged``)."""
 
     def by_action(self, action: Action) -> list[FilePlan]:
         return [f for f in self.files if f.action is action]
@@ -187,7 +190,26 @@ def plan(recipe: Recipe, model: ModelDir, *,
              for rel in sorted(model.files) if rel != MANIFEST_NAME]
     files.extend(sorted(replaced.values(), key=lambda f: f.path))  # additions
     return Plan(recipe=recipe, base=model.root, files=tuple(files), changes=tuple(changes),
-                warnings=tuple(warnings), options=options)
+                warnings=tuple(warnings), options=options, fingerprint=fingerprint(model.files))
+
+
+def check_unchanged(the_plan: Plan) -> None:
+    """Refuse to carry out ``the_plan`` if its base directory changed since it was planned: a
+    file added, removed, relinked, or of another device, inode, size or mtime.
+
+    Raises:
+        PlanError: naming the first changed file; nothing has been written.
+    """
+    if the_plan.fingerprint is None:
+        return
+    before, now = the_plan.fingerprint, read_fingerprint(the_plan.base)
+    changed = sorted(rel for rel in before.keys() | now.keys() if before.get(rel) != now.get(rel))
+    if changed:
+        what = "appeared" if changed[0] not in before else \
+            "is gone" if changed[0] not in now else "was modified"
+        more = f" (and {len(changed) - 1} more file(s))" if len(changed) > 1 else ""
+        raise PlanError(f"{changed[0]} {what} since the plan was made{more}; nothing was written",
+                        where=the_plan.base, hint="plan and apply again")
 
 
 def require_change(the_plan: Plan, allow_noop: bool) -> None:

@@ -120,6 +120,14 @@ def test_a_leak_into_the_command_line_is_reported(tmp_path, monkeypatch):
     assert any("patcher/execute/linking.py" in v and "patcher.cli.render" in v for v in found)
 
 
+def test_no_assert_statement_is_a_runtime_check():
+    """``python -O`` drops asserts: every check in ``patcher`` raises a real error."""
+    found = [f"{path.relative_to(PATCHER.parent)}:{node.lineno}"
+             for path in sorted(PATCHER.rglob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Assert)]
+    assert found == []
+
+
 def test_relative_imports_are_resolved():
     """The resolver sees through relative imports, imports inside functions and module names
     imported from a package, so the rule above cannot pass by spelling an import differently."""

@@ -123,7 +123,8 @@ class TensorConverted:
 
 @dataclass(frozen=True)
 class TensorAdded:
-    """A new tensor: a ``copy_of`` another, or a ``companion_of`` a quantized one (its scale)."""
+    """A new tensor: a ``copy_of`` another, a part ``split_from`` one, or a ``companion_of`` a
+    quantized one (its scale)."""
 
     tensor: str
     shard: str
@@ -132,12 +133,14 @@ class TensorAdded:
     recipe_line: str
     copy_of: str = ABSENT
     companion_of: str = ABSENT
+    split_from: str = ABSENT
     kind = "tensor_added"
 
     def to_json(self) -> dict[str, Any]:
         return _present(kind=self.kind, tensor=self.tensor, companion_of=self.companion_of,
-                        copy_of=self.copy_of, shard=self.shard, reason=self.reason, before=None,
-                        after=self.after, recipe_line=self.recipe_line)
+                        copy_of=self.copy_of, split_from=self.split_from, shard=self.shard,
+                        reason=self.reason, before=None, after=self.after,
+                        recipe_line=self.recipe_line)
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,20 @@ class Resharded:
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "max_shard_size": self.max_shard_size,
                 "shards_before": self.shards_before, "shards_after": self.shards_after}
+
+
+@dataclass(frozen=True)
+class GgufResharded:
+    """A GGUF model's files rewritten into another split layout (``--max-shard-size``)."""
+
+    max_shard_size: int
+    files_before: list
+    files_after: list
+    kind = "gguf_resharded"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "max_shard_size": self.max_shard_size,
+                "files_before": list(self.files_before), "files_after": list(self.files_after)}
 
 
 @dataclass(frozen=True)
@@ -190,7 +207,7 @@ class ContentSource:
 
 
 Change = Union[FileDropped, FileAdded, TensorDropped, TensorRenamed, TensorConverted, TensorAdded,
-               Resharded, GgufMetadata, ContentSource]
+               Resharded, GgufResharded, GgufMetadata, ContentSource]
 """Every record but the JSON edits (``patcher.config.ops.Change``), which have ``to_json`` too."""
 
 

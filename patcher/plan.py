@@ -106,6 +106,9 @@ class Plan:
     fingerprint: dict | None = None
     """What the plan read of the base directory (``model_dir.fingerprint``): the executors
     refuse the plan if the directory has changed since (``check_unchanged``)."""
+    base_subset: bool = False
+    """The base is some files of its directory (a ``.gguf`` file as MODEL): only those count for
+    ``check_unchanged``; others may come and go beside them (the variant's own output)."""
 
     def by_action(self, action: Action) -> list[FilePlan]:
         return [f for f in self.files if f.action is action]
@@ -198,12 +201,14 @@ def plan(recipe: Recipe, model: ModelDir, *,
              for rel in sorted(model.files) if rel != MANIFEST_NAME]
     files.extend(sorted(replaced.values(), key=lambda f: f.path))  # additions
     return Plan(recipe=recipe, base=model.root, files=tuple(files), changes=tuple(changes),
-                warnings=tuple(warnings), options=options, fingerprint=fingerprint(model.files))
+                warnings=tuple(warnings), options=options, fingerprint=fingerprint(model.files),
+                base_subset=model.subset)
 
 
 def check_unchanged(the_plan: Plan) -> None:
     """Refuse to carry out ``the_plan`` if its base directory changed since it was planned: a
-    file added, removed, relinked, or of another device, inode, size or mtime.
+    file added, removed, relinked, or of another device, inode, size or mtime (for a base that
+    is some files of its directory, only those files).
 
     Raises:
         PlanError: naming the first changed file; nothing has been written.
@@ -211,6 +216,8 @@ def check_unchanged(the_plan: Plan) -> None:
     if the_plan.fingerprint is None:
         return
     before, now = the_plan.fingerprint, read_fingerprint(the_plan.base)
+    if the_plan.base_subset:
+        now = {rel: stamp for rel, stamp in now.items() if rel in before}
     changed = sorted(rel for rel in before.keys() | now.keys() if before.get(rel) != now.get(rel))
     if changed:
         what = "appeared" if changed[0] not in before else \

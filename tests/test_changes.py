@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from patcher.changes import (ABSENT, FileAdded, FileDropped, GgufMetadata, Resharded,
-                             TensorAdded, TensorConverted, TensorDropped, TensorRenamed,
-                             changes_json)
+from patcher.changes import (ABSENT, ContentSource, FileAdded, FileDropped, GgufMetadata,
+                             GgufResharded, Resharded, TensorAdded, TensorConverted,
+                             TensorDropped, TensorRenamed, changes_json)
 from patcher.integrity.canonical_json import canonical_json
 
 B = {"dtype": "F8_E4M3", "shape": [4, 4]}
@@ -53,6 +53,21 @@ PINNED = [
      '{"kind": "tensor_added", "tensor": "w_s", "companion_of": "w", "shard": "s", "reason": '
      '"quantize:fp8-tensor", "before": null, "after": {"dtype": "BF16", "shape": [4, 4]}, '
      '"recipe_line": "r:2:3"}'),
+    (TensorAdded("k_scale", "s", "split", B, "r:4:4", split_from="kv_scale"),
+     '{"kind": "tensor_added", "tensor": "k_scale", "split_from": "kv_scale", "shard": "s", '
+     '"reason": "split", "before": null, "after": {"dtype": "F8_E4M3", "shape": [4, 4]}, '
+     '"recipe_line": "r:4:4"}'),
+    (GgufResharded(1000, ["m.gguf"], ["m-00001-of-00002.gguf", "m-00002-of-00002.gguf"]),
+     '{"kind": "gguf_resharded", "max_shard_size": 1000, "files_before": ["m.gguf"], '
+     '"files_after": ["m-00001-of-00002.gguf", "m-00002-of-00002.gguf"]}'),
+    (ContentSource("t.jinja", {"resolved": "hf://o/n@c/t.jinja", "sha256": "ab", "size": 5},
+                   "r:6:7", endpoint="http://127.0.0.1:1"),
+     '{"kind": "content_source", "target": "t.jinja", "resolved": "hf://o/n@c/t.jinja", '
+     '"sha256": "ab", "size": 5, "loc": "r:6:7", "endpoint": "http://127.0.0.1:1"}'),
+    (ContentSource("config.json /x", {"resolved": "a local file", "sha256": "cd", "size": 1},
+                   "r:8:9"),
+     '{"kind": "content_source", "target": "config.json /x", "resolved": "a local file", '
+     '"sha256": "cd", "size": 1, "loc": "r:8:9"}'),
     (Resharded(1000, 3, 5),
      '{"kind": "resharded", "max_shard_size": 1000, "shards_before": 3, "shards_after": 5}'),
     (GgufMetadata("drop", "k", "r:1:1", before=1),

@@ -159,9 +159,12 @@ class HeaderCache:
         """The index matched these headers: remember that, and its weight map's order."""
         if self.path is None or self.entries["checked"] == key:
             return
-        names = sorted(set(weight_map.values()))
+        # An index proven by its text (patcher.model.index_text) knows its order and shards.
+        order = getattr(weight_map, "order", None)
+        names = sorted(set(weight_map.values())) if order is None else list(weight_map.names)
         self.entries["checked"] = key
-        self.entries["index"] = (_order(weight_map, names, shards), total, metadata, names)
+        self.entries["index"] = (order or _order(weight_map, names, shards), total, metadata,
+                                 names)
         self.dirty = True
 
     def forget(self, keep: set[str]) -> None:

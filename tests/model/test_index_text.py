@@ -1,0 +1,156 @@
+"""The shard index proven by its text (patcher.model.index_text): what it accepts is exactly what
+parsing gives (same map, same order, same metadata); anything else is left to the entry-by-entry
+path, so every defect is named as before."""
+
+from __future__ import annotations
+
+import json
+import random
+import struct
+from pathlib import Path
+
+import pytest
+
+from patcher.errors import ShardIndexError
+from patcher.model import index_text
+from patcher.model.model_dir import INDEX_NAME, ModelDir
+from patcher.model.safetensors_io import read_header
+from patcher.model.shard_index import index_defects, parse_index
+
+
+def _shard(path: Path, names: list[str]) -> int:
+    header, offset = {}, 0
+    for name in names:
+        header[name] = {"dtype": "F32", "shape": [2], "data_offsets": [offset, offset + 8]}
+        offset += 8
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
+    return offset
+
+
+def _model(tmp_path: Path, shards: int = 3, per: int = 5, seed: int = 0,
+           names=None) -> tuple[Path, dict, int]:
+    rng = random.Random(seed)
+    model, weight_map, total = tmp_path / "m", {}, 0
+    model.mkdir()
+    pool = names or [f"model.layers.{i}.mlp.w{j}.weight" for i in range(shards * per)
+                     for j in range(1)]
+    rng.shuffle(pool)
+    for k in range(shards):
+        shard = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        part = pool[k * per:(k + 1) * per]
+        total += _shard(model / shard, part)
+        weight_map.update(dict.fromkeys(part, shard))
+    return model, weight_map, total
+
+
+def _write(model: Path, doc: dict, **dumps) -> bytes:
+    raw = (json.dumps(doc, **dumps) + "\n").encode()
+    (model / INDEX_NAME).write_bytes(raw)
+    return raw
+
+
+def _headers(model: Path) -> dict:
+    return {p.name: read_header(p) for p in sorted(model.glob("*.safetensors"))}
+
+
+LAYOUTS = {
+    "transformers (sorted, indent 2)": dict(indent=2, sort_keys=True),
+    "hub (header order, indent 2)": dict(indent=2),
+    "compact": dict(),
+    "tight": dict(separators=(",", ":")),
+    "indent 4, tab": dict(indent="\t"),
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("per", [1, 4])
+def test_a_proven_index_is_the_parsed_one(tmp_path, layout, per):
+    model, weight_map, total = _model(tmp_path, per=per)
+    doc = {"metadata": {"total_size": total, "format": "pt"}, "weight_map": weight_map}
+    raw = _write(model, doc, **LAYOUTS[layout])
+    proven = index_text.index_from_headers(raw, "idx", _headers(model))
+    assert proven is not None
+    parsed = parse_index(raw, "idx")
+    assert list(proven.weight_map.items()) == list(parsed.weight_map.items())
+    assert (proven.total_size, proven.metadata) == (parsed.total_size, parsed.metadata)
+    assert proven.shards() == parsed.shards()
+    assert ModelDir.open(model).index.weight_map == parsed.weight_map
+
+
+def _refused(model: Path, raw: bytes) -> None:
+    """Not proven by its text; opening the model gives what parsing and checking give."""
+    assert index_text.index_from_headers(raw, "idx", _headers(model)) is None
+
+
+def test_another_order_is_parsed(tmp_path):
+    model, weight_map, total = _model(tmp_path)
+    names = list(weight_map)
+    random.Random(1).shuffle(names)
+    raw = _write(model, {"metadata": {"total_size": total},
+                         "weight_map": {n: weight_map[n] for n in names}}, indent=2)
+    _refused(model, raw)
+    assert ModelDir.open(model).index.weight_map == weight_map
+
+
+@pytest.mark.parametrize("defect, message", [
+    ("wrong shard", "index places it in"),
+    ("missing", "missing from the index"),
+    ("extra", "which has no such tensor"),
+    ("total_size", "metadata.total_size is"),
+    ("duplicate key", "duplicate key"),
+    ("metadata not an object", "metadata is not an object"),
+    ("decoy in metadata", "metadata.total_size is"),
+    ("escape", None),
+])
+def test_defects_are_named_by_the_exact_path(tmp_path, defect, message):
+    model, weight_map, total = _model(tmp_path)
+    first, second = sorted(weight_map)[:2]
+    wm, meta, extra_text = dict(weight_map), {"total_size": total}, None
+    if defect == "wrong shard":
+        wm[first] = next(s for s in sorted(set(wm.values())) if s != wm[first])
+    elif defect == "missing":
+        del wm[first]
+    elif defect == "extra":
+        wm["not.there"] = wm[first]
+    elif defect == "total_size":
+        meta["total_size"] = total + 8
+    elif defect == "metadata not an object":
+        meta = [1]
+    doc = {"metadata": meta, "weight_map": dict(sorted(wm.items()))}
+    if defect == "decoy in metadata":
+        doc = {"metadata": {"total_size": total, "weight_map": dict(sorted(wm.items()))},
+               "weight_map": {}}
+    raw = json.dumps(doc, indent=2)
+    if defect == "duplicate key":
+        raw = raw.replace(f'"{second}"', f'"{first}"', 1)
+    if defect == "escape":
+        raw = raw.replace(f'"{first}"', '"' + first.replace("m", "\\u006d", 1) + '"', 1)
+    raw = raw.encode()
+    (model / INDEX_NAME).write_bytes(raw)
+    _refused(model, raw)
+    if message is None:
+        assert ModelDir.open(model).index.weight_map == weight_map
+        return
+    with pytest.raises(Exception) as got:
+        ModelDir.open(model)
+    assert message in str(got.value)
+    try:
+        index = parse_index(raw, str(model / INDEX_NAME))
+    except Exception as exc:       # the parse itself refuses it
+        assert str(exc) == str(got.value)
+        return
+    defects = index_defects(str(model / INDEX_NAME), index, _headers(model))
+    assert isinstance(got.value, ShardIndexError) and defects
+    assert str(got.value).startswith(str(defects[0]).split(" (and ")[0][:60])
+
+
+@pytest.mark.parametrize("name", ["a b.weight", "a!.weight", 'a".weight', "a\tb", "a\u00e9"])
+def test_names_that_are_not_their_own_text_are_parsed(tmp_path, name):
+    names = [f"x.{i}" for i in range(5)] + [name]
+    model, weight_map, total = _model(tmp_path, shards=2, per=3, names=names)
+    raw = _write(model, {"metadata": {"total_size": total}, "weight_map": weight_map},
+                 indent=2, sort_keys=True, ensure_ascii=False)
+    if '"' in name or "\t" in name:
+        _refused(model, raw)
+    assert ModelDir.open(model).index.weight_map == weight_map

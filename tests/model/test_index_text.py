@@ -5,6 +5,7 @@ path, so every defect is named as before."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import struct
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from patcher.errors import ShardIndexError
-from patcher.model import index_text
+from patcher.model import header_cache, index_text, model_dir
 from patcher.model.model_dir import INDEX_NAME, ModelDir
 from patcher.model.safetensors_io import read_header
 from patcher.model.shard_index import index_defects, parse_index
@@ -154,3 +155,19 @@ def test_names_that_are_not_their_own_text_are_parsed(tmp_path, name):
     if '"' in name or "\t" in name:
         _refused(model, raw)
     assert ModelDir.open(model).index.weight_map == weight_map
+
+
+def test_open_proves_the_index_without_parsing_its_weight_map(tmp_path, monkeypatch):
+    model, weight_map, total = _model(tmp_path, per=4)
+    raw = _write(model, {"metadata": {"total_size": total}, "weight_map": weight_map},
+                 indent=2, sort_keys=True)
+    then = os.stat(model / INDEX_NAME).st_mtime - 3600       # old enough to be cached
+    for p in model.iterdir():
+        os.utime(p, (then, then))
+    monkeypatch.setenv("MODELPATCH_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(model_dir, "parse_index", None)      # any call would fail
+    cold = ModelDir.open(model)
+    assert list(cold.index.weight_map.items()) == list(parse_index(raw, "x").weight_map.items())
+    assert header_cache.HeaderCache(model).entries["index"][0] == "sorted"
+    warm = ModelDir.open(model)                               # from the header cache
+    assert list(warm.index.weight_map.items()) == list(cold.index.weight_map.items())

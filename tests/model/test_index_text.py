@@ -171,3 +171,38 @@ def test_open_proves_the_index_without_parsing_its_weight_map(tmp_path, monkeypa
     assert header_cache.HeaderCache(model).entries["index"][0] == "sorted"
     warm = ModelDir.open(model)                               # from the header cache
     assert list(warm.index.weight_map.items()) == list(cold.index.weight_map.items())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_whatever_is_proven_parses_to_the_same_index_and_checks_clean(tmp_path, seed):
+    """Mutated index texts: a proof is only ever given for text whose parse is that index and
+    passes every check of the entry-by-entry path."""
+    rng = random.Random(seed)
+    model, weight_map, total = _model(tmp_path, shards=2, per=3, seed=seed)
+    headers = _headers(model)
+    layout = LAYOUTS[rng.choice(sorted(LAYOUTS))]
+    good = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                      **layout).encode()
+    alphabet = b' \n\t,:"{}[]0123456789.-abcdefmnotw_\\'
+    proofs = 0
+    for _ in range(150):
+        raw = bytearray(good)
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(raw))
+            kind = rng.randrange(3)
+            if kind == 0:
+                raw[at:at + 1] = b""
+            elif kind == 1:
+                raw[at:at] = bytes([rng.choice(alphabet)])
+            else:
+                raw[at] = rng.choice(alphabet)
+        raw = bytes(raw)
+        proven = index_text.index_from_headers(raw, "idx", headers)
+        if proven is None:
+            continue
+        parsed = parse_index(raw, "idx")            # raises if the text is not a valid index
+        assert list(proven.weight_map.items()) == list(parsed.weight_map.items())
+        assert (proven.total_size, proven.metadata) == (parsed.total_size, parsed.metadata)
+        assert index_defects("idx", parsed, headers) == []
+        proofs += 1
+    assert proofs        # some mutations (whitespace) keep the text a proof

@@ -28,9 +28,9 @@ from .shard_index import ShardIndex, _safe_relpath, shard_set
 _OPEN = re.compile(rb'"weight_map"[ \t\n\r]*:[ \t\n\r]*\{([ \t\n\r]*)"([^"]*)"([ \t\n\r]*:[ \t\n\r]*)'
                    rb'"([^"]*)"(?:([ \t\n\r]*,[ \t\n\r]*)")?')
 _CLOSE = re.compile(rb"[ \t\n\r]*\}")
-# Bytes a name must not hold for its JSON string to be itself between quotes (quote, backslash,
-# control characters); space and "!" too, so that sorting "name" + '"...' sorts by name.
-_UNSAFE = bytes(range(0x22)) + b"\\"
+# Bytes a name must not hold for its JSON string to be itself between quotes (control
+# characters, quote, backslash); space and "!" too, so that sorting name + '"...' sorts by name.
+_UNSAFE = bytes(range(0x23)) + b"\\"
 
 
 def index_from_headers(raw: bytes, where: str,

@@ -206,3 +206,21 @@ def test_whatever_is_proven_parses_to_the_same_index_and_checks_clean(tmp_path, 
         assert index_defects("idx", parsed, headers) == []
         proofs += 1
     assert proofs        # some mutations (whitespace) keep the text a proof
+
+
+def test_a_name_holding_quotes_cannot_forge_entries(tmp_path):
+    """A header name (escaped in its header) that reads as several entries when written without
+    escapes: the index text spelling those entries is parsed, never taken as the headers'."""
+    model = tmp_path / "m"
+    model.mkdir()
+    a, b = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    forged = f'x":"{b}","y'
+    _shard(model / a, [forged])
+    _shard(model / b, ["z"])
+    text = '{"metadata":{"total_size":16},"weight_map":{"' + forged + f'":"{a}","z":"{b}"}}}}'
+    raw = text.encode()
+    (model / INDEX_NAME).write_bytes(raw)
+    assert b"\\" not in raw
+    _refused(model, raw)
+    with pytest.raises(ShardIndexError):
+        ModelDir.open(model)

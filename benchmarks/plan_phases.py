@@ -42,7 +42,10 @@ def timed(module: str, attr: str) -> None:
 from patcher.cli.commands import main  # noqa: E402
 
 CLI = time.process_time()
-import patcher.api, patcher.execute.engine, patcher.plan, patcher.recipe.load  # noqa: E402,E401,F401
+import patcher.api  # noqa: E402,F401
+import patcher.execute.engine  # noqa: E402,F401
+import patcher.plan  # noqa: E402,F401
+import patcher.recipe.load  # noqa: E402,F401
 
 IMPORTS = time.process_time()
 for module, attr in [("patcher.recipe.load", "load_recipes"),

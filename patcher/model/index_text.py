@@ -21,12 +21,12 @@ from operator import concat
 
 from ..config.jsonfile import parse_json
 from ..errors import PatchError
-from .header_cache import LazyMap, _weight_map
+from .header_cache import LazyMap, ordered_weight_map
 from .safetensors_io import ShardHeader
-from .shard_index import ShardIndex, _safe_relpath, shard_set
+from .shard_index import ShardIndex, safe_relpath, shard_set
 
-_OPEN = re.compile(rb'"weight_map"[ \t\n\r]*:[ \t\n\r]*\{([ \t\n\r]*)"([^"]*)"([ \t\n\r]*:[ \t\n\r]*)'
-                   rb'"([^"]*)"(?:([ \t\n\r]*,[ \t\n\r]*)")?')
+_OPEN = re.compile(rb'"weight_map"[ \t\n\r]*:[ \t\n\r]*\{([ \t\n\r]*)"([^"]*)"'
+                   rb'([ \t\n\r]*:[ \t\n\r]*)"([^"]*)"(?:([ \t\n\r]*,[ \t\n\r]*)")?')
 _CLOSE = re.compile(rb"[ \t\n\r]*\}")
 # Bytes a name must not hold for its JSON string to be itself between quotes (control
 # characters, quote, backslash); space and "!" too, so that sorting name + '"...' sorts by name.
@@ -84,7 +84,7 @@ def _plain(tensors: list[str], names: list[str]) -> bool:
         text = "".join(chain(tensors, names)).encode("utf-8")
     except UnicodeEncodeError:         # a lone surrogate
         return False
-    return len(text.translate(None, _UNSAFE)) == len(text) and all(map(_safe_relpath, names))
+    return len(text.translate(None, _UNSAFE)) == len(text) and all(map(safe_relpath, names))
 
 
 def _with_metadata(raw: bytes, where: str, begin: int, end: int, names: list[str],
@@ -104,7 +104,7 @@ def _with_metadata(raw: bytes, where: str, begin: int, end: int, names: list[str
             total not in (None, sum(shards[s].data_size for s in names)) or \
             type(total) not in (int, type(None)):
         return None
-    weight_map = LazyMap(lambda: _weight_map(order, names, shards))
+    weight_map = LazyMap(lambda: ordered_weight_map(order, names, shards))
     weight_map.order, weight_map.names = order, tuple(names)
     return ShardIndex(weight_map=weight_map, total_size=total, metadata=metadata,
                       shard_names=tuple(names))

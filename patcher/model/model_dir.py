@@ -21,6 +21,7 @@ from typing import Any, Iterator
 from ..errors import ModelDirError, ShardIndexError
 from ..config.jsonfile import parse_json
 from .header_cache import RACY_WINDOW_NS, HeaderCache, checked_key
+from .index_text import index_from_headers
 from .safetensors_io import ShardHeader, TensorInfo, parse_header, read_raw_header
 from .shard_index import ShardIndex, index_defects, name_to_shard, parse_index, shard_set
 
@@ -273,7 +274,7 @@ class _CachedReader:
                       for rel in [*shard_names, INDEX_NAME] if rel in files}
         self.cache = HeaderCache(root)
         self.key = checked_key(self.stats)
-        self.from_cache = False
+        self.checked = False
 
     def shards(self) -> dict[str, ShardHeader]:
         cache, root = self.cache, self.root
@@ -290,12 +291,15 @@ class _CachedReader:
             return None
         cached = self.cache.index(self.key, self._shards)
         if cached is not None:
-            self.from_cache = True
+            self.checked = True
             return ShardIndex(*cached)
-        return _read_index(self.root, self.files)
+        raw = self.files[INDEX_NAME].path.read_bytes()
+        proven = index_from_headers(raw, str(self.root / INDEX_NAME), self._shards)
+        self.checked = proven is not None       # as good as checked: it is the headers'
+        return proven or parse_index(raw, str(self.root / INDEX_NAME))
 
     def index_checked(self) -> bool:
-        return self.from_cache
+        return self.checked
 
     def save(self, index: ShardIndex | None) -> None:
         """After a passing check: remember it, if every file is old enough to be cached."""
@@ -337,11 +341,3 @@ def gc_paused() -> Iterator[None]:
             gc.freeze()
         if enabled:
             gc.enable()
-
-
-def _read_index(root: Path, files: dict[str, ModelFile]) -> ShardIndex | None:
-    if INDEX_NAME not in files:
-        return None
-    return parse_index(files[INDEX_NAME].path.read_bytes(), str(root / INDEX_NAME))
-
-

@@ -45,3 +45,47 @@ def test_rule_naming_an_unknown_gpu_is_refused(kimi, tmp_path):
         "  - {source: x, versions: any}\nwhen:\n  gpu: [sm120, sm1210]\n")
     with pytest.raises(RecipeError, match=r"r\.yaml:8:\d+: gpu: cannot read"):
         api.doctor(kimi, rules=(str(rules),))
+
+
+def _plain_scalars_followed_by_comment(text: str) -> list[str]:
+    """``line:col value`` of each unquoted scalar that a ``#`` comment follows on its line:
+    YAML ends a plain scalar at `` #``, so what looks like its tail is dropped."""
+    import yaml
+
+    lines, found = text.splitlines(), []
+
+    def walk(node):
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                walk(key)
+                walk(value)
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                walk(item)
+        elif node.style is None:        # plain: neither quoted nor a block scalar
+            end = node.end_mark
+            if lines[end.line][end.column:].lstrip().startswith("#"):
+                found.append(f"{end.line + 1}:{node.start_mark.column + 1} {node.value!r}")
+
+    walk(yaml.compose(text))
+    return found
+
+
+def test_no_builtin_rule_value_is_cut_by_a_comment():
+    from patcher.doctor.rules import builtin_rules_dir
+
+    cut = {p.name: _plain_scalars_followed_by_comment(p.read_text())
+           for p in sorted(builtin_rules_dir().glob("*.yaml"))}
+    assert {name: c for name, c in cut.items() if c} == {}
+    assert _plain_scalars_followed_by_comment("a:\n  versions: x (PR #1 in 0.4)\n") == \
+        ["2:13 'x (PR'"]
+
+
+def test_evidence_versions_are_the_whole_text_of_the_rule_file():
+    for rule in load_rules():
+        raw = Path(rule.source).read_text()
+        for evidence in rule.evidence:
+            line = next(ln for ln in raw.splitlines()
+                        if "versions:" in ln and evidence["versions"] in ln)
+            shown = line.split("versions:", 1)[1].strip().rstrip("}").strip().strip("\"'")
+            assert shown == evidence["versions"], (rule.id, line)

@@ -347,6 +347,8 @@ def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | No
     report = diagnose(opened, target, loaded)
     if hasattr(opened, "transfer_report"):
         report["remote"] = opened.transfer_report()
+    else:
+        report["model"] = os.path.abspath(model)        # as given (a .gguf file), absolute
     return report
 
 

@@ -7,6 +7,7 @@ the user did not give (``--engine``, ``--gpu``) are listed as not checked, never
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from ..config.json_pointer import MISSING, resolve
@@ -124,8 +125,8 @@ def _finding(rule: Rule, read) -> dict:
         value = resolve(read(MODEL_FACTS), rule.details)
         details = None if value is MISSING else value
     return {"rule": rule.id, "severity": rule.severity, "summary": rule.summary,
-            "details": details, "evidence": list(rule.evidence), "fix": _fix(rule.fix, read),
-            "source": rule.source}
+            "details": details, "details_from": rule.details, "evidence": list(rule.evidence),
+            "fix": _fix(rule.fix, read), "source": rule.source}
 
 
 def _fix(fix: dict | None, read) -> dict | None:
@@ -146,16 +147,12 @@ def render(report: dict) -> str:
              f"target     {engine}, {t['gpu'] or 'no GPU given'}"]
     for f in report["findings"]:
         lines.append(f"{f['severity'].upper():<10} {f['rule']}: {f['summary']}")
-        if f["details"]:
-            shown = f["details"] if isinstance(f["details"], list) else [f["details"]]
-            lines += [f"{'':<11}- {d}" for d in shown]
+        lines += _details_lines(f)
         for e in f["evidence"]:
             lines.append(f"{'':<11}evidence: {e['source']} ({e['versions']})")
         if f["fix"]:
-            params = f["fix"].get("params") or {}
-            with_params = "".join(f" --set {k}={_param_text(v)}" for k, v in params.items())
-            lines.append(f"{'':<11}fix: modelpatch apply {f['fix']['recipe']}{with_params} MODEL"
-                         f"  (or doctor --fix)")
+            also = "" if f["severity"] == "info" else "  (or doctor --fix)"
+            lines.append(f"{'':<11}fix: {fix_command(f['fix'], report['model'])}{also}")
     for n in report["not_checked"]:
         needs = ["--engine NAME==VERSION" if "engine_version" in n["needs"] else "--engine"
                  ] if {"engine", "engine_version"} & set(n["needs"]) else []
@@ -165,6 +162,29 @@ def render(report: dict) -> str:
     lines.append(f"{len(report['findings'])} finding(s), {blockers} blocker(s)"
                  if report["findings"] else "no findings")
     return "\n".join(lines)
+
+
+def _details_lines(finding: dict) -> list[str]:
+    """The finding's details, labelled with the last name of the rule's ``details`` pointer:
+    sentences one per line, short values (layer numbers, names) on one line."""
+    details = finding["details"]
+    if not details:
+        return []
+    shown = details if isinstance(details, list) else [details]
+    if all(isinstance(d, str) and " " in d for d in shown):
+        return [f"{'':<11}- {d}" for d in shown]
+    label = (finding.get("details_from") or "/details").rsplit("/", 1)[-1].replace("_", " ")
+    return [f"{'':<11}{label}: {', '.join(map(str, shown))}"]
+
+
+def fix_command(fix: dict, model: str) -> str:
+    """The ``modelpatch apply`` command line of a finding's fix, every word quoted for a POSIX
+    shell (``eos_token=<|eot|>`` would be a redirection, ``[EOS]`` a glob)."""
+    params = fix.get("params") or {}
+    words = ["modelpatch", "apply", fix["recipe"]]
+    for key, value in params.items():
+        words += ["--set", f"{key}={_param_text(value)}"]
+    return " ".join(shlex.quote(w) for w in [*words, model])
 
 
 def _param_text(value) -> str:

@@ -89,3 +89,88 @@ def test_evidence_versions_are_the_whole_text_of_the_rule_file():
                         if "versions:" in ln and evidence["versions"] in ln)
             shown = line.split("versions:", 1)[1].strip().rstrip("}").strip().strip("\"'")
             assert shown == evidence["versions"], (rule.id, line)
+
+
+# --- the fix command, info fixes, --fix output (review items 4, 5, 6) -----------------------
+
+def _model(path: Path, tensors: dict, **files) -> Path:
+    from patcher.model.safetensors_io import OutputTensor, encode_header
+
+    path.mkdir()
+    header, layout = encode_header([OutputTensor(n, d, s) for n, (d, s) in tensors.items()],
+                                   {"format": "pt"})
+    (path / "model.safetensors").write_bytes(header + bytes(sum(t.nbytes for t in layout)))
+    for name, doc in files.items():
+        (path / name).write_text(json.dumps(doc, indent=2))
+    return path
+
+
+def _eos_model(path: Path) -> Path:
+    """A Llama whose tokenizer ends turns with <|eot_id|> (128009), which the configs omit."""
+    return _model(path, {"model.embed_tokens.weight": ("BF16", (4, 2))}, **{
+        "config.json": {"model_type": "llama", "eos_token_id": 128001},
+        "generation_config.json": {"eos_token_id": 128001},
+        "tokenizer_config.json": {"eos_token": "<|eot_id|>", "added_tokens_decoder": {
+            "128001": {"content": "<|end_of_text|>"}, "128009": {"content": "<|eot_id|>"}}}})
+
+
+def _deepseek_mtp(path: Path) -> Path:
+    return _model(path, {f"model.layers.{i}.mlp.down_proj.weight": ("BF16", (4, 4))
+                         for i in range(3)}, **{"config.json": {
+                             "model_type": "deepseek_v3", "num_hidden_layers": 2,
+                             "num_nextn_predict_layers": 1}})
+
+
+def _fix_lines(output: str) -> list[str]:
+    return [ln.strip()[len("fix: "):] for ln in output.splitlines()
+            if ln.strip().startswith("fix: ")]
+
+
+def test_suggested_fix_command_runs_in_a_shell_with_the_model_path(tmp_path):
+    """The printed command, run by bash, hands modelpatch exactly the recipe, the --set values
+    (``<|eot_id|>`` is no redirection) and the model's real path (with its space)."""
+    import subprocess
+    import sys
+
+    model = _eos_model(tmp_path / "my model")
+    out = CliRunner().invoke(main, ["doctor", str(model)])
+    [line] = _fix_lines(out.output)
+    command, _, also = line.partition("  (")
+    assert also == "or doctor --fix)"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "modelpatch").write_text(
+        f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    (bindir / "modelpatch").chmod(0o755)
+    ran = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True,
+                         env={"PATH": f"{bindir}:/usr/bin:/bin"}, cwd=tmp_path / "bin")
+    assert json.loads(ran.stdout) == [
+        "apply", "fix-eos", "--set", "eos_token_id=128009,128001",
+        "--set", "eos_token=<|eot_id|>", str(model)]
+
+
+def test_info_fix_is_not_offered_as_doctor_fix_and_fix_says_it_wrote_nothing(tmp_path):
+    model = _deepseek_mtp(tmp_path / "ds")
+    shown = CliRunner().invoke(main, ["doctor", str(model)]).output
+    assert _fix_lines(shown) == [f"modelpatch apply strip-mtp {model}"]
+    assert "layers: 2" in shown                                   # the detail labelled
+    fixed = CliRunner().invoke(main, ["doctor", str(model), "--fix", "-o",
+                                      str(tmp_path / "out")])
+    assert fixed.exit_code == 0
+    assert fixed.output.splitlines()[-1] == (
+        "--fix: nothing written: only info findings have a fix (strip-mtp), a choice left to "
+        "you (apply it as shown)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_fix_twice_needs_force_and_writes_model_doctor(tmp_path):
+    model = _eos_model(tmp_path / "llama")
+    first = CliRunner().invoke(main, ["doctor", str(model), "--fix"])
+    assert first.exit_code == 0, first.output
+    assert f"fixed with fix-eos: {tmp_path / 'llama-doctor'}" in first.output
+    again = CliRunner().invoke(main, ["doctor", str(model), "--fix"])
+    assert again.exit_code == 2 and "--force replaces it" in again.output
+    forced = CliRunner().invoke(main, ["doctor", str(model), "--fix", "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert api.verify(tmp_path / "llama-doctor").ok
+    assert CliRunner().invoke(main, ["doctor", str(model), "--force"]).exit_code == 2

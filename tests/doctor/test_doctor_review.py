@@ -174,3 +174,28 @@ def test_fix_twice_needs_force_and_writes_model_doctor(tmp_path):
     assert forced.exit_code == 0, forced.output
     assert api.verify(tmp_path / "llama-doctor").ok
     assert CliRunner().invoke(main, ["doctor", str(model), "--force"]).exit_code == 2
+
+
+# --- a stale hf_quant_config.json (review item 16) -------------------------------------------
+
+def test_compressed_tensors_config_beside_a_modelopt_hf_quant_config_disagrees(tmp_path):
+    """The pair modelopt-to-compressed-tensors left before it dropped hf_quant_config.json:
+    config.json says compressed-tensors NVFP4, hf_quant_config.json ModelOpt NVFP4."""
+    from patcher.model.inspect_model import quantization_summary
+    from patcher.model.model_dir import ModelDir
+
+    base = Path(__file__).parent.parent / "fixtures" / "modelopt" / "llama-nvfp4"
+    ct = api.apply("modelopt-to-compressed-tensors", base, out=tmp_path / "ct").output
+    assert not (ct / "hf_quant_config.json").exists()
+    assert "quant-config-disagreement" not in {f["rule"] for f in api.doctor(ct)["findings"]}
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    for name in ("config.json", "hf_quant_config.json"):
+        (stale / name).write_bytes(((ct if name == "config.json" else base) / name).read_bytes())
+    expected = ("format: config.json quant_method compressed-tensors (nvfp4-pack-quantized) vs "
+                "hf_quant_config.json ModelOpt NVFP4 (a ModelOpt file describing other tensors)")
+    assert quantization_summary(ModelDir.open(stale))["disagreements"][0] == expected
+    [finding] = [f for f in api.doctor(stale)["findings"]
+                 if f["rule"] == "quant-config-disagreement"]
+    assert finding["details"][0] == expected
+    assert quantization_summary(ModelDir.open(base))["disagreements"] == []

@@ -16,6 +16,8 @@ from .rules import Rule, evaluate
 from .target import Target
 
 MODEL_FACTS = "@model"
+#: The built-in rules that read a GGUF's metadata (``@model`` ``/gguf``).
+GGUF_RULES = ("gguf-mtp-layers-unused",)
 
 
 class _LazyFacts(dict):
@@ -42,7 +44,8 @@ def model_facts(model: ModelDir) -> dict:
     of ``inspect`` (only groups that have tensors: ``/tensor_groups/lm_head`` exists or not);
     ``unloaded_shards``: safetensors files the model does not load (not in its index);
     ``tensors``: tensor name -> shard (``/tensors/lm_head.weight`` exists or not); ``eos``,
-    ``quant_ignore``, ``kv_scale_names``, ``layers_past_config``: see ``patcher.doctor.facts``."""
+    ``quant_ignore``, ``kv_scale_names``, ``layers_past_config``, ``gguf``: see
+    ``patcher.doctor.facts``."""
     from ..model.inspect_model import quantization_summary
     from . import facts
 
@@ -57,7 +60,8 @@ def model_facts(model: ModelDir) -> dict:
         "eos": lambda: facts.eos_facts(model),
         "quant_ignore": lambda: facts.ignore_facts(model),
         "kv_scale_names": lambda: facts.kv_scale_names(model),
-        "layers_past_config": lambda: facts.layers_past_config(model)})
+        "layers_past_config": lambda: facts.layers_past_config(model),
+        "gguf": lambda: facts.gguf_facts(model)})
 
 
 def _tensor_groups(model: ModelDir) -> dict[str, int]:
@@ -114,9 +118,14 @@ def diagnose(model: ModelDir, target: Target, rules: list[Rule]) -> dict:
         elif missing:
             not_checked.append({"rule": rule.id, "needs": sorted(missing)})
     findings.sort(key=lambda f: ("blocker", "warning", "info").index(f["severity"]))
-    return {"model": str(model.root), "target": target.facts(), "findings": findings,
-            "not_checked": not_checked,
-            "blockers": sum(f["severity"] == "blocker" for f in findings)}
+    report = {"model": str(model.root), "target": target.facts(), "findings": findings,
+              "not_checked": not_checked,
+              "blockers": sum(f["severity"] == "blocker" for f in findings)}
+    if not model.has("config.json") and any(rel.endswith(".gguf") for rel in model.files):
+        report["note"] = (f"a GGUF model: only the rules that read GGUF metadata "
+                          f"({', '.join(GGUF_RULES)}) checked it; the others read config.json "
+                          f"and safetensors headers")
+    return report
 
 
 def _finding(rule: Rule, read) -> dict:
@@ -158,6 +167,8 @@ def render(report: dict) -> str:
                  ] if {"engine", "engine_version"} & set(n["needs"]) else []
         needs += ["--gpu"] if "gpu" in n["needs"] else []
         lines.append(f"{'not run':<10} {n['rule']}: needs {' and '.join(needs)}")
+    if report.get("note"):
+        lines.append(f"{'note':<10} {report['note']}")
     blockers = report["blockers"]
     lines.append(f"{len(report['findings'])} finding(s), {blockers} blocker(s)"
                  if report["findings"] else "no findings")

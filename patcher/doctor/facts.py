@@ -204,3 +204,25 @@ def layers_past_config(model: ModelDir) -> dict:
             layers.add(int(m[1]))
             tensors += 1
     return {"tensors": tensors, "layers": sorted(layers)}
+
+
+# --- GGUF ------------------------------------------------------------------------------------
+
+def gguf_facts(model: ModelDir) -> dict:
+    """``files``: the GGUF models (a file, or a split set's stem); ``nextn``: one line per model
+    whose ``{arch}.nextn_predict_layers`` is above 0 (MTP blocks appended by llama.cpp's
+    converter, which gguf-strip-mtp drops)."""
+    from ..gguf.files import gguf_models, gguf_relpaths
+
+    if not gguf_relpaths(model):
+        return {"files": [], "nextn": []}
+    models = gguf_models(model)
+    nextn = []
+    for gm in models:
+        arch = gm.architecture
+        count = gm.first.get(f"{arch}.nextn_predict_layers") if arch else None
+        blocks = gm.first.get(f"{arch}.block_count")
+        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+            nextn.append(f"{gm.name}: {arch}.nextn_predict_layers = {count}, the last {count} of "
+                         f"{blocks} blocks")
+    return {"files": [gm.name for gm in models], "nextn": nextn}

@@ -199,3 +199,36 @@ def test_compressed_tensors_config_beside_a_modelopt_hf_quant_config_disagrees(t
                  if f["rule"] == "quant-config-disagreement"]
     assert finding["details"][0] == expected
     assert quantization_summary(ModelDir.open(base))["disagreements"] == []
+
+
+# --- GGUF models (review item 8) --------------------------------------------------------------
+
+def test_gguf_with_nextn_blocks_is_reported_and_gguf_strip_mtp_clears_it(tmp_path):
+    pytest.importorskip("gguf")
+    from gguf_fixtures import write_tiny
+
+    (tmp_path / "g").mkdir()
+    model = write_tiny(tmp_path / "g" / "mtp.gguf", arch="glm4moe", nextn=1)
+    report = api.doctor(model, engine="vllm==0.15.1", gpu="sm120")
+    [finding] = report["findings"]
+    assert (finding["rule"], finding["severity"], finding["fix"]) == \
+        ("gguf-mtp-layers-unused", "info", {"recipe": "gguf-strip-mtp"})
+    assert finding["details"] == ["mtp.gguf: glm4moe.nextn_predict_layers = 1, the last 1 of 3 "
+                                  "blocks"]
+    shown = CliRunner().invoke(main, ["doctor", str(model)]).output
+    assert f"fix: modelpatch apply gguf-strip-mtp {model}" in shown
+    stripped = api.apply("gguf-strip-mtp", model, out=tmp_path / "stripped").output
+    assert api.doctor(stripped)["findings"] == []
+
+
+def test_gguf_model_is_never_reported_clean_silently(tmp_path):
+    pytest.importorskip("gguf")
+    from gguf_fixtures import write_tiny
+
+    (tmp_path / "g").mkdir()
+    model = write_tiny(tmp_path / "g" / "tiny.gguf")
+    shown = CliRunner().invoke(main, ["doctor", str(model), "--engine", "vllm==0.15.1",
+                                      "--gpu", "sm120"]).output
+    assert "note       a GGUF model: only the rules that read GGUF metadata " \
+           "(gguf-mtp-layers-unused) checked it" in shown
+    assert shown.splitlines()[-1] == "no findings"

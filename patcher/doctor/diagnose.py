@@ -17,7 +17,7 @@ from .target import Target
 
 MODEL_FACTS = "@model"
 #: The built-in rules that read a GGUF's metadata (``@model`` ``/gguf``).
-GGUF_RULES = ("gguf-mtp-layers-unused",)
+GGUF_RULES = ("gguf-mtp-layers-unused", "gguf-eos-inconsistent")
 
 
 class _LazyFacts(dict):

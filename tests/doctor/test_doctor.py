@@ -64,7 +64,8 @@ def test_every_builtin_rule_loads_and_is_tested():
                    "tied-lm-head-ignored", "untied-lm-head-missing",
                    "duplicate-consolidated-safetensors", "quantized-weights-below-vllm-minimum",
                    "eos-inconsistent", "quant-ignore-unmatched", "quant-unquantized-uncovered",
-                   "kv-scale-names-sglang", "mtp-layers-unused", "gguf-mtp-layers-unused"}
+                   "kv-scale-names-sglang", "mtp-layers-unused", "gguf-mtp-layers-unused",
+                   "gguf-eos-inconsistent"}
     assert len(list(builtin_rules_dir().glob("*.yaml"))) == len(ids)
 
 

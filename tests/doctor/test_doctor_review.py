@@ -230,5 +230,28 @@ def test_gguf_model_is_never_reported_clean_silently(tmp_path):
     shown = CliRunner().invoke(main, ["doctor", str(model), "--engine", "vllm==0.15.1",
                                       "--gpu", "sm120"]).output
     assert "note       a GGUF model: only the rules that read GGUF metadata " \
-           "(gguf-mtp-layers-unused) checked it" in shown
+           "(gguf-mtp-layers-unused, gguf-eos-inconsistent) checked it" in shown
     assert shown.splitlines()[-1] == "no findings"
+
+
+def test_gguf_eos_that_is_not_the_tokenizers_is_fixed_by_doctor_fix(tmp_path):
+    pytest.importorskip("gguf")
+    from gguf_fixtures import write_tiny
+
+    model = tmp_path / "g"                          # a directory: the GGUF and its tokenizer
+    model.mkdir()
+    write_tiny(model / "tiny.gguf")                 # eos_token_id 2
+    (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": "t7"}))
+    [finding] = api.doctor(model)["findings"]
+    assert (finding["rule"], finding["severity"], finding["fix"]) == \
+        ("gguf-eos-inconsistent", "warning", {"recipe": "gguf-fix-eos"})
+    assert finding["details"] == ["tiny.gguf: tokenizer.ggml.eos_token_id is 2, but "
+                                  "tokenizer_config.json's eos_token 't7' is token 7: "
+                                  "generation does not stop at it"]
+    fixed = CliRunner().invoke(main, ["doctor", str(model), "--fix", "--json"])
+    assert fixed.exit_code == 0, fixed.output
+    report = json.loads(fixed.output)
+    assert report["fix"]["recipes"] == ["gguf-fix-eos"]
+    assert report["fix"]["after"]["findings"] == []
+    (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": "t2"}))
+    assert api.doctor(model)["findings"] == []

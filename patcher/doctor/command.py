@@ -18,7 +18,7 @@ import click
 @click.option("--fix", is_flag=True,
               help="Apply the fixing recipes as one verified variant, then diagnose it.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
-              help="With --fix: where to write the variant.")
+              help="With --fix: where to write the variant (default: <model>-doctor).")
 @click.option("--in-place", is_flag=True, help="With --fix: patch MODEL itself (revertible).")
 @click.option("--force", is_flag=True, help="With --fix: replace an existing output that is an "
                                              "earlier modelpatch variant (as apply --force).")

@@ -13,7 +13,7 @@ from examples.generate import make_kimi_nvfp4
 from patcher import api
 from patcher.cli import main
 from patcher.doctor.rules import load_rules
-from patcher.errors import InputError, RecipeError
+from patcher.errors import RecipeError
 
 
 @pytest.fixture(scope="module")

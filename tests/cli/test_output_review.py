@@ -50,3 +50,17 @@ def test_inspect_of_a_file_names_what_a_model_is(tmp_path):
     assert out.exit_code == 2
     assert "not a directory (a model is a directory, one .gguf file or hf://ORG/NAME[@REV])" \
         in out.output
+
+
+def test_gguf_module_groups_are_named_as_safetensors_groups():
+    from patcher.gguf.inspect import module_group
+    from patcher.model.inspect_model import GROUP_NAMES
+
+    names = {"token_embd.weight": "embeddings", "output.weight": "lm_head",
+             "output_norm.weight": "norms", "blk.0.attn_norm.weight": "norms",
+             "blk.0.attn_q.weight": "attention", "blk.0.ffn_up.weight": "dense_mlp",
+             "blk.0.ffn_up_exps.weight": "routed_experts",
+             "blk.0.ffn_up_shexp.weight": "shared_experts", "v.blk.0.attn_q.weight": "vision",
+             "blk.3.nextn.eh_proj.weight": "mtp_nextn"}
+    assert {n: module_group(n) for n in names} == names
+    assert set(names.values()) - set(GROUP_NAMES) == {"mtp_nextn"}

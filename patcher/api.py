@@ -21,7 +21,7 @@ from .model.model_dir import ModelDir
 # imported by the functions that need them, so `inspect` and `--help` stay light.
 if TYPE_CHECKING:
     from .execute.engine import ApplyResult, Progress
-    from .plan import Plan
+    from .plan import Plan, PlanOptions
     from .recipe.load import Recipe
 
 log = logging.getLogger("modelpatch")
@@ -120,30 +120,32 @@ def open_model(model: str | os.PathLike, *, endpoint: str | None = None,
 
 
 def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
-         *, options: dict | None = None, out: str | os.PathLike | None = None,
+         *, options: PlanOptions | dict | None = None, out: str | os.PathLike | None = None,
          endpoint: str | None = None) -> Plan:
-    """The plan for applying ``recipe`` to ``model``; nothing is written. Unless
-    ``options["in_place"]``, it predicts how the base's files will be carried into ``out``
-    (default: where ``apply`` would write) in ``options["link"]`` mode (default ``auto``).
-    For ``hf://org/name[@rev]`` (read without its tensor data) there is no such prediction, and
-    ``plan.options["remote"]`` says what reading it transferred."""
+    """The plan for applying ``recipe`` to ``model``; nothing is written. ``options``: a
+    ``PlanOptions``, or a dict of its field names. Unless ``options.in_place``, it predicts how
+    the base's files will be carried into ``out`` (default: where ``apply`` would write) in
+    ``options.link`` mode (default ``auto``). For ``hf://org/name[@rev]`` (read without its
+    tensor data) there is no such prediction, and ``plan.transfer`` says what reading it
+    transferred."""
+    from dataclasses import replace
+
     from .execute.linking import predict_for_plan
-    from .plan import plan as make_plan
-
     from .gguf.single_file import check_in_place, is_gguf_file
+    from .plan import PlanOptions, plan as make_plan
 
-    if (options or {}).get("in_place") and is_gguf_file(model):
+    options = PlanOptions.of(options)
+    if options.in_place and is_gguf_file(model):
         check_in_place(model)           # as apply_in_place: refused, or the whole directory
         model = Path(model).parent
     loaded, base = load(recipe), open_model(model, endpoint=endpoint, what="plan")
     the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
     if hasattr(base, "transfer_report"):
-        the_plan.options["remote"] = base.transfer_report()
-        return the_plan
-    if the_plan.options.get("in_place"):
+        return replace(the_plan, transfer=base.transfer_report())
+    if the_plan.options.in_place:
         return the_plan
     target = _default_output(model, base, loaded.name, out)
-    return predict_for_plan(the_plan, target, the_plan.options.get("link") or "auto")
+    return predict_for_plan(the_plan, target, the_plan.options.link or "auto")
 
 
 def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
@@ -174,7 +176,7 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
     from .execute.engine import apply_plan
     from .execute.linking import check_mode, predict_for_plan, warn_before_copying
     from .execute.locking import lock_directory
-    from .plan import plan as make_plan, require_change
+    from .plan import PlanOptions, plan as make_plan, require_change
 
     loaded = load(recipe)
     base_model = _checked_base_model(base_model)
@@ -186,8 +188,8 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
     with lock_directory(model_directory(model), exclusive=False):
         base = _open_recovered(model)
         link = check_mode("copy" if force_copy else link)
-        options = {"link": link, "jobs": jobs, "device": device, "in_place": False,
-                   "max_shard_size": max_shard_size, **({"params": params} if params else {})}
+        options = PlanOptions(link=link, jobs=jobs, device=device,
+                              max_shard_size=max_shard_size, params=params or None)
         the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
         require_change(the_plan, allow_noop)
         _log_warnings(the_plan)
@@ -242,8 +244,9 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model``,
     ``params`` and ``endpoint`` as for ``apply``. A plan that changes nothing raises ``NothingToChange`` unless
     ``allow_noop``."""
-    from .execute.inplace import apply_in_place as run
-    from .plan import plan as make_plan, require_change
+    from .execute.inplace import apply_locked, prepare_directory
+    from .execute.locking import lock_directory
+    from .plan import PlanOptions, plan as make_plan, require_change
 
     from .gguf.single_file import check_in_place, is_gguf_file
 
@@ -252,13 +255,16 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     if is_gguf_file(model):
         check_in_place(model)
         model = Path(model).parent
-    base = _open(model)
-    options = {"jobs": jobs, "device": device, "in_place": True,
-               "max_shard_size": max_shard_size, **({"params": params} if params else {})}
-    the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
-    require_change(the_plan, allow_noop)
-    _log_warnings(the_plan)
-    return run(the_plan, base, jobs=jobs, progress=progress, base_model=base_model)
+    options = PlanOptions(in_place=True, jobs=jobs, device=device,
+                          max_shard_size=max_shard_size, params=params or None)
+    # Planned once, under the exclusive lock: nothing can change the directory in between.
+    with lock_directory(Path(model), exclusive=True):
+        prepare_directory(Path(model))
+        base = _open(model)
+        the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
+        require_change(the_plan, allow_noop)
+        _log_warnings(the_plan)
+        return apply_locked(the_plan, base, jobs=jobs, progress=progress, base_model=base_model)
 
 
 def _executor(name: str, address: str | None):

@@ -80,9 +80,11 @@ def _echo_transfer(remote: dict | None) -> None:
 
 
 def _plan_options(in_place: bool, link: str, jobs: int | None, device: str,
-                  max_shard_size: int | None, params: dict | None = None) -> dict:
-    return {"in_place": in_place, "link": link, "jobs": jobs, "device": device,
-            "max_shard_size": max_shard_size, **({"params": params} if params else {})}
+                  max_shard_size: int | None, params: dict | None = None):
+    from ..plan import PlanOptions
+
+    return PlanOptions(in_place=in_place, link=None if in_place else link, jobs=jobs,
+                       device=device, max_shard_size=max_shard_size, params=params or None)
 
 
 def _set_values(items: tuple[str, ...]) -> dict[str, str]:
@@ -142,7 +144,7 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
     from .render import render_plan
 
     data = the_plan.to_json()
-    remote = the_plan.options.get("remote")
+    remote = the_plan.transfer
     if remote is not None and as_json:
         data["remote"] = remote
     click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))

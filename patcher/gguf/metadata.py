@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from ..changes import GgufMetadata
 from ..errors import InputError, PlanError
 from ..fsops import read_capped
 from .format import ARRAY, STRING, KeyValue, encode_value
@@ -40,7 +41,7 @@ def describe(key: str, before: KeyValue | None, after: KeyValue | None) -> str:
 
 
 def apply_meta_op(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model,
-                  lines: list[str], changes: list[dict], file: str) -> None:
+                  lines: list[str], changes: list, file: str) -> None:
     key = arch_key(op.key, arch)
     for name in (key, arch_key(op.to, arch) if op.to else None):
         if name is not None and (name in RESERVED or name.startswith("split.")):
@@ -55,8 +56,7 @@ def apply_meta_op(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model,
                             hint="missing_ok: true skips it")
         del kv[key]
         lines.append(describe(key, old, None))
-        changes.append({"kind": "gguf_metadata", "op": "drop", "key": key,
-                        "before": _plain(old), "recipe_line": op.loc})
+        changes.append(GgufMetadata("drop", key, op.loc, before=_plain(old)))
         return
     if op.kind == "rename":
         to = arch_key(op.to, arch)
@@ -69,8 +69,7 @@ def apply_meta_op(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model,
         kv.pop(key)
         kv[to] = KeyValue(to, old.vtype, old.raw, old.item_type, old.count)
         lines.append(f"-{key}\n+{to}\n")
-        changes.append({"kind": "gguf_metadata", "op": "rename", "key": key, "to": to,
-                        "recipe_line": op.loc})
+        changes.append(GgufMetadata("rename", key, op.loc, to=to))
         return
     value = _value(op, kv, arch, recipe, model)
     gtype = op.gtype or (GType(old.vtype, old.item_type) if old is not None
@@ -96,9 +95,8 @@ def apply_meta_op(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model,
         return
     kv[key] = new
     lines.append(describe(key, old, new))
-    changes.append({"kind": "gguf_metadata", "op": "set", "key": key,
-                    "before": _plain(old) if old else None, "after": _plain(new),
-                    "type": new.type_name(), "recipe_line": op.loc})
+    changes.append(GgufMetadata("set", key, op.loc, before=_plain(old) if old else None,
+                                after=_plain(new), type=new.type_name()))
 
 
 def _value(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model):

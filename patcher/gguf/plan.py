@@ -12,6 +12,7 @@ import json
 import re
 from collections import Counter
 
+from ..changes import GgufMetadata, TensorDropped, TensorRenamed, layout as change_layout
 from ..errors import GuardRefused, PlanError
 from ..plan import Action, FilePlan
 from ..recipe.regex_bound import per_name
@@ -24,7 +25,7 @@ from .task import GGUFTask
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 
 
-def plan_gguf(recipe, model, changes: list[dict],
+def plan_gguf(recipe, model, changes: list,
               max_shard_size: int | None = None) -> dict[str, FilePlan]:
     section: GGUFSection = recipe.gguf
     # A multimodal projector (mmproj) or a LoRA adapter beside the model is not the model:
@@ -87,7 +88,7 @@ def _plan_model(recipe, section: GGUFSection, model, gm: GGUFModel, changes,
     return plans
 
 
-def _count_split_tensors(kvs: list[dict[str, KeyValue]], total: int, changes: list[dict],
+def _count_split_tensors(kvs: list[dict[str, KeyValue]], total: int, changes: list,
                          loc: str) -> None:
     """Every file of a split set says how many tensors the set holds."""
     before = kvs[0][SPLIT_TENSORS]
@@ -96,8 +97,7 @@ def _count_split_tensors(kvs: list[dict[str, KeyValue]], total: int, changes: li
     for kv in kvs:
         kv[SPLIT_TENSORS] = KeyValue(SPLIT_TENSORS, before.vtype,
                                      encode_value(before.vtype, total))
-    changes.append({"kind": "gguf_metadata", "op": "set", "key": SPLIT_TENSORS,
-                    "before": before.value, "after": total, "recipe_line": loc})
+    changes.append(GgufMetadata("set", SPLIT_TENSORS, loc, before=before.value, after=total))
 
 
 def _task(model, rel: str, header, kv: dict[str, KeyValue], kept: dict[str, TensorInfo],
@@ -190,9 +190,8 @@ def _tensor_op(op: TensorOp, gm, kept, renamed, block_count, changes) -> None:
                 new = op.rename[0].sub(op.rename[1], current)
                 if new != current:
                     renamed[name] = new
-                    changes.append({"kind": "tensor_renamed", "tensor": current, "to": new,
-                                    "shard": gm.files[i], "before": _layout(t),
-                                    "after": _layout(t), "recipe_line": op.loc})
+                    changes.append(TensorRenamed(current, new, gm.files[i], _layout(t),
+                                                 _layout(t), op.loc))
     if hits == 0:
         raise PlanError("selects no tensor", where=op.loc)
     counts = Counter(renamed.get(n, n) for k in kept for n in k)
@@ -221,22 +220,19 @@ def _strip_nextn(gm, arch, kv, kept, changes, meta_lines, loc) -> None:
         old = kv[key]
         kv[key] = KeyValue(key, old.vtype, encode_value(old.vtype, new))
         meta_lines.append(describe(key, old, kv[key]))
-        changes.append({"kind": "gguf_metadata", "op": "set", "key": key, "before": old.value,
-                        "after": new, "recipe_line": loc})
+        changes.append(GgufMetadata("set", key, loc, before=old.value, after=new))
     for key, old in list(kv.items()):
         if key.startswith(f"{arch}.") and old.vtype == ARRAY and old.count == blocks:
             kv[key] = KeyValue(key, ARRAY, encode_value(ARRAY, old.value[:first_nextn],
                                                         old.item_type), old.item_type, first_nextn)
             meta_lines.append(describe(key, old, kv[key]))
-            changes.append({"kind": "gguf_metadata", "op": "set", "key": key,
-                            "before": f"array of {blocks}", "after": f"array of {first_nextn}",
-                            "recipe_line": loc})
+            changes.append(GgufMetadata("set", key, loc, before=f"array of {blocks}",
+                                        after=f"array of {first_nextn}"))
 
 
 def _layout(t: TensorInfo) -> dict:
-    return {"dtype": t.type_name, "shape": list(reversed(t.shape))}
+    return change_layout(t.type_name, reversed(t.shape))
 
 
-def _dropped(t: TensorInfo, name: str, shard: str, loc: str) -> dict:
-    return {"kind": "tensor_dropped", "tensor": name, "shard": shard, "before": _layout(t),
-            "after": None, "recipe_line": loc}
+def _dropped(t: TensorInfo, name: str, shard: str, loc: str) -> TensorDropped:
+    return TensorDropped(name, shard, _layout(t), loc)

@@ -16,6 +16,7 @@ Kept tensors' bytes are copied unchanged, in the model's order.
 
 from __future__ import annotations
 
+from ..changes import GgufResharded
 from ..errors import PlanError
 from ..plan import Action, FilePlan
 from .files import SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS, GGUFModel
@@ -66,8 +67,7 @@ def reshard(model, gm: GGUFModel, first_kv: dict[str, KeyValue], kept: list[dict
     for rel in gm.files:
         if rel not in plans:
             plans[rel] = FilePlan(rel, Action.DROP, source=rel, size_before=model.files[rel].size)
-    changes.append({"kind": "gguf_resharded", "max_shard_size": max_size,
-                    "files_before": list(gm.files), "files_after": names})
+    changes.append(GgufResharded(max_size, list(gm.files), list(names)))
     return plans
 
 

@@ -51,6 +51,8 @@ class ModelFile:
     path: Path            # the entry in the model directory (may be a symlink)
     size: int
     link_target: str | None = None   # raw readlink() text when the entry is a symlink
+    stamp: tuple[int, int, int, int] | None = None
+    """(st_dev, st_ino, st_size, st_mtime_ns) of the file (a symlink's target) when listed."""
 
     @property
     def is_symlink(self) -> bool:
@@ -230,7 +232,7 @@ def model_file(entry: Path, relpath: str, allowed: list[str]) -> ModelFile:
         st = entry.lstat()
         if not stat.S_ISREG(st.st_mode):
             raise ModelDirError("not a regular file", where=entry)
-        return ModelFile(relpath, entry, st.st_size)
+        return ModelFile(relpath, entry, st.st_size, stamp=_stamp(st))
     target = os.readlink(entry)
     real = os.path.realpath(entry)
     if not any(real == a or real.startswith(a + os.sep) for a in allowed):
@@ -241,7 +243,24 @@ def model_file(entry: Path, relpath: str, allowed: list[str]) -> ModelFile:
     st = os.stat(real)
     if not stat.S_ISREG(st.st_mode):
         raise ModelDirError("symlink does not point to a regular file", where=entry)
-    return ModelFile(relpath, entry, st.st_size, link_target=target)
+    return ModelFile(relpath, entry, st.st_size, link_target=target, stamp=_stamp(st))
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def fingerprint(files: dict[str, ModelFile]) -> dict[str, tuple] | None:
+    """What a plan read of a directory: every file's listing stamp and link text; None when a
+    file has no stamp (a model on a hub)."""
+    if any(f.stamp is None for f in files.values()):
+        return None
+    return {rel: (*f.stamp, f.link_target) for rel, f in files.items()}
+
+
+def read_fingerprint(root: Path) -> dict[str, tuple]:
+    """The ``fingerprint`` of the directory ``root`` as it is now."""
+    return fingerprint(dict(_list_files(root, hf_cache_repo(root)))) or {}
 
 
 class _CachedReader:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..changes import FileDropped
 from ..errors import PlanError
 from ..model.model_dir import INDEX_NAME, ModelDir
 from ..model.safetensors_io import OutputTensor, tensor_nbytes
@@ -78,7 +79,7 @@ def _describe_select(sel) -> str:
 
 # --- shards ---------------------------------------------------------------------------------
 
-def shard_plans(model: ModelDir, view: dict[str, VirtualTensor], changes: list[dict],
+def shard_plans(model: ModelDir, view: dict[str, VirtualTensor], changes: list,
                  device: str) -> dict[str, FilePlan]:
     by_shard: dict[str, list[VirtualTensor]] = {s: [] for s in model.model_shards}
     for t in view.values():
@@ -96,7 +97,7 @@ def shard_plans(model: ModelDir, view: dict[str, VirtualTensor], changes: list[d
         size = model.files[shard].size
         if not tensors:
             plans[shard] = FilePlan(shard, Action.DROP, source=shard, size_before=size)
-            changes.append({"kind": "file_dropped", "file": shard, "reason": "no tensors left"})
+            changes.append(FileDropped(shard, reason="no tensors left"))
             continue
         metadata = dict(header.metadata or {})
         metadata.setdefault("format", "pt")

@@ -107,13 +107,15 @@ def inspect(model: str | os.PathLike, *, endpoint: str | None = None) -> dict:
     return report
 
 
-def open_model(model: str | os.PathLike, *, endpoint: str | None = None) -> ModelDir:
+def open_model(model: str | os.PathLike, *, endpoint: str | None = None,
+               what: str = "inspect") -> ModelDir:
     """A local model directory, or ``hf://org/name[@rev]`` read from the hub (``endpoint``)
-    without its tensor data (``patcher.remote.model.RemoteModel``)."""
+    without its tensor data (``patcher.remote.model.RemoteModel``; ``what``: the command its
+    hub errors name)."""
     from .remote.model import RemoteModel, is_remote
 
     if is_remote(model):
-        return RemoteModel.open(str(model), endpoint=endpoint)
+        return RemoteModel.open(str(model), endpoint=endpoint, what=what)
     return _open(model)
 
 
@@ -136,7 +138,7 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     if options.in_place and is_gguf_file(model):
         check_in_place(model)           # as apply_in_place: refused, or the whole directory
         model = Path(model).parent
-    loaded, base = load(recipe), open_model(model, endpoint=endpoint)
+    loaded, base = load(recipe), open_model(model, endpoint=endpoint, what="plan")
     the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
     if hasattr(base, "transfer_report"):
         return replace(the_plan, transfer=base.transfer_report())
@@ -349,10 +351,12 @@ def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | No
     name, version = parse_engine(engine)
     target = Target(name, version, parse_gpu(gpu))
     loaded = load_rules(tuple(rules))
-    opened = open_model(model, endpoint=endpoint)
+    opened = open_model(model, endpoint=endpoint, what="doctor")
     report = diagnose(opened, target, loaded)
     if hasattr(opened, "transfer_report"):
         report["remote"] = opened.transfer_report()
+    else:
+        report["model"] = os.path.abspath(model)        # as given (a .gguf file), absolute
     return report
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 
 import click
@@ -265,7 +266,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                     "bytes_written": result.bytes_written, "bytes_hashed": result.bytes_hashed,
                     "link_method": result.link_method})
     else:
-        click.echo(str(result.output))
+        click.echo(os.path.abspath(result.output))      # in place too: the path as given
 
 
 def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, base_model,

@@ -132,8 +132,11 @@ def _carried_text(plan_json: dict) -> str:
     written = f"{human_bytes(b['written'])} written"
     if link is None:                                   # in place: the rest stays where it is
         return f"{written}, {human_bytes(b['unchanged'])} unchanged"
-    carried = b["linked"] + b["copied"]
-    return f"{written}, {human_bytes(carried)} {_CARRIED[link['method']]}"
+    carried, how = b["linked"] + b["copied"], _CARRIED[link["method"]]
+    originals = carried - b["unchanged"]            # the rewritten files' originals, for revert
+    text = f"{written}, {human_bytes(b['unchanged'])} {how}"
+    return text + (f"; {human_bytes(originals)} of originals kept for revert, also {how}"
+                   if originals > 0 else "")
 
 
 def _link_lines(link: dict | None) -> list[str]:

@@ -84,7 +84,8 @@ class ModelDir:
         root = Path(path)
         if not root.is_dir():
             raise ModelDirError("not a directory" if root.exists() else "no such directory",
-                                where=root)
+                                where=root, hint="a model is a directory, one .gguf file or "
+                                                 "hf://ORG/NAME[@REV]" if root.exists() else None)
         cache_repo = hf_cache_repo(root)
         files = dict(_list_files(root, cache_repo))
         shard_names = sorted(p for p in files if p.endswith(".safetensors"))

@@ -110,7 +110,7 @@ def check_pin(value: Any) -> str | None:
     if not isinstance(value, str):
         return f"sha256: must be a string of 64 lowercase hex digits (quote it); got {value!r}"
     if not SHA256_RE.match(value):
-        return "sha256: must be 64 lowercase hex digits"
+        return f"sha256: must be 64 lowercase hex digits; got {value!r}"
     return None
 
 
@@ -155,7 +155,10 @@ def parse_from(v, node: Any, pos: tuple[int, int]) -> dict | None:
     pin_pos = rc.val_pos(node, "sha256") if "sha256" in node else pos
     if text is None:
         return None
-    pin = template_value(v, pin, pin_pos, v.param_names) if isinstance(pin, str) else pin
+    if not isinstance(pin, str):        # YAML's 0, 1e3, null...: never "not pinned"
+        v.err(pin_pos, check_pin(pin))
+        return None
+    pin = template_value(v, pin, pin_pos, v.param_names)
     if isinstance(pin, str) and check_pin(pin):
         v.err(pin_pos, check_pin(pin))
         return None
@@ -192,8 +195,8 @@ def resolve_from(fetch: Any, pin: Any, evaluate, fetcher, loc: str, *, want_text
                 raise InputError(f"from: {fetch.source!r} is {text!r}, not a string")
             source = parse_source(text)
         pin = evaluate(pin) if pin is not None and not isinstance(pin, str) else pin
-        if pin and check_pin(pin):
-            raise InputError(f"{check_pin(pin)} (got {pin!r})")
+        if pin is not None and check_pin(pin):
+            raise InputError(check_pin(pin))
         if fetcher is None:
             raise InputError(f"from: {source.text!r}: nothing can fetch it here")
         got = fetcher.fetch(source)

@@ -65,3 +65,64 @@ def test_a_bad_string_pin_names_the_value_once(tmp_path):
     with pytest.raises(PlanError, match="64 lowercase hex digits") as caught:
         api.plan(str(recipe), model, options={"params": {"pin": "abc"}})
     assert caught.value.one_line().count("'abc'") == 1
+
+
+# ------------------------------------------------------- item 1: fix-eos values
+
+@pytest.mark.parametrize("ids, token", [
+    ("abc", "x"), ('[3, "x", 2.5]', "x"), ("3,true", "x"), ("", "x"), ("[]", "x"),
+    ("3,2", ""),
+])
+def test_fix_eos_refuses_values_that_cannot_be_stop_tokens(tmp_path, ids, token):
+    model = _model(tmp_path / "m")
+    result = _run(["plan", "fix-eos", model, "--set", f"eos_token_id={ids}",
+                   "--set", f"eos_token={token}"])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[0].startswith("modelpatch: error: --set eos_token"), result.output
+    assert "Traceback" not in result.output
+
+
+def test_fix_eos_takes_integer_ids(tmp_path):
+    model = _model(tmp_path / "m")
+    plan = api.plan("fix-eos", model, options={"params": {"eos_token_id": "[128001, 128009]",
+                                                          "eos_token": "<|eot_id|>"}})
+    after = {(c["file"], c["path"]): c["after"] for c in plan.changes if "after" in c}
+    assert after[("config.json", "/eos_token_id")] == [128001, 128009]
+    assert after[("tokenizer_config.json", "/eos_token")] == "<|eot_id|>"
+    with pytest.raises(InputError, match="not a non-empty list of integers"):
+        api.plan("fix-eos", model, options={"params": {"eos_token_id": [1, "2"],
+                                                       "eos_token": "x"}})
+
+
+# ---------------------------------------------------- item 12: --set scoping and repeats
+
+def _param_recipe(path: Path, name: str, kind: str) -> Path:
+    path.write_text(f"modelpatch: 1\nname: {name}\ndescription: d\nparams:\n"
+                    f"  x: {{type: {kind}, description: the {name} x}}\n"
+                    f"config:\n  config.json:\n    - {{set: /{name}, value: '{{x}}'}}\n")
+    return path
+
+
+def test_a_scoped_value_takes_its_recipe_out_of_the_plain_names_ambiguity(tmp_path):
+    model = _model(tmp_path / "m")
+    a = _param_recipe(tmp_path / "a.yaml", "a", "integer")
+    b = _param_recipe(tmp_path / "b.yaml", "b", "string")
+    c = _param_recipe(tmp_path / "c.yaml", "c", "string")
+    plan = api.plan([str(a), str(b), str(c)], model,
+                    options={"params": {"x": "hello", "a.x": "2"}})
+    after = {c["path"]: c["after"] for c in plan.changes if "after" in c}
+    assert after == {"/a": 2, "/b": "hello", "/c": "hello"}
+    with pytest.raises(InputError, match="ambiguous: a declares it as integer"):
+        api.plan([str(a), str(b), str(c)], model, options={"params": {"x": "3", "c.x": "3"}})
+
+
+def test_the_same_set_name_given_twice_is_refused(tmp_path):
+    model = _model(tmp_path / "m")
+    result = _run(["plan", "fix-eos", model, "--set", "eos_token_id=1", "--set", "eos_token=x",
+                   "--set", "eos_token_id=2"])
+    assert result.exit_code == 2
+    assert "--set eos_token_id given twice ('1' and '2')" in result.output
+    result = _run(["plan", "fix-eos", model, "--set", "eos_token_id=1", "--set", "eos_token=x",
+                   "--set", "eos_token_id=1"])
+    assert result.exit_code == 0, result.output

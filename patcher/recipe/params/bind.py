@@ -112,6 +112,9 @@ def _typed_values(recipe: Recipe, values: dict[str, Any]) -> dict[str, Any]:
             if problem:
                 raise InputError(f"recipe {recipe.name!r} parameter {name}: {problem}",
                                  where=param.loc)
+            if param.default is REQUIRED and value in ("", []):
+                raise InputError(f"--set {name}=: recipe {recipe.name!r} needs a value for "
+                                 f"{name!r} ({param.description}), not an empty one")
             typed[name] = value
         elif param.default is REQUIRED:
             raise InputError(f"recipe {recipe.name!r} needs parameter {name!r} ("

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from patcher import api
 from patcher.cli import main
-from patcher.errors import InputError, PlanError, RecipeError
+from patcher.errors import GuardRefused, InputError, PlanError, RecipeError
 from patcher.recipe.load import load_recipe
 
 HEAD = "modelpatch: 1\nname: t\ndescription: d\n"
@@ -126,3 +126,39 @@ def test_the_same_set_name_given_twice_is_refused(tmp_path):
     result = _run(["plan", "fix-eos", model, "--set", "eos_token_id=1", "--set", "eos_token=x",
                    "--set", "eos_token_id=1"])
     assert result.exit_code == 0, result.output
+
+
+# -------------------------------------- item 9: recipes given together, each in turn
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "modelopt"
+
+
+def test_recipes_given_together_see_the_configs_the_earlier_ones_leave(tmp_path):
+    import shutil
+
+    base = tmp_path / "base"
+    shutil.copytree(FIXTURES / "llama-nvfp4", base)
+    together = api.apply(["sm120-fp16-kv", "drop-kv-scales"], base, out=tmp_path / "one").output
+    first = api.apply("sm120-fp16-kv", base, out=tmp_path / "a").output
+    second = api.apply("drop-kv-scales", first, out=tmp_path / "b").output
+    for name in ("config.json", "hf_quant_config.json", "model.safetensors"):
+        assert (together / name).read_bytes() == (second / name).read_bytes(), name
+    with pytest.raises(GuardRefused, match="drop-kv-scales.*refuses this model"):
+        api.plan(["drop-kv-scales", "sm120-fp16-kv"], base)
+
+
+def test_a_later_recipes_references_read_the_earlier_recipes_values(tmp_path):
+    model = _model(tmp_path / "m")
+    one = tmp_path / "one.yaml"
+    one.write_text("modelpatch: 1\nname: one\ndescription: d\nconfig:\n  config.json:\n"
+                   "    - {set: /max_position_embeddings, value: 100}\n")
+    two = tmp_path / "two.yaml"
+    two.write_text("modelpatch: 1\nname: two\ndescription: d\nrequires:\n"
+                   "  - {file: config.json, path: /max_position_embeddings, exists: true}\n"
+                   "config:\n  generation_config.json:\n"
+                   "    - {set: /n, value: '{config.max_position_embeddings} * 2'}\n")
+    plan = api.plan([str(one), str(two)], model)
+    after = {(c["file"], c["path"]): c["after"] for c in plan.changes if "after" in c}
+    assert after[("generation_config.json", "/n")] == 200
+    with pytest.raises(GuardRefused, match="two"):
+        api.plan([str(two), str(one)], model)

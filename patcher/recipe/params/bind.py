@@ -21,6 +21,7 @@ from ...config.json_pointer import join_pointer, json_equal
 from ...errors import TemplateError
 from .expr import Template, config_ref, read_config_ref, walk_templates
 from .parse import bind_tensor_ops, parse_set_value, type_problem
+from .in_turn import read_after
 from .scope import split_values
 from ..schema import (REQUIRED, AddFile, ArrayOp, DropOp, Include, PatchOp, Recipe, RenameOp,
                       SetOp)
@@ -65,26 +66,37 @@ def bind_recipe(recipe: Recipe, read_json: ReadJson,
     given = [r.recipe for r in recipe.includes] if composite else [recipe]
     per_recipe = split_values(given, {k: Given(v) if isinstance(v, str) else v
                                       for k, v in (values or {}).items()})
-    parts = _bind(recipe, read_json, per_recipe if composite else per_recipe[0], fetcher,
-                  composite)
-    return _merge(recipe, parts)
+    if not composite:
+        return _merge(recipe, _bind(recipe, read_json, per_recipe[0], fetcher))
+    return _bind_in_turn(recipe, given, per_recipe, read_json, fetcher)
 
 
-def _bind(recipe: Recipe, read_json: ReadJson, values: Any, fetcher: Any,
-          composite: bool = False) -> list[tuple[Recipe, dict]]:
-    """[(concrete recipe, its parameter values)] for ``recipe`` and everything it includes.
-    ``values``: its parameter values; for ``composite``, a list of them, one per include."""
-    typed = {} if composite else _typed_values(recipe, values)
+def _bind_in_turn(top: Recipe, given: list[Recipe], per_recipe: list[dict],
+                  read_json: ReadJson, fetcher: Any) -> Recipe:
+    """Several recipes given together, each bound (guards, ``{config.KEY}``) against the JSON
+    files as the recipes before it leave them. The merged recipe keeps the guards of the first
+    one only: the others do not hold on the base, and an in-place re-plan checks it again."""
+    parts: list[tuple[Recipe, dict]] = []
+    first_requires: tuple = ()
+    for index, (recipe, values) in enumerate(zip(given, per_recipe)):
+        bound = _bind(recipe, read_json, values, fetcher)
+        parts.extend(bound)
+        if index == 0:
+            first_requires = tuple(c for p, _ in bound for c in p.requires)
+        for part, _ in bound:
+            read_json = read_after(read_json, part)
+    return replace(_merge(top, parts), requires=first_requires)
+
+
+def _bind(recipe: Recipe, read_json: ReadJson, values: Any,
+          fetcher: Any) -> list[tuple[Recipe, dict]]:
+    """[(concrete recipe, its parameter values)] for ``recipe`` and everything it includes."""
+    typed = _typed_values(recipe, values)
     lookup = _lookup(typed, read_json)
     parts: list[tuple[Recipe, dict]] = []
-    for index, inc in enumerate(recipe.includes):
-        if composite:
-            inc_values = values[index]
-        else:
-            inc_values = {k: evaluate(v, lookup, inc.loc) for k, v in inc.params.items()}
+    for inc in recipe.includes:
+        inc_values = {k: evaluate(v, lookup, inc.loc) for k, v in inc.params.items()}
         parts.extend(_bind(inc.recipe, read_json, inc_values, fetcher))
-    if composite:
-        return parts
     check_guards(recipe, read_json)
     config = {file: tuple(_bind_op(op, lookup, fetcher) for op in ops)
               for file, ops in recipe.config.items()}

@@ -162,3 +162,57 @@ def test_a_later_recipes_references_read_the_earlier_recipes_values(tmp_path):
     assert after[("generation_config.json", "/n")] == 200
     with pytest.raises(GuardRefused, match="two"):
         api.plan([str(two), str(one)], model)
+
+
+# ------------------------------------- item 10: built-ins refuse models they don't fit
+
+BUILTIN_PARAMS = {"fix-eos": ["eos_token_id=2", "eos_token=</s>"],
+                  "no-remote-code": ["model_type=llama", "architectures=LlamaForCausalLM"],
+                  "text-only": ["architectures=LlamaForCausalLM"],
+                  "chat-template": ["template=file:{t}"]}
+
+
+def _safetensors_model(path: Path, *, tied: bool) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1,
+        "tie_word_embeddings": tied, "eos_token_id": 2, "torch_dtype": "bfloat16"}))
+    tensors = {"model.embed_tokens.weight": torch.ones(8, 4, dtype=torch.bfloat16),
+               "model.layers.0.mlp.up_proj.weight": torch.ones(4, 4, dtype=torch.bfloat16)}
+    if not tied:
+        tensors["lm_head.weight"] = torch.ones(8, 4, dtype=torch.bfloat16)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    return path
+
+
+@pytest.fixture(scope="module")
+def unfit_models(tmp_path_factory) -> dict[str, Path]:
+    from gguf_fixtures import write_tiny
+
+    root = tmp_path_factory.mktemp("unfit")
+    (root / "g").mkdir()
+    write_tiny(root / "g" / "tiny.gguf")
+    (root / "t.jinja").write_text("{{ messages }}")
+    return {"untied": _safetensors_model(root / "untied", tied=False),
+            "tied": _safetensors_model(root / "tied", tied=True), "gguf": root / "g",
+            "root": root}
+
+
+@pytest.mark.parametrize("recipe", sorted(p.stem for p in (
+    Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml")
+    if p.stem != "gguf-chat-template"))
+def test_a_builtin_refuses_a_model_it_does_not_fit_instead_of_blaming_its_own_line(
+        unfit_models, recipe):
+    """Exit 0 (it fits), or exit 1 'refuses this model'; never an error (exit 2) at a line of
+    the built-in, which the user cannot fix."""
+    sets = [s.format(t=unfit_models["root"] / "t.jinja") for s in BUILTIN_PARAMS.get(recipe, [])]
+    for model in ("untied", "tied", "gguf"):
+        args = ["plan", recipe, unfit_models[model]] + [a for s in sets for a in ("--set", s)]
+        result = _run(args)
+        assert result.exit_code in (0, 1), (model, result.output)
+        if result.exit_code == 1:
+            assert "refuses this model" in result.output or "changes nothing" in result.output, \
+                (model, result.output)

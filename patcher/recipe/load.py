@@ -68,7 +68,9 @@ def load_recipe(path_or_text: str | bytes | os.PathLike, *,
             os.path.isfile(path_or_text) or path_or_text.endswith((".yaml", ".yml"))):
         path = Path(path_or_text)
     if path is not None:
-        source = source_name or str(path)
+        # a built-in is named by its real file (recipes/NAME.yaml), as plan and recipes show do
+        shown = path.resolve() if path.parent == builtin_recipe_dir() else path
+        source = source_name or str(shown)
         data = _read_capped(path, source)
     elif isinstance(path_or_text, (bytes, bytearray)):
         source = source_name or "<recipe>"

@@ -216,3 +216,35 @@ def test_a_builtin_refuses_a_model_it_does_not_fit_instead_of_blaming_its_own_li
         if result.exit_code == 1:
             assert "refuses this model" in result.output or "changes nothing" in result.output, \
                 (model, result.output)
+
+
+# ------------------------------- item 11: a bad --set value is blamed on the --set
+
+@pytest.mark.parametrize("sets, blamed", [
+    (["template=file:{t}/nope.jinja"], "--set template=file:{t}/nope.jinja: "),
+    (["template=hf://bad"], "--set template=hf://bad: "),
+    (["template=model:{t}/nowhere/x.jinja"], "--set template=model:{t}/nowhere/x.jinja: "),
+    (["template=file:{t}/t.jinja", "sha256=abc"], "--set sha256=abc: "),
+    (["template=file:{t}/t.jinja", f"sha256={ZEROS}"], f"--set sha256={ZEROS}: "),
+])
+def test_a_bad_set_value_is_blamed_on_the_set_not_the_builtins_line(tmp_path, sets, blamed):
+    (tmp_path / "t.jinja").write_text("{{ messages }}")
+    model = _model(tmp_path / "m")
+    args = ["plan", "chat-template", model]
+    for s in sets:
+        args += ["--set", s.format(t=tmp_path)]
+    result = _run(args)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("modelpatch: error: " + blamed.format(t=tmp_path)), \
+        result.output
+    assert "chat-template.yaml" not in result.output
+
+
+def test_errors_name_a_builtin_by_the_same_file_plan_shows(unfit_models):
+    from patcher.recipe.load import resolve_recipe
+
+    shown = str(resolve_recipe("drop-kv-scales").resolve())
+    refused = _run(["plan", "drop-kv-scales", unfit_models["untied"]])
+    assert refused.exit_code == 1 and f"{shown}:" in refused.output, refused.output
+    planned = _run(["plan", "untie-embeddings", unfit_models["tied"]])
+    assert f"recipe file {resolve_recipe('untie-embeddings').resolve()} " in planned.output

@@ -124,6 +124,10 @@ def source_changes(recipe, endpoint: str | None) -> list[dict]:
             if getattr(op, "source", None):
                 out.append({"kind": "content_source", "target": f"{file} {op.path}",
                             **op.source, "loc": op.loc})
+    for op in recipe.gguf.metadata if recipe.gguf is not None else ():
+        if op.content_source:
+            out.append({"kind": "content_source", "target": f"GGUF {op.key}",
+                        **op.content_source, "loc": op.loc})
     shown = shown_endpoint(endpoint or os.environ.get("HF_ENDPOINT") or None)
     for entry in out:
         if shown and entry.get("resolved", "").startswith("hf://"):

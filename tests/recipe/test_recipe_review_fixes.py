@@ -169,7 +169,8 @@ def test_a_later_recipes_references_read_the_earlier_recipes_values(tmp_path):
 BUILTIN_PARAMS = {"fix-eos": ["eos_token_id=2", "eos_token=</s>"],
                   "no-remote-code": ["model_type=llama", "architectures=LlamaForCausalLM"],
                   "text-only": ["architectures=LlamaForCausalLM"],
-                  "chat-template": ["template=file:{t}"]}
+                  "chat-template": ["template=file:{t}"],
+                  "gguf-chat-template": ["template=file:{t}"]}
 
 
 def _safetensors_model(path: Path, *, tied: bool) -> Path:
@@ -202,8 +203,7 @@ def unfit_models(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("recipe", sorted(p.stem for p in (
-    Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml")
-    if p.stem != "gguf-chat-template"))
+    Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml")))
 def test_a_builtin_refuses_a_model_it_does_not_fit_instead_of_blaming_its_own_line(
         unfit_models, recipe):
     """Exit 0 (it fits), or exit 1 'refuses this model'; never an error (exit 2) at a line of
@@ -248,3 +248,58 @@ def test_errors_name_a_builtin_by_the_same_file_plan_shows(unfit_models):
     assert refused.exit_code == 1 and f"{shown}:" in refused.output, refused.output
     planned = _run(["plan", "untie-embeddings", unfit_models["tied"]])
     assert f"recipe file {resolve_recipe('untie-embeddings').resolve()} " in planned.output
+
+
+# ------------------------------ item 13: the gguf: section's from: takes every source
+
+TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+
+
+def _gguf_recipe(path: Path, metadata: str, params: str = "") -> Path:
+    path.write_text(f"{HEAD}{params}gguf:\n  metadata:\n{metadata}")
+    return path
+
+
+def test_gguf_from_expands_a_parameter_and_pins_it(tmp_path):
+    from gguf_fixtures import read_back, tiny_dir
+
+    root = tiny_dir(tmp_path)
+    (tmp_path / "t.jinja").write_text(TEMPLATE)
+    (tmp_path / "rec").mkdir()
+    recipe = _gguf_recipe(tmp_path / "rec" / "r.yaml", "    - {set: tokenizer.chat_template, "
+                          "from: '{template}', sha256: '{pin}'}\n",
+                          "params:\n  template: {type: string, description: d}\n"
+                          "  pin: {type: string, default: '', description: d}\n")
+    params = {"template": f"file:{tmp_path / 't.jinja'}"}
+    out = api.apply(str(recipe), root, out=tmp_path / "v", params=params).output
+    assert read_back(out / "tiny.gguf")[0]["tokenizer.chat_template"] == TEMPLATE
+    from patcher.integrity.manifest import read_manifest
+
+    (entry,) = [c for c in read_manifest(out).changes if c["kind"] == "content_source"]
+    assert entry["target"] == "GGUF tokenizer.chat_template"
+    with pytest.raises(PlanError, match=r"--set pin=0{64}: .*not the pinned"):
+        api.plan(str(recipe), root, options={"params": {**params, "pin": ZEROS}})
+    with pytest.raises(RecipeError, match="must come from you"):
+        load_recipe(_gguf_recipe(tmp_path / "rec" / "bad.yaml",
+                                 f"    - {{set: tokenizer.chat_template, from: "
+                                 f"'file:{tmp_path}/t.jinja'}}\n"))
+
+
+def test_gguf_chat_template_takes_a_template_from_the_hub(tmp_path, monkeypatch):
+    from gguf_fixtures import read_back, tiny_dir
+    from hub_fixtures import TOKENS, configure_hf_client, running_hub
+    from remote_fixtures import store_model
+
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    (base / "chat_template.jinja").write_text(TEMPLATE)
+    configure_hf_client(monkeypatch, tmp_path / "hf-home")
+    store_model(tmp_path / "hub", "alice/base", base)
+    root = tiny_dir(tmp_path)
+    with running_hub(tmp_path / "hub", TOKENS) as hub:
+        result = _run(["apply", "gguf-chat-template", root, "-o", tmp_path / "v",
+                       "--endpoint", hub.endpoint,
+                       "--set", "template=hf://alice/base/chat_template.jinja"])
+    assert result.exit_code == 0, result.output
+    assert read_back(tmp_path / "v" / "tiny.gguf")[0]["tokenizer.chat_template"] == TEMPLATE

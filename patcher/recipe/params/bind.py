@@ -102,9 +102,11 @@ def _bind(recipe: Recipe, read_json: ReadJson, values: Any,
               for file, ops in recipe.config.items()}
     files = tuple(_bind_file(op, lookup, fetcher) for op in recipe.files)
     tensors = bind_tensor_ops(recipe.tensors, lambda t, loc: evaluate(t, lookup, loc))
+    gguf = recipe.gguf and replace(recipe.gguf, metadata=tuple(
+        _bind_file(op, lookup, fetcher) for op in recipe.gguf.metadata))
     plain = {k: str(v) if isinstance(v, Given) else v for k, v in typed.items()}
     parts.append((replace(recipe, config=config, files=files, tensors=tensors, includes=(),
-                          params=(), bound=plain), plain))
+                          params=(), bound=plain, gguf=gguf), plain))
     return parts
 
 
@@ -169,11 +171,14 @@ def _bind_op(op, lookup, fetcher):
 
 
 def _bind_file(op, lookup, fetcher):
-    if not isinstance(op, AddFile) or op.fetch is None:
+    """A ``files: add`` or a ``gguf:`` metadata ``set`` with its ``from:`` read."""
+    if getattr(op, "fetch", None) is None:
         return op
     content, record = resolve_from(op.fetch, op.sha256, lambda t: evaluate(t, lookup, op.loc),
-                                   fetcher, op.loc, want_text=True)
-    return replace(op, content=content, source=record, fetch=None, sha256=None)
+                                   fetcher, op.loc, want_text=isinstance(op, AddFile))
+    if isinstance(op, AddFile):
+        return replace(op, content=content, source=record, fetch=None, sha256=None)
+    return replace(op, content=content, content_source=record, fetch=None, sha256=None)
 
 
 # ------------------------------------------------------------------------------ merging

@@ -148,8 +148,8 @@ def _check_guards(recipe, section: GGUFSection, gm: GGUFModel, arch: str) -> Non
         elif guard.equals is not None and kv.value != guard.equals:
             problem = f"{key} is {kv.value!r}, not {guard.equals!r}"
         if problem:
-            raise GuardRefused(f"recipe {recipe.name!r} refuses this model: "
-                               f"{guard.message or problem} ({guard.loc})")
+            raise GuardRefused(f"recipe {recipe.name!r} refuses this model: {guard.loc}: "
+                               f"{guard.message or problem}")
 
 
 def _selected(op: TensorOp, name: str, block_count: int | None) -> bool:

@@ -303,3 +303,42 @@ def test_gguf_chat_template_takes_a_template_from_the_hub(tmp_path, monkeypatch)
                        "--set", "template=hf://alice/base/chat_template.jinja"])
     assert result.exit_code == 0, result.output
     assert read_back(tmp_path / "v" / "tiny.gguf")[0]["tokenizer.chat_template"] == TEMPLATE
+
+
+# ----------------------------------------------------------- item 14: recipe messages
+
+def _errors(result) -> list[str]:
+    return [line for line in result.output.splitlines() if line.startswith("modelpatch: error")]
+
+
+def test_a_mistyped_action_is_one_error_not_a_cascade(tmp_path):
+    model = _model(tmp_path / "m")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(HEAD + "config:\n  config.json:\n    - sett: /x\n      value: 1\n")
+    errors = _errors(_run(["--debug", "plan", typo, model]))
+    assert errors == [f"modelpatch: error: {typo}:6:7: unknown key 'sett' in config operation "
+                      "(did you mean 'set'?)"]
+    nodesc = tmp_path / "nodesc.yaml"
+    nodesc.write_text(HEAD + "params:\n  x: {type: integer}\n"
+                      "config:\n  config.json:\n    - {set: /x, value: '{x}'}\n")
+    errors = _errors(_run(["--debug", "plan", nodesc, model]))
+    assert errors == [f"modelpatch: error: {nodesc}:5:6: parameter 'x' needs 'description'"]
+
+
+def test_a_recipe_given_twice_and_a_mistyped_parameter(tmp_path):
+    model = _model(tmp_path / "m")
+    result = _run(["plan", "yarn", "yarn", model])
+    assert result.exit_code == 2 and "recipe 'yarn' given twice" in result.output
+    result = _run(["plan", "fix-eos", model, "--set", "eos_token_idd=1"])
+    assert result.exit_code == 2 and "did you mean 'eos_token_id'?" in result.output
+
+
+def test_a_gguf_guard_names_its_line_first(tmp_path):
+    from gguf_fixtures import tiny_dir
+
+    recipe = tmp_path / "g.yaml"
+    recipe.write_text(HEAD + "gguf:\n  requires:\n    - {key: general.architecture, "
+                      "one_of: [qwen2]}\n  metadata:\n    - {drop: general.url}\n")
+    result = _run(["plan", recipe, tiny_dir(tmp_path)])
+    assert result.exit_code == 1
+    assert f"refuses this model: {recipe}:6:7: general.architecture is" in result.output

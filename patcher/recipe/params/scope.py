@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import InputError
+from ..checks import did_you_mean
 
 
 def split_values(recipes: list, values: dict[str, Any]) -> list[dict[str, Any]]:
@@ -38,7 +39,8 @@ def split_values(recipes: list, values: dict[str, Any]) -> list[dict[str, Any]]:
             declared = [p.name for p in recipes[index].params]
             if name not in declared:
                 raise InputError(f"recipe {recipe_name!r} has no parameter {name!r} (it has: "
-                                 f"{', '.join(declared) or 'none'})")
+                                 f"{', '.join(declared) or 'none'})",
+                                 hint=did_you_mean(name, declared))
             out[index][name] = value
     return out
 
@@ -52,10 +54,11 @@ def _declaring(recipes: list, name: str, scoped: dict[str, Any]) -> list[int]:
         if len(recipes) == 1:
             declared = [p.name for p in recipes[0].params]
             raise InputError(f"recipe {recipes[0].name!r} has no parameter {name!r} (it has: "
-                             f"{', '.join(declared) or 'none'})")
+                             f"{', '.join(declared) or 'none'})",
+                             hint=did_you_mean(name, declared))
         declared = sorted({p.name for r in recipes for p in r.params})
         raise InputError(f"no recipe given has a parameter {name!r} (they have: "
-                         f"{', '.join(declared) or 'none'})")
+                         f"{', '.join(declared) or 'none'})", hint=did_you_mean(name, declared))
     if len({p.type for _, p in unscoped}) > 1:
         kinds = ", ".join(f"{recipes[i].name} declares it as {p.type} ({p.description})"
                           for i, p in unscoped)

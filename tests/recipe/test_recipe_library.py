@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from patcher import api
-from patcher.errors import GuardRefused, InputError, PlanError
+from patcher.errors import GuardRefused, InputError
 from tensor_helpers import transformers_logits
 
 QWEN3 = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

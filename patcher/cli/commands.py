@@ -94,6 +94,9 @@ def _set_values(items: tuple[str, ...]) -> dict[str, str]:
         name, eq, value = item.partition("=")
         if not eq or not name.strip():
             raise click.UsageError(f"--set {item!r}: write --set NAME=VALUE")
+        if name.strip() in out and out[name.strip()] != value:
+            raise click.UsageError(f"--set {name.strip()} given twice ({out[name.strip()]!r} "
+                                   f"and {value!r}): give it once")
         out[name.strip()] = value
     return out
 

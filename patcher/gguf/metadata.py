@@ -177,14 +177,15 @@ def _plain(kv: KeyValue):
 def _sourced(op: MetaOp, recipe, model):
     kind, name, pointer, _first = op.source
     if kind == "recipe":
-        if recipe.path is None:
-            raise PlanError(f"from: {name} needs a recipe file (text recipes have no "
-                            "directory)", where=op.loc)
-        path = recipe.path.parent / name
-    else:
-        path = model.root / name
-        if name not in model.files:
-            raise PlanError(f"from_model: {name} is not in the model directory", where=op.loc)
+        if op.fetch is not None:
+            raise PlanError(f"from: {name}: not read (the recipe is not bound to a model)",
+                            where=op.loc)
+        if pointer is None or not isinstance(op.content, str):
+            return op.content
+        return _pointed(op, name, op.content, pointer, name)
+    path = model.root / name
+    if name not in model.files:
+        raise PlanError(f"from_model: {name} is not in the model directory", where=op.loc)
     try:
         data = read_capped(path, MAX_VALUE_FILE)
     except (OSError, ValueError) as exc:
@@ -194,14 +195,17 @@ def _sourced(op: MetaOp, recipe, model):
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError("the value file is not UTF-8", where=path) from None
-    if pointer is None:
-        return text
+    return text if pointer is None else _pointed(op, name, text, pointer, path)
+
+
+def _pointed(op: MetaOp, name: str, text: str, pointer: str, where):
+    """The JSON value at ``pointer`` (``path:``) in ``text``, the content of ``name``."""
     from ..config.json_pointer import MISSING, resolve
 
     try:
         value = resolve(json.loads(text), pointer)
     except ValueError as exc:
-        raise InputError(f"not JSON: {exc}", where=path) from None
+        raise InputError(f"not JSON: {exc}", where=where) from None
     if value is MISSING:
         raise PlanError(f"{name} has nothing at {pointer}", where=op.loc)
     return value

@@ -32,8 +32,9 @@ def plan_gguf(recipe, model, changes: list,
     # general.type says which is which (gguf-py's GGUFType), and recipes leave those alone.
     models = [gm for gm in gguf_models(model) if gm.first.get("general.type") in (None, "model")]
     if not models:
-        raise PlanError("the recipe has a gguf: section but the model has no .gguf model file "
-                        "(mmproj and adapter files are left alone)", where=model.root)
+        raise GuardRefused(f"recipe {recipe.name!r} refuses this model: {model.root}: the "
+                           "recipe has a gguf: section but the model has no .gguf model file "
+                           "(mmproj and adapter files are left alone)")
     if model.shards:
         max_shard_size = None       # safetensors beside: --max-shard-size reshards those
     out: dict[str, FilePlan] = {}
@@ -59,7 +60,7 @@ def _plan_model(recipe, section: GGUFSection, model, gm: GGUFModel, changes,
     kept = [dict(h.tensors) for h in gm.headers]
     renamed: dict[str, str] = {}
     if section.strip_nextn:
-        _strip_nextn(gm, arch, first_kv, kept, changes, meta_lines, section.loc)
+        _strip_nextn(recipe, gm, arch, first_kv, kept, changes, meta_lines, section.loc)
     block_count = first_kv.get(f"{arch}.block_count")
     for op in section.tensors:
         _tensor_op(op, gm, kept, renamed, block_count.value if block_count else None, changes)
@@ -147,8 +148,8 @@ def _check_guards(recipe, section: GGUFSection, gm: GGUFModel, arch: str) -> Non
         elif guard.equals is not None and kv.value != guard.equals:
             problem = f"{key} is {kv.value!r}, not {guard.equals!r}"
         if problem:
-            raise GuardRefused(f"recipe {recipe.name!r} refuses this model: "
-                               f"{guard.message or problem} ({guard.loc})")
+            raise GuardRefused(f"recipe {recipe.name!r} refuses this model: {guard.loc}: "
+                               f"{guard.message or problem}")
 
 
 def _selected(op: TensorOp, name: str, block_count: int | None) -> bool:
@@ -200,15 +201,15 @@ def _tensor_op(op: TensorOp, gm, kept, renamed, block_count, changes) -> None:
         raise PlanError(f"the renames give two tensors the name {dup[0]!r}", where=op.loc)
 
 
-def _strip_nextn(gm, arch, kv, kept, changes, meta_lines, loc) -> None:
+def _strip_nextn(recipe, gm, arch, kv, kept, changes, meta_lines, loc) -> None:
     """Drop the MTP/nextn blocks (the last ``{arch}.nextn_predict_layers`` blocks, as
     llama.cpp's convert_hf_to_gguf.py appends them) and lower ``{arch}.block_count`` to match;
     per-layer arrays are cut to the new count and the nextn key set to 0."""
     n_key, b_key = f"{arch}.nextn_predict_layers", f"{arch}.block_count"
     n = kv[n_key].value if n_key in kv else 0
     if not n:
-        raise PlanError(f"strip_nextn: {n_key} is missing or 0: this GGUF has no MTP/nextn "
-                        "layers to drop", where=loc)
+        raise GuardRefused(f"recipe {recipe.name!r} refuses this model: {loc}: this GGUF has "
+                           f"no MTP/nextn layers to drop ({n_key} is missing or 0)")
     blocks = kv[b_key].value
     first_nextn = blocks - n
     for i, tensors in enumerate(kept):

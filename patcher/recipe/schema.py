@@ -219,7 +219,7 @@ FileOp = Union[DropFile, AddFile]
 
 # -------------------------------------------------------------------------------- recipe
 
-PARAM_TYPES = ("string", "integer", "number", "boolean", "list")
+PARAM_TYPES = ("string", "integer", "number", "boolean", "list", "integers")
 
 
 @dataclass(frozen=True)

@@ -115,11 +115,14 @@ def source_changes(recipe, endpoint: str | None) -> list[ContentSource]:
     """One ``content_source`` change-log record per op of the bound ``recipe`` whose content
     came from elsewhere: what it fills, where it came from (resolved) and its sha256. The
     manifest keeps them, so the variant says which bytes it was made from."""
-    targets = [(op.path, op) for op in recipe.files if getattr(op, "source", None)]
-    targets += [(f"{file} {op.path}", op) for file, ops in recipe.config.items() for op in ops
-                if getattr(op, "source", None)]
+    targets = [(op.path, op, op.source) for op in recipe.files if getattr(op, "source", None)]
+    targets += [(f"{file} {op.path}", op, op.source) for file, ops in recipe.config.items()
+                for op in ops if getattr(op, "source", None)]
+    targets += [(f"GGUF {op.key}", op, op.content_source)
+                for op in (recipe.gguf.metadata if recipe.gguf is not None else ())
+                if op.content_source]
     shown = shown_endpoint(endpoint or os.environ.get("HF_ENDPOINT") or None)
-    return [ContentSource(target, dict(op.source), op.loc,
-                          endpoint=shown if shown and str(op.source.get("resolved", ""))
+    return [ContentSource(target, dict(source), op.loc,
+                          endpoint=shown if shown and str(source.get("resolved", ""))
                           .startswith("hf://") else ABSENT)
-            for target, op in targets]
+            for target, op, source in targets]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..changes import FileDropped
-from ..errors import PlanError
+from ..errors import GuardRefused, PlanError
 from ..model.model_dir import INDEX_NAME, ModelDir
 from ..model.safetensors_io import OutputTensor, tensor_nbytes
 from ..plan import Action, FilePlan
@@ -59,6 +59,8 @@ def select(view: dict[str, VirtualTensor], op) -> list[str]:
             clock.start(n)
             if op.select.matches(n, t.dtype):
                 names.append(n)
+    if not names and op.refuse_empty:
+        raise GuardRefused(f"the recipe refuses this model: {op.loc}: {op.refuse_empty}")
     if not names and not op.allow_empty:
         raise PlanError(f"the selection {_describe_select(op.select)} matches no tensor",
                         where=op.loc, hint="fix the pattern, or set allow_empty: true")

@@ -159,12 +159,13 @@ TensorAction = Union[DropTensors, RenameTensors, CopyTensors, SplitTensors, Scal
 @dataclass(frozen=True)
 class TensorOp:
     """Apply ``action`` to every tensor ``select`` matches. An empty selection is a PlanError
-    unless ``allow_empty``."""
+    unless ``allow_empty``; with ``refuse_empty`` (the reason), the recipe refuses the model."""
 
     select: TensorSelect
     action: TensorAction
     allow_empty: bool
     loc: str
+    refuse_empty: str | None = None
 
     @property
     def kind(self) -> str:

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from patcher import api
+from patcher.changes import changes_json
 from patcher.cli import main
 from patcher.errors import GuardRefused, InputError, PlanError, RecipeError
 from patcher.recipe.load import load_recipe
@@ -87,7 +88,8 @@ def test_fix_eos_takes_integer_ids(tmp_path):
     model = _model(tmp_path / "m")
     plan = api.plan("fix-eos", model, options={"params": {"eos_token_id": "[128001, 128009]",
                                                           "eos_token": "<|eot_id|>"}})
-    after = {(c["file"], c["path"]): c["after"] for c in plan.changes if "after" in c}
+    after = {(c["file"], c["path"]): c["after"] for c in changes_json(plan.changes)
+             if "after" in c}
     assert after[("config.json", "/eos_token_id")] == [128001, 128009]
     assert after[("tokenizer_config.json", "/eos_token")] == "<|eot_id|>"
     with pytest.raises(InputError, match="not a non-empty list of integers"):
@@ -111,7 +113,7 @@ def test_a_scoped_value_takes_its_recipe_out_of_the_plain_names_ambiguity(tmp_pa
     c = _param_recipe(tmp_path / "c.yaml", "c", "string")
     plan = api.plan([str(a), str(b), str(c)], model,
                     options={"params": {"x": "hello", "a.x": "2"}})
-    after = {c["path"]: c["after"] for c in plan.changes if "after" in c}
+    after = {c["path"]: c["after"] for c in changes_json(plan.changes) if "after" in c}
     assert after == {"/a": 2, "/b": "hello", "/c": "hello"}
     with pytest.raises(InputError, match="ambiguous: a declares it as integer"):
         api.plan([str(a), str(b), str(c)], model, options={"params": {"x": "3", "c.x": "3"}})
@@ -158,7 +160,8 @@ def test_a_later_recipes_references_read_the_earlier_recipes_values(tmp_path):
                    "config:\n  generation_config.json:\n"
                    "    - {set: /n, value: '{config.max_position_embeddings} * 2'}\n")
     plan = api.plan([str(one), str(two)], model)
-    after = {(c["file"], c["path"]): c["after"] for c in plan.changes if "after" in c}
+    after = {(c["file"], c["path"]): c["after"] for c in changes_json(plan.changes)
+             if "after" in c}
     assert after[("generation_config.json", "/n")] == 200
     with pytest.raises(GuardRefused, match="two"):
         api.plan([str(two), str(one)], model)

@@ -16,7 +16,7 @@ from remote_fixtures import store_model
 from patcher import api
 from patcher.changes import changes_json
 from patcher.cli import main
-from patcher.errors import HubError, InputError, PlanError, RecipeError
+from patcher.errors import InputError, PlanError, RecipeError
 from patcher.integrity.manifest import read_manifest
 from patcher.recipe.load import load_recipe
 

@@ -113,9 +113,10 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
             staging = make_staging_dir(out)
             try:
                 with _signals_raise_interrupt():
-                    result = _build(plan, model, staging, link, jobs,
-                                    progress or Progress(), base_model)
+                    result, builder = _build(plan, model, staging, link, jobs,
+                                             progress or Progress(), base_model)
                     commit(staging, out)
+                _refresh_caches(builder, result.pop("base_digests"))
             finally:
                 remove_tree(staging)        # gone already after a successful commit
     except OSError as exc:
@@ -301,7 +302,7 @@ class PatchBuilder:
 
 
 def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | None,
-           progress: Progress, base_model: str | None) -> dict:
+           progress: Progress, base_model: str | None) -> tuple[dict, PatchBuilder]:
     """Lay out the whole variant in ``staging``."""
     builder = PatchBuilder(plan, model, jobs=jobs, progress=progress, base_model=base_model)
     carried = _Carrier(link, progress.copying)
@@ -320,14 +321,24 @@ def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | No
     manifest_sha = builder.write_manifest(staging, subjects, base_digests)
     record.manifest_sha256 = manifest_sha
     _write_revert_data(record, model, staging, carried)
-    builder.rerecord_linked(base_digests)
-    header_cache.refresh(model, list(builder.source_stats))
     fsync_tree(staging)
     copied = carried.bytes.get("copy", 0)
     return {"manifest_sha256": manifest_sha, "files": len(subjects),
             "bytes_linked": sum(carried.bytes.values()) - copied, "bytes_copied": copied,
             "bytes_written": plan.bytes_written, "bytes_hashed": builder.bytes_hashed,
-            "link_method": "/".join(sorted(carried.bytes)) or None}
+            "link_method": "/".join(sorted(carried.bytes)) or None,
+            "base_digests": base_digests}, builder
+
+
+def _refresh_caches(builder: PatchBuilder, base_digests: dict[str, str]) -> None:
+    """After the commit (replacing a previous output, --force, unlinks its links to the base
+    and moves the base files' ctime once more): keep the base's digest and header cache entries.
+    Best effort: the variant is in place whatever happens here."""
+    try:
+        builder.rerecord_linked(base_digests)
+        header_cache.refresh(builder.model, list(builder.source_stats))
+    except OSError as exc:
+        log.warning("could not refresh the caches of %s: %s", builder.model.root, exc)
 
 
 class _Carrier:

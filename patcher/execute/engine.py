@@ -197,7 +197,8 @@ class PatchBuilder:
                 faults.point(f"file:{fp.path}")
                 write_file(make_parents(dest, fp.path), fp.content)
                 digests[fp.path] = hashlib.sha256(fp.content).hexdigest()
-        shards = [fp for fp in self.plan.files if fp.action is Action.REWRITE_SHARD]
+        shards = [fp for fp in self.plan.files if fp.action is Action.REWRITE_SHARD   # not a
+                  and not getattr(fp.shard_task, "header_in_place", False)]   # header in place
         if shards and self.progress.write_total:
             self.progress.write_total(sum(fp.size_after or 0 for fp in shards))
         if shards:
@@ -331,9 +332,8 @@ def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | No
 
 
 def _refresh_caches(builder: PatchBuilder, base_digests: dict[str, str]) -> None:
-    """After the commit (replacing a previous output, --force, unlinks its links to the base
-    and moves the base files' ctime once more): keep the base's digest and header cache entries.
-    Best effort: the variant is in place whatever happens here."""
+    """Keep the base's digest and header cache entries after the commit (replacing an output,
+    --force, unlinks its links to the base: their ctime moves again). Best effort."""
     try:
         builder.rerecord_linked(base_digests)
         header_cache.refresh(builder.model, list(builder.source_stats))

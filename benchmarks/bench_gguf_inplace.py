@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -30,17 +31,45 @@ RECIPE = ("modelpatch: 1\nname: ctx\ndescription: context length\ngguf:\n  metad
           "    - {set: \"{arch}.context_length\", value: 8192, type: uint32}\n")
 HEADING = "## In place: the header region only, against the whole file"
 MODES = ("header only", "whole file")
+EXPLAINED = (
+    "Both modes read the whole file once to hash it twice (the base's digest, unknown here, for "
+    "the revert data and the manifest; the result's for the manifest), in two threads. The "
+    "header-only write saves the copy of the tensor data and its write-out: the patched "
+    "directory grows by the old header bytes instead of a second copy of the file, and the "
+    "disk sees the header region written instead of the whole file. Wall times move with "
+    "the load of the shared machine (CPU time is steadier); the hashing is a floor for both, "
+    "and on a slow or nearly full disk the difference grows with the file's size. `revert` hashes three times in both "
+    "modes (the patched file against the manifest, the revert data against the record, the "
+    "restored file).")
 
 
-def _run(args: list[str], env: dict) -> tuple[float, str]:
-    start = time.perf_counter()
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _run(args: list[str], env: dict) -> tuple[tuple[float, float], str]:
+    """((wall seconds, CPU seconds), stdout) of ``modelpatch ARGS``."""
+    start, cpu = time.perf_counter(), _cpu()
     r = subprocess.run([sys.executable, "-m", "patcher.cli", *args], env=env, check=True,
                        capture_output=True, text=True)
-    return time.perf_counter() - start, r.stdout
+    return (time.perf_counter() - start, _cpu() - cpu), r.stdout
 
 
-def one_round(work: Path, base: Path, recipe: Path, mode: str) -> tuple[float, float, str]:
-    """(apply seconds, revert seconds, the plan's line about the header) for one fresh copy."""
+def _disk_bytes(root: Path) -> int:
+    """Bytes allocated to the distinct files under ``root``."""
+    inodes = {}
+    for path in root.rglob("*"):
+        st = path.lstat()
+        if path.is_file() and not path.is_symlink():
+            inodes[st.st_ino] = st.st_blocks * 512
+    return sum(inodes.values())
+
+
+def one_round(work: Path, base: Path, recipe: Path,
+              mode: str) -> tuple[tuple, tuple, str, int]:
+    """(apply seconds, revert seconds, the plan's line about the header, bytes the patched
+    directory grew by) for one fresh copy."""
     case = work / "case"
     shutil.rmtree(case, ignore_errors=True)
     (case / "m").mkdir(parents=True)
@@ -52,10 +81,12 @@ def one_round(work: Path, base: Path, recipe: Path, mode: str) -> tuple[float, f
     subprocess.run(["sync"], check=True)
     _, plan = _run(["apply", str(recipe), str(case / "m"), "--in-place", "--dry-run"], env)
     note = next(line for line in plan.splitlines() if "in place" in line)
+    before = _disk_bytes(case / "m")
     applied, _ = _run(["-q", "apply", str(recipe), str(case / "m"), "--in-place"], env)
+    grew = _disk_bytes(case / "m") - before
     reverted, _ = _run(["-q", "revert", str(case / "m")], env)
     shutil.rmtree(case)
-    return applied, reverted, note
+    return applied, reverted, note, grew
 
 
 def main() -> None:
@@ -72,10 +103,11 @@ def main() -> None:
     recipe = args.workdir / "ctx.yaml"
     recipe.write_text(RECIPE)
     times = {mode: ([], []) for mode in MODES}
-    notes = {}
+    notes, grew = {}, {}
     for round_no in range(args.rounds + 1):          # round 0 warms up
         for mode in MODES:
-            applied, reverted, notes[mode] = one_round(args.workdir, base, recipe, mode)
+            applied, reverted, notes[mode], grew[mode] = one_round(args.workdir, base, recipe,
+                                                                   mode)
             if round_no:
                 times[mode][0].append(applied)
                 times[mode][1].append(reverted)
@@ -84,18 +116,26 @@ def main() -> None:
              f"`PYTHONPATH=. python benchmarks/bench_gguf_inplace.py --gb {args.gb:g} --rounds "
              f"{args.rounds}`: a {size / 2**30:.2f} GiB GGUF, `{{arch}}.context_length` set "
              f"(the header fits), `apply --in-place` then `revert`, each on a fresh copy with an "
-             f"empty digest cache; {args.rounds} rounds after a warm-up, medians (all runs in "
-             f"brackets); {os.cpu_count()} CPUs shared with other work (load average "
+             f"empty digest cache; {args.rounds} rounds after a warm-up, medians (CPU time, user + "
+             f"system, in parentheses; every run's wall time in brackets); {os.cpu_count()} CPUs shared with other work (load average "
              f"{os.getloadavg()[0]:.1f} at the end). \"whole file\": the same copy with a second "
              f"hard link, which the header-only write refuses.", "",
-             "| mode | the plan says | apply --in-place s | revert s |", "|---|---|---:|---:|"]
+             "| mode | the plan says | apply --in-place s (CPU s) | revert s (CPU s) | "
+             "disk used by the patch |", "|---|---|---:|---:|---:|"]
     for mode in MODES:
         a, r = times[mode]
-        lines.append(f"| {mode} | `{notes[mode].lstrip('# ')}` | {statistics.median(a):.2f} "
-                     f"({', '.join(f'{t:.2f}' for t in a)}) | {statistics.median(r):.2f} "
-                     f"({', '.join(f'{t:.2f}' for t in r)}) |")
+        lines.append(f"| {mode} | `{notes[mode].lstrip('# ')}` | {_cell(a)} | {_cell(r)} | "
+                     f"{grew[mode]:,} bytes |")
+    lines += ["", EXPLAINED]
     _replace_section(args.report, "\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def _cell(runs: list[tuple[float, float]]) -> str:
+    """Median wall time (median CPU time); every run's wall time in brackets."""
+    wall = statistics.median(w for w, _ in runs)
+    cpu = statistics.median(c for _, c in runs)
+    return f"{wall:.2f} ({cpu:.2f}) [{', '.join(f'{w:.2f}' for w, _ in runs)}]"
 
 
 def _replace_section(report: Path, section: str) -> None:

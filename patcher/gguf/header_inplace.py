@@ -21,8 +21,10 @@ Hugging Face cache snapshot links into ``blobs/``, which are never written throu
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .. import faults
@@ -33,7 +35,7 @@ from ..model.model_dir import STATE_DIR
 HEADERS_DIR = "headers"
 """Under a patch directory: the base's header bytes of each file rewritten in place."""
 _STAGED = f"{STATE_DIR}/{HEADERS_DIR}"   # under the staging directory: no model path starts so
-_CHUNK = 16 << 20
+_CHUNK = 64 << 20
 
 
 def refusal(model_file, task, data_offset: int, file_size: int) -> str | None:
@@ -173,11 +175,20 @@ def read_region(path: Path, length: int) -> bytes:
 
 
 def _hash_tail(path: Path, start: int, hashes: list) -> None:
-    with open(path, "rb") as f:
-        f.seek(start)
-        while chunk := f.read(_CHUNK):
-            for h in hashes:
-                h.update(chunk)
+    """Feed the bytes of ``path`` from ``start`` on to every hash, mapped window by window; a
+    second hash runs in a thread beside the first (hashlib releases the GIL)."""
+    with open(path, "rb") as f, ThreadPoolExecutor(1) as pool:
+        size = os.fstat(f.fileno()).st_size
+        for offset in range(start - start % mmap.ALLOCATIONGRANULARITY, size, _CHUNK):
+            with mmap.mmap(f.fileno(), min(_CHUNK, size - offset), offset=offset,
+                           access=mmap.ACCESS_READ) as window:
+                with memoryview(window) as view:
+                    chunk = view[max(0, start - offset):]
+                    others = [pool.submit(h.update, chunk) for h in hashes[1:]]
+                    hashes[0].update(chunk)
+                    for other in others:
+                        other.result()
+                    chunk.release()
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> None:

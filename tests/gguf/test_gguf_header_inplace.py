@@ -222,3 +222,17 @@ def test_kill_9_at_every_point(tmp_path, what):
     else:
         args, template = ["revert", lambda r: r], patched
     assert _kill_everywhere(tmp_path, args, template, lambda p: True) == []
+
+
+@pytest.mark.parametrize("headers, replaced", [({"tiny.gguf": 0}, []), ({"tiny.gguf": True}, []),
+                                               ({"../x": 10}, []), ({"other": 10}, []),
+                                               ({"tiny.gguf": 10}, ["tiny.gguf"])])
+def test_a_malformed_headers_entry_is_refused(headers, replaced):
+    from patcher.errors import InputError
+    from patcher.integrity.patch_record import PatchRecord
+
+    data = {"sequence": 1, "recipe": {"name": "ctx", "sha256": "0" * 64}, "mode": "in-place",
+            "base_files": {"tiny.gguf": {"sha256": "0" * 64, "size": 100, "mode": 0o644}},
+            "replaced": replaced, "added": [], "headers": headers}
+    with pytest.raises(InputError, match="malformed patch record"):
+        PatchRecord.from_json(data, "record.json")

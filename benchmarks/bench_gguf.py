@@ -189,8 +189,9 @@ def main() -> None:
         "file with one kernel copy (copy_file_range) and hashes the same mapped bytes twice, "
         "for the output's sha256 and the base's (manifest and revert data): the copy and the "
         "base's hash run in threads beside the output's hash. Then it fsyncs and writes the "
-        "manifest. (A second apply on the same base hashes it again: the variant's revert data "
-        "hardlinks the base file, which changes its ctime, a key of the digest cache.) "
+        "manifest. (A later apply on the same base takes its digest from the digest cache, "
+        "also after `--force` replaced the previous variant; deleting a variant that hardlinks "
+        "the base by hand moves the base's ctime, a key of the cache, and it is hashed again.) "
         "`gguf_new_metadata.py` reads with GGUFReader, writes with GGUFWriter, neither hashes "
         "nor fsyncs, and records nothing.", "", PROFILE]
     args.report.parent.mkdir(parents=True, exist_ok=True)

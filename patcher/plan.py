@@ -120,7 +120,8 @@ class Plan:
 
     @property
     def bytes_written(self) -> int:
-        return sum(f.size_after or 0 for f in self.files
+        return sum(len(f.shard_task.header) if getattr(f.shard_task, "header_in_place", False)
+                   else f.size_after or 0 for f in self.files
                    if f.action in (Action.WRITE_JSON, Action.ADD, Action.REWRITE_SHARD))
 
     @property
@@ -187,7 +188,8 @@ def plan(recipe: Recipe, model: ModelDir, *,
     if recipe.gguf is not None:
         from .gguf.plan import plan_gguf
 
-        replaced.update(plan_gguf(recipe, model, changes, max_shard_size))
+        replaced.update(plan_gguf(recipe, model, changes, max_shard_size,
+                                  in_place=bool(options.get("in_place"))))
         if not model.shards:
             max_shard_size = None       # it resharded the GGUF; no safetensors to reshard
     if recipe.tensors or max_shard_size:

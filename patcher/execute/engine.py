@@ -24,6 +24,7 @@ from .. import faults
 from ..changes import changes_json
 from ..integrity.digests.digest_cache import KnownDigests
 from ..errors import InputError, OperationFailed
+from ..gguf.header_inplace import is_header_rewrite
 from ..model import header_cache
 from ..model.base_identity import identify
 from ..integrity.shared_inodes import remember_variant
@@ -115,9 +116,10 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
             staging = make_staging_dir(out)
             try:
                 with _signals_raise_interrupt():
-                    result = _build(plan, model, staging, link, jobs,
-                                    progress or Progress(), base_model)
+                    result, builder = _build(plan, model, staging, link, jobs,
+                                             progress or Progress(), base_model)
                     commit(staging, out)
+                _refresh_caches(builder, result.pop("base_digests"))
             finally:
                 remove_tree(staging)        # gone already after a successful commit
     except OSError as exc:
@@ -198,7 +200,8 @@ class PatchBuilder:
                 faults.point(f"file:{fp.path}")
                 write_file(make_parents(dest, fp.path), fp.content)
                 digests[fp.path] = hashlib.sha256(fp.content).hexdigest()
-        shards = [fp for fp in self.plan.files if fp.action is Action.REWRITE_SHARD]
+        shards = [fp for fp in self.plan.files if fp.action is Action.REWRITE_SHARD   # not a
+                  and not getattr(fp.shard_task, "header_in_place", False)]   # header in place
         if shards and self.progress.write_total:
             self.progress.write_total(sum(fp.size_after or 0 for fp in shards))
         if shards:
@@ -296,6 +299,8 @@ class PatchBuilder:
         for fp in self.plan.files:
             if fp.action is Action.LINK:
                 subjects[fp.path] = (base_digests[fp.source], self.model.files[fp.source].size)
+            elif is_header_rewrite(fp):         # staging holds only the new header
+                subjects[fp.path] = (digests[fp.path], fp.size_after)
             elif fp.action is not Action.DROP:
                 subjects[fp.path] = (digests[fp.path], os.path.getsize(staging / fp.path))
         return subjects
@@ -316,7 +321,7 @@ class PatchBuilder:
 
 
 def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | None,
-           progress: Progress, base_model: str | None) -> dict:
+           progress: Progress, base_model: str | None) -> tuple[dict, PatchBuilder]:
     """Lay out the whole variant in ``staging``."""
     builder = PatchBuilder(plan, model, jobs=jobs, progress=progress, base_model=base_model)
     carried = _Carrier(link, progress.copying)
@@ -333,14 +338,23 @@ def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | No
     manifest_sha = builder.write_manifest(staging, subjects, base_digests)
     record.manifest_sha256 = manifest_sha
     _write_revert_data(record, model, staging, carried)
-    builder.rerecord_linked(base_digests)
-    header_cache.refresh(model, list(builder.source_stats))
     fsync_tree(staging)
     copied = carried.bytes.get("copy", 0)
     return {"manifest_sha256": manifest_sha, "files": len(subjects),
             "bytes_linked": sum(carried.bytes.values()) - copied, "bytes_copied": copied,
             "bytes_written": plan.bytes_written, "bytes_hashed": builder.bytes_hashed,
-            "link_method": "/".join(sorted(carried.bytes)) or None}
+            "link_method": "/".join(sorted(carried.bytes)) or None,
+            "base_digests": base_digests}, builder
+
+
+def _refresh_caches(builder: PatchBuilder, base_digests: dict[str, str]) -> None:
+    """Keep the base's digest and header cache entries after the commit (replacing an output,
+    --force, unlinks its links to the base: their ctime moves again). Best effort."""
+    try:
+        builder.rerecord_linked(base_digests)
+        header_cache.refresh(builder.model, list(builder.source_stats))
+    except OSError as exc:
+        log.warning("could not refresh the caches of %s: %s", builder.model.root, exc)
 
 
 class _Carrier:

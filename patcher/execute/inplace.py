@@ -32,6 +32,9 @@ from .journal import Journal, recover, roll_back, switch
 from .locking import lock_directory
 from ..model.model_dir import MANIFEST_NAME, STATE_DIR, ModelDir
 from ..integrity.patch_record import PATCHES_DIR, RECORD_NAME, encode_record
+from ..gguf.header_inplace import apply_steps as header_apply_steps
+from ..gguf.header_inplace import header_rewrites, is_header_rewrite
+from ..gguf.header_inplace import stage_apply as stage_header_rewrites
 from ..plan import Action, Plan, check_unchanged
 
 log = logging.getLogger("modelpatch")
@@ -41,7 +44,8 @@ def steps_for(plan: Plan, model: ModelDir) -> list[list[str]]:
     """The journal steps of an in-place apply, manifest last."""
     steps: list[list[str]] = []
     replaced = [(fp.source, None if fp.action is Action.DROP else fp.path)
-                for fp in plan.files if fp.action is not Action.LINK]
+                for fp in plan.files
+                if fp.action is not Action.LINK and not is_header_rewrite(fp)]
     if model.has(MANIFEST_NAME):
         replaced.append((MANIFEST_NAME, MANIFEST_NAME))
     else:
@@ -96,11 +100,11 @@ def apply_locked(plan: Plan, model: ModelDir, *, jobs: int | None = None,
     builder = PatchBuilder(plan, model, jobs=jobs, progress=progress or Progress(),
                            base_model=base_model)
     sequence = builder.sequence
-    journal = Journal(op="apply", phase="preparing",
-                      patch_dir=f"{PATCHES_DIR}/{sequence:04d}-{plan.recipe.name}",
-                      staging=f"{STATE_DIR}/staging-{sequence:04d}",
+    patch_dir = f"{PATCHES_DIR}/{sequence:04d}-{plan.recipe.name}"
+    staging = f"{STATE_DIR}/staging-{sequence:04d}"
+    journal = Journal(op="apply", phase="preparing", patch_dir=patch_dir, staging=staging,
                       trash=f"{STATE_DIR}/trash-{sequence:04d}",
-                      steps=steps_for(plan, model))
+                      steps=header_apply_steps(plan, patch_dir, staging) + steps_for(plan, model))
     faults.point("inplace:begin")
     try:
         subjects, manifest_sha = _stage_patch(root, plan, model, builder, journal)
@@ -129,13 +133,16 @@ def _stage_patch(root: Path, plan: Plan, model: ModelDir, builder: PatchBuilder,
     faults.point("inplace:prepare")
     staging = root / journal.staging
     staging.mkdir()
-    digests = builder.write_new_files(staging)
+    patch_dir = root / journal.patch_dir
+    header_digests = stage_header_rewrites(root, plan, builder, staging, patch_dir)
+    digests = builder.write_new_files(staging) | header_digests
     base_digests = builder.base_digests()
     record = builder.record(base_digests, mode="in-place")
-    patch_dir = root / journal.patch_dir
     if patch_dir.name != record.dirname:
         raise OperationFailed(f"patch directory {patch_dir.name!r} is not the record's "
                               f"{record.dirname!r}", where=patch_dir)
+    record.headers = {fp.path: len(fp.shard_task.header) for fp in header_rewrites(plan)}
+    record.replaced = [rel for rel in record.replaced if rel not in record.headers]
     record.links = _link_originals(root, model, journal, patch_dir)
     record.made_dirs = _new_dirs(root, journal)
     subjects = builder.subjects(staging, digests, base_digests)
@@ -208,4 +215,3 @@ def relocated_link(root: Path, rel: str, target: str, new_rel: str) -> str:
     base = os.path.abspath(root)
     where = posixpath.normpath(posixpath.join(base, posixpath.dirname(rel), target))
     return posixpath.relpath(where, posixpath.join(base, posixpath.dirname(new_rel)))
-

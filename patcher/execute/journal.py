@@ -33,7 +33,11 @@ Steps (``rel`` is relative to the directory):
 - ``["unstash", rel]``: move an original back;
 - ``["relink", rel, target]``: make ``rel`` the symlink to ``target`` again (atomically);
 - ``["discard", rel]``: move ``rel`` into a trash directory;
-- ``["rmdir", rel]``: remove the directory ``rel`` if it is empty.
+- ``["rmdir", rel]``: remove the directory ``rel`` if it is empty;
+- ``["header", rel, src, undo]``: write the bytes of ``src`` over the start of ``rel`` (a GGUF
+  header rewritten in place, ``patcher.gguf.header_inplace``); undone by writing ``undo``'s.
+  ``src`` and ``undo`` lie under ``.modelpatch/``. Writing the same bytes again is harmless, so
+  the step is retaken (or undone) whole after a crash in the middle of it.
 
 Symlinks (Hugging Face cache snapshots link every file into ``../../blobs/``) are never written
 through. A symlink cannot be moved into ``originals/`` as is: its relative target would dangle
@@ -64,7 +68,7 @@ OWNER_NAME = f"{STATE_DIR}/journal.owner"
 PATCHES_SUBDIR = f"{STATE_DIR}/patches"
 _PATCH_IN_TRASH = ".patch-dir.modelpatch"
 _ACTIONS = {"stash": 2, "install": 2, "unlink": 3, "unstash": 2, "relink": 3, "discard": 2,
-            "rmdir": 2}
+            "rmdir": 2, "header": 4}
 
 
 @dataclass
@@ -117,6 +121,9 @@ class Journal:
                 raise ValueError
             # Every path stays inside the directory; the work areas inside .modelpatch/.
             if not all(safe_relpath(step[1]) for step in journal.steps):
+                raise ValueError
+            if not all(safe_relpath(p) and p.startswith(STATE_DIR + "/")
+                       for step in journal.steps if step[0] == "header" for p in step[2:]):
                 raise ValueError
             if not (safe_relpath(journal.patch_dir)
                     and journal.patch_dir.startswith(PATCHES_SUBDIR + "/")
@@ -195,6 +202,8 @@ def take_step(root: Path, journal: Journal, step: list[str]) -> None:
         if live.is_dir() and not live.is_symlink() and not any(live.iterdir()):
             live.rmdir()
             fsync_dir(live.parent)
+    elif action == "header":
+        _write_header(root, live, step[2])
     else:
         raise ModelDirError(f"unknown journal step {action!r}", where=root / JOURNAL_NAME)
     faults.point(f"journal:{action}:{rel}:taken")
@@ -210,6 +219,13 @@ def _refuse_escape(root: Path, *paths: Path) -> None:
             raise ModelDirError(f"journal step on {path.relative_to(root)} leads outside the "
                                 f"directory through a symlink; refusing it",
                                 where=root / JOURNAL_NAME)
+
+
+def _write_header(root: Path, live: Path, src: str) -> None:
+    from ..gguf.header_inplace import write_region
+
+    _refuse_escape(root, root / src)
+    write_region(live, root / src)
 
 
 def _move_if_present(src: Path, dst: Path) -> None:
@@ -376,3 +392,5 @@ def _undo_step(root: Path, journal: Journal, step: list[str]) -> None:
     elif action == "rmdir" and not os.path.lexists(live):
         live.mkdir()
         fsync_dir(live.parent)
+    elif action == "header":
+        _write_header(root, live, step[3])

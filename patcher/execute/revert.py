@@ -36,6 +36,10 @@ from .journal import JOURNAL_NAME, Journal, recover, switch
 from .locking import lock_directory, lock_new_path
 from ..model.model_dir import MANIFEST_NAME, STATE_DIR
 from ..integrity.patch_record import PATCHES_DIR, PatchRecord, patch_dirs, read_record
+from ..gguf.header_inplace import HEADERS_DIR, check_kept as check_kept_headers
+from ..gguf.header_inplace import rebuild as rebuild_with_header
+from ..gguf.header_inplace import revert_steps as header_revert_steps
+from ..gguf.header_inplace import stage_revert as stage_current_headers
 
 log = logging.getLogger("modelpatch")
 
@@ -115,6 +119,21 @@ def _check_originals(patch_dir: Path, record: PatchRecord, jobs: int | None,
                          hint="force=True reverts anyway, to the damaged bytes")
 
 
+def _check_headers(root: Path, patch_dir: Path, record: PatchRecord, force: bool) -> None:
+    """Before anything moves: each header kept for revert, followed by the live file's tail, is
+    the base's recorded file (a GGUF header rewritten in place, ``patcher.gguf.header_inplace``).
+    """
+    bad = check_kept_headers(root, patch_dir, record)
+    if not bad:
+        return
+    message = f"the revert data is damaged: the kept header of {bad[0]} no longer gives the base"
+    if force:
+        log.warning("%s: %s; reverting anyway (force=True)", patch_dir, message)
+        return
+    raise VerifyMismatch(f"{message}; nothing was changed", where=root / bad[0],
+                         hint="force=True reverts anyway, to the damaged bytes")
+
+
 def revert_steps(patch_dir: Path, record: PatchRecord) -> list[list[str]]:
     """The journal steps that undo ``record`` in place: move the patch's files aside, then put
     the originals back (symlinks recreated with their original text), manifest last."""
@@ -150,14 +169,17 @@ def revert_in_place(root: Path, *, force: bool = False, jobs: int | None = None)
             raise InputError(f"the original of {rel} is missing from the revert data",
                              where=original)
     _check_originals(patch_dir, record, jobs, force)
+    _check_headers(root, patch_dir, record, force)
     steps = revert_steps(patch_dir, record)
-    journal = Journal(op="revert", phase="preparing",
-                      patch_dir=patch_dir.relative_to(root).as_posix(),
-                      staging=f"{STATE_DIR}/staging-{record.sequence:04d}",
+    patch_rel, staging = patch_dir.relative_to(root).as_posix(), \
+        f"{STATE_DIR}/staging-{record.sequence:04d}"
+    journal = Journal(op="revert", phase="preparing", patch_dir=patch_rel, staging=staging,
                       trash=f"{STATE_DIR}/trash-{record.sequence:04d}",
-                      steps=steps, remove_patch_dir=True)
+                      steps=header_revert_steps(record, patch_rel, staging) + steps,
+                      remove_patch_dir=True)
     faults.point("revert:begin")
     journal.create(root)
+    stage_current_headers(root, record, root / staging)
     faults.point("revert:prepared")
     try:
         switch(root, journal)
@@ -278,9 +300,14 @@ def _rebuild_one(source: Path, staging: Path, jobs: int | None, force: bool) -> 
     restored = set(record.replaced) | ({MANIFEST_NAME} if record.base_manifest else set())
     for rel, base_file in record.base_files.items():
         src = _original(originals / rel, source / rel) if rel in restored else source / rel
+        if rel in record.headers:       # the kept header, then the file's tail
+            src = patch_dir / HEADERS_DIR / rel
         if not os.path.exists(src):
             raise InputError(f"the original of {rel} is missing from the revert data",
                              where=src)
+        if rel in record.headers:
+            rebuild_with_header(src, source / rel, make_parents(staging, rel), base_file.mode)
+            continue
         # (A symlink's own mode says nothing: a copy of its file stays read-only.)
         _link(src, make_parents(staging, rel),
               base_file.mode if base_file.link_target is None else None)

@@ -11,6 +11,7 @@ import fnmatch
 import json
 import re
 from collections import Counter
+from dataclasses import replace
 
 from ..changes import GgufMetadata, TensorDropped, TensorRenamed, layout as change_layout
 from ..errors import GuardRefused, PlanError
@@ -18,6 +19,7 @@ from ..plan import Action, FilePlan
 from ..recipe.regex_bound import per_name
 from .files import SPLIT_TENSORS, GGUFModel, gguf_models
 from .format import ARRAY, KeyValue, TensorInfo, encode_header, encode_value, layout
+from .header_inplace import refusal
 from .metadata import apply_meta_op, arch_key, check_rope_known, describe
 from .recipe_section import GGUFSection, TensorOp
 from .task import GGUFTask
@@ -25,8 +27,8 @@ from .task import GGUFTask
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 
 
-def plan_gguf(recipe, model, changes: list,
-              max_shard_size: int | None = None) -> dict[str, FilePlan]:
+def plan_gguf(recipe, model, changes: list, max_shard_size: int | None = None,
+              in_place: bool = False) -> dict[str, FilePlan]:
     section: GGUFSection = recipe.gguf
     # A multimodal projector (mmproj) or a LoRA adapter beside the model is not the model:
     # general.type says which is which (gguf-py's GGUFType), and recipes leave those alone.
@@ -39,12 +41,12 @@ def plan_gguf(recipe, model, changes: list,
         max_shard_size = None       # safetensors beside: --max-shard-size reshards those
     out: dict[str, FilePlan] = {}
     for gm in models:
-        out.update(_plan_model(recipe, section, model, gm, changes, max_shard_size))
+        out.update(_plan_model(recipe, section, model, gm, changes, max_shard_size, in_place))
     return out
 
 
 def _plan_model(recipe, section: GGUFSection, model, gm: GGUFModel, changes,
-                max_shard_size: int | None) -> dict:
+                max_shard_size: int | None, in_place: bool = False) -> dict:
     arch = gm.architecture
     if arch is None:
         raise PlanError("general.architecture is missing or not a string",
@@ -81,12 +83,27 @@ def _plan_model(recipe, section: GGUFSection, model, gm: GGUFModel, changes,
                 n in renamed for n in kept[i]):
             continue
         task = _task(model, rel, header, kvs[i], kept[i], renamed)
+        if in_place:
+            task = _in_place_header(task, model.files[rel], header)
         lines = (meta_lines if i == 0 else []) + [
-            f"# {rel}: {note}\n" for note in task.changed if note.startswith("header fits")]
+            f"# {rel}: {note}\n" for note in task.changed if note.startswith("header ")]
         plans[rel] = FilePlan(rel, Action.REWRITE_SHARD, source=rel,
                               size_before=header.file_size, size_after=task.file_size,
                               diff="".join(lines) or None, shard_task=task)
     return plans
+
+
+def _in_place_header(task: GGUFTask, model_file, header) -> GGUFTask:
+    """With --in-place: the task writing only the header region, when it may
+    (``patcher.gguf.header_inplace``); else the same task, its note saying why not."""
+    if not any(note.startswith("header fits") for note in task.changed):
+        return task
+    why = refusal(model_file, task, header.data_offset, header.file_size)
+    if why is None:
+        note = f"header rewritten in place ({len(task.header)} bytes)"
+        return replace(task, changed=task.changed + (note,), header_in_place=True)
+    note = f"header not rewritten in place: {why}; the whole file is rewritten"
+    return replace(task, changed=task.changed + (note,))
 
 
 def _count_split_tensors(kvs: list[dict[str, KeyValue]], total: int, changes: list,

@@ -24,6 +24,7 @@ class GGUFTask:
     # (tensor, absolute path of its base file, absolute offset there, nbytes, padding after)
     copies: tuple[tuple[str, str, int, int, int], ...]
     changed: tuple[str, ...] = ()            # summary lines
+    header_in_place: bool = False            # --in-place: only the header region is written
     jobs: tuple = ()                         # no computed tensors: no worker needs torch
     device: str = "cpu"
 

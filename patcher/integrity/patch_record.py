@@ -60,6 +60,9 @@ class PatchRecord:
     # sha256 of the provenance manifest this patch wrote: ``verify`` checks the manifest
     # against it (older records have none).
     manifest_sha256: str | None = None
+    # In place: files of which only the header region was rewritten (a GGUF's metadata): rel ->
+    # length of the base's bytes kept under headers/<rel> (not in replaced nor originals/).
+    headers: dict[str, int] = field(default_factory=dict)
 
     @property
     def dirname(self) -> str:
@@ -81,15 +84,27 @@ class PatchRecord:
                        base_path=data.get("base_path"),
                        links={str(k): str(v) for k, v in (data.get("links") or {}).items()},
                        made_dirs=[str(d) for d in data.get("made_dirs") or []],
-                       manifest_sha256=_optional_sha256(data.get("manifest_sha256")))
+                       manifest_sha256=_optional_sha256(data.get("manifest_sha256")),
+                       headers={str(k): _length(v)
+                                for k, v in (data.get("headers") or {}).items()})
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"malformed patch record: {exc}", where=where) from None
         outside = [p for p in [*record.base_files, *record.replaced, *record.added,
-                               *record.links, *record.made_dirs] if not _inside(p)]
+                               *record.links, *record.made_dirs, *record.headers]
+                   if not _inside(p)]
         if outside:
             raise InputError(f"malformed patch record: path {outside[0]!r} is not inside the "
                              f"directory", where=where)
+        if not set(record.headers) <= set(record.base_files) - set(record.replaced):
+            raise InputError("malformed patch record: a header kept for revert is not of an "
+                             "unreplaced base file", where=where)
         return record
+
+
+def _length(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"header length {value!r} is not a positive integer")
+    return value
 
 
 def _optional_sha256(value: object) -> str | None:

@@ -21,7 +21,7 @@ from .model.model_dir import ModelDir
 # imported by the functions that need them, so `inspect` and `--help` stay light.
 if TYPE_CHECKING:
     from .execute.engine import ApplyResult, Progress
-    from .plan import Plan
+    from .plan import Plan, PlanOptions
     from .recipe.load import Recipe
 
 log = logging.getLogger("modelpatch")
@@ -36,8 +36,35 @@ def _recovered(directory: str | os.PathLike) -> None:
 
 
 def _open(model: str | os.PathLike) -> ModelDir:
-    _recovered(model)
-    return ModelDir.open(model)
+    """The model directory, or for a .gguf file the view holding just that model
+    (``patcher.gguf.single_file``, which says what each command does with one)."""
+    from .gguf.single_file import model_directory
+
+    _recovered(model_directory(model))
+    return _open_recovered(model)
+
+
+def _open_recovered(model: str | os.PathLike) -> ModelDir:
+    from .gguf.single_file import is_gguf_file, open_gguf_file
+
+    if str(model).endswith(".gguf") and not os.path.isdir(model) and not is_gguf_file(model):
+        raise ModelDirError("no such file" if not os.path.lexists(model) else
+                            "not a regular file", where=model)
+    return open_gguf_file(model) if is_gguf_file(model) else ModelDir.open(model)
+
+
+def _default_output(model: str | os.PathLike, base: ModelDir, recipe_name: str,
+                    out: str | os.PathLike | None) -> Path:
+    from .execute.engine import default_output
+    from .gguf import single_file
+
+    if base.subset:
+        single_file.check_output(out)
+    if out is not None:
+        return Path(out)
+    if base.subset:
+        return single_file.default_output(model, recipe_name)
+    return default_output(base.root, recipe_name)
 
 
 def load(recipe: str | os.PathLike | Recipe | list | tuple) -> Recipe:
@@ -80,37 +107,45 @@ def inspect(model: str | os.PathLike, *, endpoint: str | None = None) -> dict:
     return report
 
 
-def open_model(model: str | os.PathLike, *, endpoint: str | None = None) -> ModelDir:
+def open_model(model: str | os.PathLike, *, endpoint: str | None = None,
+               what: str = "inspect") -> ModelDir:
     """A local model directory, or ``hf://org/name[@rev]`` read from the hub (``endpoint``)
-    without its tensor data (``patcher.remote.model.RemoteModel``)."""
+    without its tensor data (``patcher.remote.model.RemoteModel``; ``what``: the command its
+    hub errors name)."""
     from .remote.model import RemoteModel, is_remote
 
     if is_remote(model):
-        return RemoteModel.open(str(model), endpoint=endpoint)
+        return RemoteModel.open(str(model), endpoint=endpoint, what=what)
     return _open(model)
 
 
 def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
-         *, options: dict | None = None, out: str | os.PathLike | None = None,
+         *, options: PlanOptions | dict | None = None, out: str | os.PathLike | None = None,
          endpoint: str | None = None) -> Plan:
-    """The plan for applying ``recipe`` to ``model``; nothing is written. Unless
-    ``options["in_place"]``, it predicts how the base's files will be carried into ``out``
-    (default: where ``apply`` would write) in ``options["link"]`` mode (default ``auto``).
-    For ``hf://org/name[@rev]`` (read without its tensor data) there is no such prediction, and
-    ``plan.options["remote"]`` says what reading it transferred."""
-    from .execute.engine import default_output
-    from .execute.linking import predict_for_plan
-    from .plan import plan as make_plan
+    """The plan for applying ``recipe`` to ``model``; nothing is written. ``options``: a
+    ``PlanOptions``, or a dict of its field names. Unless ``options.in_place``, it predicts how
+    the base's files will be carried into ``out`` (default: where ``apply`` would write) in
+    ``options.link`` mode (default ``auto``). For ``hf://org/name[@rev]`` (read without its
+    tensor data) there is no such prediction, and ``plan.transfer`` says what reading it
+    transferred."""
+    from dataclasses import replace
 
-    loaded, base = load(recipe), open_model(model, endpoint=endpoint)
+    from .execute.linking import predict_for_plan
+    from .gguf.single_file import check_in_place, is_gguf_file
+    from .plan import PlanOptions, plan as make_plan
+
+    options = PlanOptions.of(options)
+    if options.in_place and is_gguf_file(model):
+        check_in_place(model)           # as apply_in_place: refused, or the whole directory
+        model = Path(model).parent
+    loaded, base = load(recipe), open_model(model, endpoint=endpoint, what="plan")
     the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
     if hasattr(base, "transfer_report"):
-        the_plan.options["remote"] = base.transfer_report()
+        return replace(the_plan, transfer=base.transfer_report())
+    if the_plan.options.in_place:
         return the_plan
-    if the_plan.options.get("in_place"):
-        return the_plan
-    target = Path(out) if out is not None else default_output(base.root, loaded.name)
-    return predict_for_plan(the_plan, target, the_plan.options.get("link") or "auto")
+    target = _default_output(model, base, loaded.name, out)
+    return predict_for_plan(the_plan, target, the_plan.options.link or "auto")
 
 
 def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
@@ -138,25 +173,27 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
 
     ``executor="ray"`` runs the shard tasks and file hashes on the Ray cluster at
     ``ray_address`` (``patcher.execute.ray_executor``); the rest runs here."""
-    from .execute.engine import apply_plan, default_output
+    from .execute.engine import apply_plan
     from .execute.linking import check_mode, predict_for_plan, warn_before_copying
     from .execute.locking import lock_directory
-    from .plan import plan as make_plan, require_change
+    from .plan import PlanOptions, plan as make_plan, require_change
 
     loaded = load(recipe)
     base_model = _checked_base_model(base_model)
-    _recovered(model)
     # Plan under the base's shared lock, so an in-place patch or revert cannot change the base
     # between planning and linking.
-    with lock_directory(Path(model), exclusive=False):
-        base = ModelDir.open(model)
+    from .gguf.single_file import model_directory
+
+    _recovered(model_directory(model))
+    with lock_directory(model_directory(model), exclusive=False):
+        base = _open_recovered(model)
         link = check_mode("copy" if force_copy else link)
-        options = {"link": link, "jobs": jobs, "device": device, "in_place": False,
-                   "max_shard_size": max_shard_size, **({"params": params} if params else {})}
+        options = PlanOptions(link=link, jobs=jobs, device=device,
+                              max_shard_size=max_shard_size, params=params or None)
         the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
         require_change(the_plan, allow_noop)
         _log_warnings(the_plan)
-        target = Path(out) if out is not None else default_output(base.root, loaded.name)
+        target = _default_output(model, base, loaded.name, out)
         the_plan = predict_for_plan(the_plan, target, link)
         warn_before_copying(the_plan.link)
         with _executor(executor, ray_address):
@@ -172,6 +209,9 @@ def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool 
     from .execute.locking import lock_directory
     from .integrity.verify import verify_dir
 
+    from .gguf.single_file import model_directory
+
+    directory = model_directory(directory)
     _recovered(directory)
     # Shared: verifies and out-of-place applies read together; an in-place apply or a revert
     # (exclusive) cannot change the files while they are hashed.
@@ -204,18 +244,27 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model``,
     ``params`` and ``endpoint`` as for ``apply``. A plan that changes nothing raises ``NothingToChange`` unless
     ``allow_noop``."""
-    from .execute.inplace import apply_in_place as run
-    from .plan import plan as make_plan, require_change
+    from .execute.inplace import apply_locked, prepare_directory
+    from .execute.locking import lock_directory
+    from .plan import PlanOptions, plan as make_plan, require_change
+
+    from .gguf.single_file import check_in_place, is_gguf_file
 
     loaded = load(recipe)
     base_model = _checked_base_model(base_model)
-    base = _open(model)
-    options = {"jobs": jobs, "device": device, "in_place": True,
-               "max_shard_size": max_shard_size, **({"params": params} if params else {})}
-    the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
-    require_change(the_plan, allow_noop)
-    _log_warnings(the_plan)
-    return run(the_plan, base, jobs=jobs, progress=progress, base_model=base_model)
+    if is_gguf_file(model):
+        check_in_place(model)
+        model = Path(model).parent
+    options = PlanOptions(in_place=True, jobs=jobs, device=device,
+                          max_shard_size=max_shard_size, params=params or None)
+    # Planned once, under the exclusive lock: nothing can change the directory in between.
+    with lock_directory(Path(model), exclusive=True):
+        prepare_directory(Path(model))
+        base = _open(model)
+        the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
+        require_change(the_plan, allow_noop)
+        _log_warnings(the_plan)
+        return apply_locked(the_plan, base, jobs=jobs, progress=progress, base_model=base_model)
 
 
 def _executor(name: str, address: str | None):
@@ -252,7 +301,9 @@ def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None
     """Undo the last patch (or all with ``all_patches``): in place, or rebuilt into ``out``
     (with ``executor`` and ``ray_address`` as for ``apply``)."""
     from .execute.revert import rebuild_base, revert as revert_here
+    from .gguf.single_file import model_directory
 
+    directory = model_directory(directory)
     _recovered(directory)
     if out is not None:
         with _executor(executor, ray_address):
@@ -300,17 +351,21 @@ def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | No
     name, version = parse_engine(engine)
     target = Target(name, version, parse_gpu(gpu))
     loaded = load_rules(tuple(rules))
-    opened = open_model(model, endpoint=endpoint)
+    opened = open_model(model, endpoint=endpoint, what="doctor")
     report = diagnose(opened, target, loaded)
     if hasattr(opened, "transfer_report"):
         report["remote"] = opened.transfer_report()
+    else:
+        report["model"] = os.path.abspath(model)        # as given (a .gguf file), absolute
     return report
 
 
 def publish(directory: str | os.PathLike, repo_id: str, **kwargs):
     """Verify and upload a variant in one commit (see ``hub.client.publish.publish``)."""
+    from .gguf.single_file import model_directory
     from .hub.client.publish import publish as run
 
+    directory = model_directory(directory)
     _recovered(directory)
     return run(directory, repo_id, **kwargs)
 

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import enum
 import os
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .changes import FileAdded, FileDropped, changes_json
 from .config.ops import apply_config_ops
-from .errors import NothingToChange, PlanError
+from .errors import InputError, NothingToChange, PlanError
 from .config.jsonfile import dump_json_document, load_json_document, unified_diff
-from .model.model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir
+from .model.model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir, fingerprint, read_fingerprint
 from .recipe.params.bind import bind_recipe
 from .recipe.load import Recipe
 
@@ -44,17 +46,69 @@ class FilePlan:
 
 
 @dataclass(frozen=True)
+class PlanOptions:
+    """What shapes a plan and its execution besides the recipe and the model. The caller builds it
+    once (the CLI, ``api.apply``, ``api.apply_in_place``, the hub's remote apply); the plan
+    carries it, and the manifest records ``to_json()``."""
+
+    in_place: bool = False
+    link: str | None = None
+    """Out of place: how the base's unchanged files are carried (``auto``, ``reflink``,
+    ``hardlink``, ``copy``); None in place."""
+    jobs: int | None = None
+    """Worker processes for shard rewrites; None: as many as the thread budget allows."""
+    device: str | None = "cpu"
+    """Where tensor kernels run; None: nothing is computed here (a config-only apply on the
+    hub), and the manifest records neither ``jobs`` nor ``device``."""
+    max_shard_size: int | None = None
+    """Reshard the output into shards of at most this many bytes (overrides the recipe's)."""
+    params: Mapping[str, Any] | None = None
+    """Values of the recipe's ``params:`` (typed, or strings as ``--set`` gives them)."""
+
+    @classmethod
+    def of(cls, value: PlanOptions | Mapping[str, Any] | None) -> PlanOptions:
+        """``value`` itself, or the options a mapping of the same field names gives (the
+        library's ``api.plan(options={...})``); an unknown name is an InputError."""
+        if isinstance(value, PlanOptions):
+            return value
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(value or {}) - names)
+        if unknown:
+            raise InputError(f"unknown plan option {unknown[0]!r} (options: "
+                             f"{', '.join(sorted(names))})")
+        return cls(**dict(value or {}))
+
+    def to_json(self) -> dict[str, Any]:
+        """The options as the provenance manifest records them."""
+        out: dict[str, Any] = {} if self.link is None else {"link": self.link}
+        if self.device is not None:
+            out.update(jobs=self.jobs, device=self.device)
+        out.update(in_place=self.in_place, max_shard_size=self.max_shard_size)
+        if self.params:
+            out["params"] = dict(self.params)
+        return out
+
+
+@dataclass(frozen=True)
 class Plan:
     """Pure data describing an apply. Nothing here has touched the disk."""
 
     recipe: Recipe
     base: Path
     files: tuple[FilePlan, ...]
-    changes: tuple[dict, ...]
+    changes: tuple  # of patcher.changes records and config.ops.Change
     warnings: tuple[str, ...] = ()
-    options: dict = field(default_factory=dict)
+    options: PlanOptions = field(default_factory=PlanOptions)
     link: Any = None
     """A ``linking.LinkPrediction`` for an out-of-place apply (``linking.predict_for_plan``)."""
+    transfer: dict | None = None
+    """For a model read from a hub (``hf://``): what reading it transferred."""
+    fingerprint: dict | None = None
+    """What the plan read of the base directory (``model_dir.fingerprint``): the executors
+    refuse the plan if the directory has changed since (``check_unchanged``)."""
+    base_subset: bool = False
+    """The base is some files of its directory (a ``.gguf`` file as MODEL): only those count for
+    ``check_unchanged``; others may come and go beside them (the variant's own output)."""
 
     def by_action(self, action: Action) -> list[FilePlan]:
         return [f for f in self.files if f.action is action]
@@ -78,7 +132,7 @@ class Plan:
             "recipe": self.recipe.identity(),
             "base": str(self.base),
             "files": [_file_json(f) for f in self.files],
-            "changes": list(self.changes),
+            "changes": changes_json(self.changes),
             "warnings": list(self.warnings),
             "bytes": self._bytes_json(),
             **({"link": self.link.to_json()} if self.link is not None else {}),
@@ -105,7 +159,8 @@ def _file_json(f: FilePlan) -> dict:
     return out
 
 
-def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None,
+def plan(recipe: Recipe, model: ModelDir, *,
+         options: PlanOptions | Mapping[str, Any] | None = None,
          endpoint: str | None = None) -> Plan:
     """Compute the plan for applying ``recipe`` to ``model``. ``from:`` sources on a hub are
     fetched from ``endpoint`` (default ``$HF_ENDPOINT``, then huggingface.co), once: the plan
@@ -115,11 +170,12 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None,
         GuardRefused: a ``requires`` guard does not hold (nothing is planned).
         PlanError: an operation cannot be applied to this model (naming the recipe line).
     """
-    options = dict(options or {})
+    options = PlanOptions.of(options)
     from .remote.sources import SourceFetcher, source_changes
 
-    recipe = bind_recipe(recipe, model.json, options.get("params"), SourceFetcher(endpoint))
-    changes: list[dict] = source_changes(recipe, endpoint)
+    recipe = bind_recipe(recipe, model.json, dict(options.params) if options.params else None,
+                         SourceFetcher(endpoint))
+    changes: list = list(source_changes(recipe, endpoint))
     warnings: list[str] = list(model.warnings)
     replaced: dict[str, FilePlan] = {}
     for name, ops in recipe.config.items():
@@ -127,15 +183,17 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None,
         if replaced_file is not None:
             replaced[name] = replaced_file
     replaced.update(_plan_file_ops(recipe, model, changes))
-    max_shard_size = options.get("max_shard_size") or recipe.max_shard_size
+    max_shard_size = options.max_shard_size or recipe.max_shard_size
     if recipe.gguf is not None:
         from .gguf.plan import plan_gguf
 
         replaced.update(plan_gguf(recipe, model, changes, max_shard_size))
+        if not model.shards:
+            max_shard_size = None       # it resharded the GGUF; no safetensors to reshard
     if recipe.tensors or max_shard_size:
         from .tensors.planning import plan_tensor_ops
 
-        tensors = plan_tensor_ops(recipe, model, changes, device=options.get("device") or "cpu",
+        tensors = plan_tensor_ops(recipe, model, changes, device=options.device or "cpu",
                                   max_shard_size=max_shard_size)
         replaced.update(tensors.files)
         warnings.extend(_quantization_warnings(model, replaced, tensors.dtypes, changes))
@@ -143,7 +201,30 @@ def plan(recipe: Recipe, model: ModelDir, *, options: dict | None = None,
              for rel in sorted(model.files) if rel != MANIFEST_NAME]
     files.extend(sorted(replaced.values(), key=lambda f: f.path))  # additions
     return Plan(recipe=recipe, base=model.root, files=tuple(files), changes=tuple(changes),
-                warnings=tuple(warnings), options=options)
+                warnings=tuple(warnings), options=options, fingerprint=fingerprint(model.files),
+                base_subset=model.subset)
+
+
+def check_unchanged(the_plan: Plan) -> None:
+    """Refuse to carry out ``the_plan`` if its base directory changed since it was planned: a
+    file added, removed, relinked, or of another device, inode, size or mtime (for a base that
+    is some files of its directory, only those files).
+
+    Raises:
+        PlanError: naming the first changed file; nothing has been written.
+    """
+    if the_plan.fingerprint is None:
+        return
+    before, now = the_plan.fingerprint, read_fingerprint(the_plan.base)
+    if the_plan.base_subset:
+        now = {rel: stamp for rel, stamp in now.items() if rel in before}
+    changed = sorted(rel for rel in before.keys() | now.keys() if before.get(rel) != now.get(rel))
+    if changed:
+        what = "appeared" if changed[0] not in before else \
+            "is gone" if changed[0] not in now else "was modified"
+        more = f" (and {len(changed) - 1} more file(s))" if len(changed) > 1 else ""
+        raise PlanError(f"{changed[0]} {what} since the plan was made{more}; nothing was written",
+                        where=the_plan.base, hint="plan and apply again")
 
 
 def require_change(the_plan: Plan, allow_noop: bool) -> None:
@@ -160,7 +241,7 @@ def _link(model: ModelDir, rel: str) -> FilePlan:
     return FilePlan(rel, Action.LINK, source=rel, size_before=size, size_after=size)
 
 
-def _plan_json_file(model: ModelDir, name: str, ops: list, changes: list[dict],
+def _plan_json_file(model: ModelDir, name: str, ops: list, changes: list,
                     warnings: list[str]) -> FilePlan | None:
     if not model.has(name):
         if all(getattr(op, "missing_ok", False) for op in ops):  # only tolerant drops
@@ -175,14 +256,14 @@ def _plan_json_file(model: ModelDir, name: str, ops: list, changes: list[dict],
     after = dump_json_document(new_value, document.style)
     if not document.exact:
         warnings.append(f"{name}: {document.note}; lines outside the patched keys may change")
-    changes.extend(change.to_json() for change in file_changes)
+    changes.extend(file_changes)
     if after == before:
         return None
     return FilePlan(name, Action.WRITE_JSON, source=name, size_before=len(before),
                     size_after=len(after), content=after, diff=unified_diff(before, after, name))
 
 
-def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list[dict]) -> dict[str, FilePlan]:
+def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list) -> dict[str, FilePlan]:
     out: dict[str, FilePlan] = {}
     for op in recipe.files:
         name = op.path
@@ -194,7 +275,7 @@ def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list[dict]) -> dict
                                 where=op.loc)
             size = model.files[name].size
             out[name] = FilePlan(name, Action.DROP, source=name, size_before=size)
-            changes.append({"kind": "file_dropped", "file": name, "size": size})
+            changes.append(FileDropped(name, size=size))
             continue
         if model.has(name) and not op.overwrite:
             raise PlanError(f"the recipe adds {name}, which the model already has",
@@ -208,8 +289,7 @@ def _plan_file_ops(recipe: Recipe, model: ModelDir, changes: list[dict]) -> dict
                              size_after=len(content), content=content,
                              diff=unified_diff(model.read_bytes(name) if source else None,
                                                content, name))
-        changes.append({"kind": "file_added", "file": name, "size": len(content),
-                        "replaced": source is not None, **(op.source or {})})
+        changes.append(FileAdded(name, len(content), source is not None, dict(op.source or {})))
     return out
 
 
@@ -249,7 +329,7 @@ def _check_added_file(name: str, content: bytes, loc: str) -> None:
 
 
 def _quantization_warnings(model: ModelDir, replaced: dict[str, FilePlan],
-                           dtypes: dict[str, str], changes: list[dict]) -> list[str]:
+                           dtypes: dict[str, str], changes: list) -> list[str]:
     from .tensors.quant_consistency import final_json, quantization_warnings
 
     def final(name: str):

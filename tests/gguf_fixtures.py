@@ -47,11 +47,13 @@ def _block_tensors(i: int, nextn: bool = False) -> list[tuple[str, tuple[int, ..
 
 
 def write_tiny(path: Path, *, arch: str = "llama", blocks: int = 2, nextn: int = 0,
-               split_max_tensors: int = 0, seed: int = 0, extra_kv=None) -> Path:
+               split_max_tensors: int = 0, split_max_size: int = 0, seed: int = 0,
+               extra_kv=None) -> Path:
     """A tiny model: embeddings, ``blocks`` + ``nextn`` blocks of F32/F16/Q8_0 tensors, output.
     With ``nextn`` the last blocks carry nextn tensors and ``{arch}.nextn_predict_layers``."""
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
+    w = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors,
+                        split_max_size=split_max_size)
     total = blocks + nextn
     w.add_name("tiny")
     w.add_block_count(total)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 
 import click
@@ -79,9 +80,11 @@ def _echo_transfer(remote: dict | None) -> None:
 
 
 def _plan_options(in_place: bool, link: str, jobs: int | None, device: str,
-                  max_shard_size: int | None, params: dict | None = None) -> dict:
-    return {"in_place": in_place, "link": link, "jobs": jobs, "device": device,
-            "max_shard_size": max_shard_size, **({"params": params} if params else {})}
+                  max_shard_size: int | None, params: dict | None = None):
+    from ..plan import PlanOptions
+
+    return PlanOptions(in_place=in_place, link=None if in_place else link, jobs=jobs,
+                       device=device, max_shard_size=max_shard_size, params=params or None)
 
 
 def _set_values(items: tuple[str, ...]) -> dict[str, str]:
@@ -91,6 +94,9 @@ def _set_values(items: tuple[str, ...]) -> dict[str, str]:
         name, eq, value = item.partition("=")
         if not eq or not name.strip():
             raise click.UsageError(f"--set {item!r}: write --set NAME=VALUE")
+        if name.strip() in out and out[name.strip()] != value:
+            raise click.UsageError(f"--set {name.strip()} given twice ({out[name.strip()]!r} "
+                                   f"and {value!r}): give it once")
         out[name.strip()] = value
     return out
 
@@ -141,7 +147,7 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
     from .render import render_plan
 
     data = the_plan.to_json()
-    remote = the_plan.options.get("remote")
+    remote = the_plan.transfer
     if remote is not None and as_json:
         data["remote"] = remote
     click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
@@ -152,7 +158,7 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
 
 @main.command()
 @click.argument("recipe", nargs=-1, required=True)
-@click.argument("model", type=click.Path(file_okay=False, path_type=str))
+@click.argument("model", type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable plan.")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
 @max_shard_size_option
@@ -167,7 +173,7 @@ def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
          endpoint: str | None, set_values: tuple[str, ...]) -> None:
     """Show what applying RECIPE (one or more, in order) to MODEL would do (same as apply
     --dry-run). MODEL may be hf://ORG/NAME[@REV]: planned from its JSON files and safetensors
-    headers alone."""
+    headers alone; or one .gguf file."""
     from .. import api
 
     options = _plan_options(False, link or "auto", None, device, max_shard_size,
@@ -209,7 +215,8 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
           max_shard_size, as_json, allow_noop, base_model, publish_to, endpoint, set_values,
           executor, ray_address):
     """Apply RECIPE (a path or a built-in name; several are applied in order as one) to MODEL
-    and write a verified variant."""
+    and write a verified variant. For MODEL a .gguf file, the variant is the directory OUT
+    (default: <file>-<recipe> beside it) holding the new file and its manifest."""
     from .. import api
     from .render import recipe_source
 
@@ -262,7 +269,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                     "bytes_written": result.bytes_written, "bytes_hashed": result.bytes_hashed,
                     "link_method": result.link_method})
     else:
-        click.echo(str(result.output))
+        click.echo(os.path.abspath(result.output))      # in place too: the path as given
 
 
 def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, base_model,
@@ -287,7 +294,7 @@ def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, ba
 
 
 @main.command()
-@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.argument("directory", type=click.Path(path_type=str))
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Parallel hashing workers (default: all cores).")
 @click.option("--fast", is_flag=True,
@@ -298,7 +305,8 @@ def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, ba
 @quiet_option
 @click.pass_context
 def verify(ctx, directory, jobs, fast, as_json, executor, ray_address):
-    """Rehash DIRECTORY against its provenance manifest. Exit 1 on any mismatch."""
+    """Rehash DIRECTORY against its provenance manifest. Exit 1 on any mismatch. A .gguf file
+    stands for the directory holding it."""
     from .. import api
     from .render import render_verify
 
@@ -316,7 +324,7 @@ def verify(ctx, directory, jobs, fast, as_json, executor, ray_address):
 
 
 @main.command()
-@click.argument("directory", type=click.Path(file_okay=False, path_type=str))
+@click.argument("directory", type=click.Path(path_type=str))
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
               help="Rebuild the base into OUT instead of reverting DIRECTORY in place.")
 @click.option("--all", "all_patches", is_flag=True, help="Revert every patch, back to the original.")
@@ -326,7 +334,8 @@ def verify(ctx, directory, jobs, fast, as_json, executor, ray_address):
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 @executor_options
 def revert(directory, out, all_patches, force, jobs, as_json, executor, ray_address):
-    """Undo the last patch of DIRECTORY (byte-identical, symlinks restored)."""
+    """Undo the last patch of DIRECTORY (byte-identical, symlinks restored). A .gguf file
+    stands for the directory holding it."""
     from .. import api
 
     result = api.revert(directory, out=out, all_patches=all_patches, force=force, jobs=jobs,

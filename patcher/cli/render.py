@@ -132,8 +132,11 @@ def _carried_text(plan_json: dict) -> str:
     written = f"{human_bytes(b['written'])} written"
     if link is None:                                   # in place: the rest stays where it is
         return f"{written}, {human_bytes(b['unchanged'])} unchanged"
-    carried = b["linked"] + b["copied"]
-    return f"{written}, {human_bytes(carried)} {_CARRIED[link['method']]}"
+    carried, how = b["linked"] + b["copied"], _CARRIED[link["method"]]
+    originals = carried - b["unchanged"]            # the rewritten files' originals, for revert
+    text = f"{written}, {human_bytes(b['unchanged'])} {how}"
+    return text + (f"; {human_bytes(originals)} of originals kept for revert, also {how}"
+                   if originals > 0 else "")
 
 
 def _link_lines(link: dict | None) -> list[str]:
@@ -218,7 +221,8 @@ def _tensor_line(c: dict) -> str:
         why = f"  (companion of {c['companion_of']})" if c.get("companion_of") else "  (drop)"
         return f"{c['tensor']}  {before}{why}"
     if kind == "tensor_added":
-        return f"{c['tensor']}  {after}  ({c.get('reason', 'added')} of {c['companion_of']})"
+        of = c.get("companion_of") or c.get("copy_of")
+        return f"{c['tensor']}  {after}  ({c.get('reason', 'added')} of {of})"
     name = c["tensor"] + (f" -> {c['to']}" if c.get("to") else "")
     return f"{name}  {before} -> {after}  ({c['how']})"
 

@@ -1,4 +1,6 @@
-"""RFC 6901 JSON Pointers: validation, joining under a scope, and lookup.
+"""RFC 6901 JSON Pointers: validation, joining under a scope, and lookup. Splitting and escaping
+are the ``jsonpointer`` package's (installed with jsonpatch); validation with a message for a
+recipe author, scopes, and the strict lookup (``MISSING``, no end-of-list ``-``) are here.
 
 Pointers are plain strings: ``""`` is the whole document, ``"/a/b"`` the member ``b`` of ``a``.
 ``~0`` and ``~1`` escape ``~`` and ``/`` inside a reference token. Array indices are ``0`` or a
@@ -10,6 +12,8 @@ from __future__ import annotations
 
 import re
 from typing import Any
+
+from jsonpointer import JsonPointer, escape, unescape
 
 _INDEX = re.compile(r"(?:0|[1-9][0-9]*)\Z")
 _BAD_ESCAPE = re.compile(r"~(?![01])")
@@ -32,17 +36,15 @@ def pointer_error(pointer: object) -> str | None:
 
 def split_pointer(pointer: str) -> list[str]:
     """The unescaped reference tokens of a valid pointer (``[]`` for ``""``)."""
-    if pointer == "":
-        return []
-    return [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]]
+    return JsonPointer(pointer).parts
 
 
 def escape_token(token: str) -> str:
-    return token.replace("~", "~0").replace("/", "~1")
+    return escape(token)
 
 
 def make_pointer(tokens: list[str] | tuple[str, ...]) -> str:
-    return "".join("/" + escape_token(t) for t in tokens)
+    return JsonPointer.from_parts(list(tokens)).path
 
 
 def normalize_scope(scope: str) -> str:
@@ -58,7 +60,7 @@ def join_pointer(scope: str, pointer: str) -> str:
 def parent_pointer(pointer: str) -> tuple[str, str]:
     """(parent pointer, last unescaped token) of a non-root pointer."""
     head, _, last = pointer.rpartition("/")
-    return head, last.replace("~1", "/").replace("~0", "~")
+    return head, unescape(last)
 
 
 def _step(value: Any, token: str) -> Any:

@@ -18,21 +18,24 @@ import click
 @click.option("--fix", is_flag=True,
               help="Apply the fixing recipes as one verified variant, then diagnose it.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
-              help="With --fix: where to write the variant.")
+              help="With --fix: where to write the variant (default: <model>-doctor).")
 @click.option("--in-place", is_flag=True, help="With --fix: patch MODEL itself (revertible).")
+@click.option("--force", is_flag=True, help="With --fix: replace an existing output that is an "
+                                             "earlier modelpatch variant (as apply --force).")
 @click.option("--endpoint", default=None, envvar="HF_ENDPOINT",
               help="Hub URL for hf://ORG/NAME[@REV] (default: huggingface.co, or $HF_ENDPOINT).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 @click.pass_context
-def doctor(ctx, model, engine, gpu, rules_dirs, fix, out, in_place, endpoint, as_json):
+def doctor(ctx, model, engine, gpu, rules_dirs, fix, out, in_place, force, endpoint,
+           as_json):
     """Check MODEL (a directory or hf://ORG/NAME[@REV], read without its tensor data) against
     an engine version and GPU. Exit 1 when a blocker is found (after --fix: when one remains)."""
     from .. import api
     from .diagnose import render
-    from .fix import apply_fixes, fixing_params, fixing_recipes
+    from .fix import apply_fixes, fixing_params, fixing_recipes, nothing_to_fix
 
-    if (out or in_place) and not fix:
-        raise click.UsageError("-o/--output and --in-place go with --fix")
+    if (out or in_place or force) and not fix:
+        raise click.UsageError("-o/--output, --in-place and --force go with --fix")
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")
     if in_place and model.startswith(api.HF_SCHEME):
@@ -43,8 +46,8 @@ def doctor(ctx, model, engine, gpu, rules_dirs, fix, out, in_place, endpoint, as
     recipes = fixing_recipes(report) if fix else []
     if recipes:
         quiet = bool((ctx.find_root().obj or {}).get("quiet"))
-        fixed = apply_fixes(model, recipes, out=out, in_place=in_place, endpoint=endpoint,
-                            progress=not quiet, params=fixing_params(report))
+        fixed = apply_fixes(model, recipes, out=out, in_place=in_place, force=force,
+                            endpoint=endpoint, progress=not quiet, params=fixing_params(report))
         final = api.doctor(fixed, engine=engine, gpu=gpu, rules=rules_dirs)
         report["fix"] = {"recipes": recipes, "output": str(fixed), "after": final}
     if as_json:
@@ -58,4 +61,6 @@ def doctor(ctx, model, engine, gpu, rules_dirs, fix, out, in_place, endpoint, as
         if recipes:
             click.echo(f"\nfixed with {', '.join(recipes)}: {final['model']}")
             click.echo(render(final))
+        elif fix:
+            click.echo(nothing_to_fix(report))
     ctx.exit(1 if final["blockers"] else 0)

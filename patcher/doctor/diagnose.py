@@ -7,6 +7,7 @@ the user did not give (``--engine``, ``--gpu``) are listed as not checked, never
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from ..config.json_pointer import MISSING, resolve
@@ -15,6 +16,8 @@ from .rules import Rule, evaluate
 from .target import Target
 
 MODEL_FACTS = "@model"
+#: The built-in rules that read a GGUF's metadata (``@model`` ``/gguf``).
+GGUF_RULES = ("gguf-mtp-layers-unused", "gguf-eos-inconsistent")
 
 
 class _LazyFacts(dict):
@@ -41,7 +44,8 @@ def model_facts(model: ModelDir) -> dict:
     of ``inspect`` (only groups that have tensors: ``/tensor_groups/lm_head`` exists or not);
     ``unloaded_shards``: safetensors files the model does not load (not in its index);
     ``tensors``: tensor name -> shard (``/tensors/lm_head.weight`` exists or not); ``eos``,
-    ``quant_ignore``, ``kv_scale_names``, ``layers_past_config``: see ``patcher.doctor.facts``."""
+    ``quant_ignore``, ``kv_scale_names``, ``layers_past_config``, ``gguf``: see
+    ``patcher.doctor.facts``."""
     from ..model.inspect_model import quantization_summary
     from . import facts
 
@@ -56,7 +60,8 @@ def model_facts(model: ModelDir) -> dict:
         "eos": lambda: facts.eos_facts(model),
         "quant_ignore": lambda: facts.ignore_facts(model),
         "kv_scale_names": lambda: facts.kv_scale_names(model),
-        "layers_past_config": lambda: facts.layers_past_config(model)})
+        "layers_past_config": lambda: facts.layers_past_config(model),
+        "gguf": lambda: facts.gguf_facts(model)})
 
 
 def _tensor_groups(model: ModelDir) -> dict[str, int]:
@@ -113,9 +118,14 @@ def diagnose(model: ModelDir, target: Target, rules: list[Rule]) -> dict:
         elif missing:
             not_checked.append({"rule": rule.id, "needs": sorted(missing)})
     findings.sort(key=lambda f: ("blocker", "warning", "info").index(f["severity"]))
-    return {"model": str(model.root), "target": target.facts(), "findings": findings,
-            "not_checked": not_checked,
-            "blockers": sum(f["severity"] == "blocker" for f in findings)}
+    report = {"model": str(model.root), "target": target.facts(), "findings": findings,
+              "not_checked": not_checked,
+              "blockers": sum(f["severity"] == "blocker" for f in findings)}
+    if not model.has("config.json") and any(rel.endswith(".gguf") for rel in model.files):
+        report["note"] = (f"a GGUF model: only the rules that read GGUF metadata "
+                          f"({', '.join(GGUF_RULES)}) checked it; the others read config.json "
+                          f"and safetensors headers")
+    return report
 
 
 def _finding(rule: Rule, read) -> dict:
@@ -124,8 +134,8 @@ def _finding(rule: Rule, read) -> dict:
         value = resolve(read(MODEL_FACTS), rule.details)
         details = None if value is MISSING else value
     return {"rule": rule.id, "severity": rule.severity, "summary": rule.summary,
-            "details": details, "evidence": list(rule.evidence), "fix": _fix(rule.fix, read),
-            "source": rule.source}
+            "details": details, "details_from": rule.details, "evidence": list(rule.evidence),
+            "fix": _fix(rule.fix, read), "source": rule.source}
 
 
 def _fix(fix: dict | None, read) -> dict | None:
@@ -146,25 +156,46 @@ def render(report: dict) -> str:
              f"target     {engine}, {t['gpu'] or 'no GPU given'}"]
     for f in report["findings"]:
         lines.append(f"{f['severity'].upper():<10} {f['rule']}: {f['summary']}")
-        if f["details"]:
-            shown = f["details"] if isinstance(f["details"], list) else [f["details"]]
-            lines += [f"{'':<11}- {d}" for d in shown]
+        lines += _details_lines(f)
         for e in f["evidence"]:
             lines.append(f"{'':<11}evidence: {e['source']} ({e['versions']})")
         if f["fix"]:
-            params = f["fix"].get("params") or {}
-            with_params = "".join(f" --set {k}={_param_text(v)}" for k, v in params.items())
-            lines.append(f"{'':<11}fix: modelpatch apply {f['fix']['recipe']}{with_params} MODEL"
-                         f"  (or doctor --fix)")
+            also = "" if f["severity"] == "info" else "  (or doctor --fix)"
+            lines.append(f"{'':<11}fix: {fix_command(f['fix'], report['model'])}{also}")
     for n in report["not_checked"]:
         needs = ["--engine NAME==VERSION" if "engine_version" in n["needs"] else "--engine"
                  ] if {"engine", "engine_version"} & set(n["needs"]) else []
         needs += ["--gpu"] if "gpu" in n["needs"] else []
         lines.append(f"{'not run':<10} {n['rule']}: needs {' and '.join(needs)}")
+    if report.get("note"):
+        lines.append(f"{'note':<10} {report['note']}")
     blockers = report["blockers"]
     lines.append(f"{len(report['findings'])} finding(s), {blockers} blocker(s)"
                  if report["findings"] else "no findings")
     return "\n".join(lines)
+
+
+def _details_lines(finding: dict) -> list[str]:
+    """The finding's details, labelled with the last name of the rule's ``details`` pointer:
+    sentences one per line, short values (layer numbers, names) on one line."""
+    details = finding["details"]
+    if not details:
+        return []
+    shown = details if isinstance(details, list) else [details]
+    if all(isinstance(d, str) and " " in d for d in shown):
+        return [f"{'':<11}- {d}" for d in shown]
+    label = (finding.get("details_from") or "/details").rsplit("/", 1)[-1].replace("_", " ")
+    return [f"{'':<11}{label}: {', '.join(map(str, shown))}"]
+
+
+def fix_command(fix: dict, model: str) -> str:
+    """The ``modelpatch apply`` command line of a finding's fix, every word quoted for a POSIX
+    shell (``eos_token=<|eot|>`` would be a redirection, ``[EOS]`` a glob)."""
+    params = fix.get("params") or {}
+    words = ["modelpatch", "apply", fix["recipe"]]
+    for key, value in params.items():
+        words += ["--set", f"{key}={_param_text(value)}"]
+    return " ".join(shlex.quote(w) for w in [*words, model])
 
 
 def _param_text(value) -> str:

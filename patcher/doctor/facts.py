@@ -204,3 +204,48 @@ def layers_past_config(model: ModelDir) -> dict:
             layers.add(int(m[1]))
             tensors += 1
     return {"tensors": tensors, "layers": sorted(layers)}
+
+
+# --- GGUF ------------------------------------------------------------------------------------
+
+def gguf_facts(model: ModelDir) -> dict:
+    """``files``: the GGUF models (a file, or a split set's stem); ``nextn``: one line per model
+    whose ``{arch}.nextn_predict_layers`` is above 0 (MTP blocks appended by llama.cpp's
+    converter, which gguf-strip-mtp drops); ``eos``: one line per model whose EOS id is not the
+    tokenizer_config.json beside it's ``eos_token`` (which gguf-fix-eos sets)."""
+    from ..gguf.files import gguf_models, gguf_relpaths
+
+    if not gguf_relpaths(model):
+        return {"files": [], "nextn": [], "eos": []}
+    models = gguf_models(model)
+    nextn, eos = [], []
+    tokenizer = model.json_object("tokenizer_config.json") if \
+        model.has("tokenizer_config.json") else None
+    text = _token_text(tokenizer or {})
+    for gm in models:
+        line = _gguf_eos_line(gm, text) if text else None
+        eos += [line] if line else []
+        arch = gm.architecture
+        count = gm.first.get(f"{arch}.nextn_predict_layers") if arch else None
+        blocks = gm.first.get(f"{arch}.block_count")
+        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+            nextn.append(f"{gm.name}: {arch}.nextn_predict_layers = {count}, the last {count} of "
+                         f"{blocks} blocks")
+    return {"files": [gm.name for gm in models], "nextn": nextn, "eos": eos}
+
+
+def _gguf_eos_line(gm, text: str) -> str | None:
+    """Where the GGUF's ``tokenizer.ggml.eos_token_id`` is not the id, in its own vocabulary, of
+    the ``eos_token`` that tokenizer_config.json beside it names (what gguf-fix-eos sets)."""
+    from ..errors import PlanError
+    from ..gguf.metadata import token_id
+
+    eos = gm.first.get("tokenizer.ggml.eos_token_id")
+    try:
+        wanted = token_id(gm.first.kv, text, "")
+    except PlanError:           # the token is not in the vocabulary once: nothing to compare
+        return None
+    if eos == wanted:
+        return None
+    return (f"{gm.name}: tokenizer.ggml.eos_token_id is {eos}, but tokenizer_config.json's "
+            f"eos_token {text!r} is token {wanted}: generation does not stop at it")

@@ -12,6 +12,9 @@ from pathlib import Path
 
 from ..remote.model import is_remote
 
+#: ``doctor --fix`` writes ``<model>-doctor`` unless ``-o`` names the output.
+OUTPUT_SUFFIX = "doctor"
+
 
 def fixing_recipes(report: dict) -> list[str]:
     """The fix recipes of the blockers' and warnings' findings, each once, blockers' first
@@ -19,6 +22,15 @@ def fixing_recipes(report: dict) -> list[str]:
     speculative decoding): the report names it, ``--fix`` leaves it to the user."""
     return list(dict.fromkeys(f["fix"]["recipe"] for f in report["findings"]
                               if f["fix"] and f["severity"] != "info"))
+
+
+def nothing_to_fix(report: dict) -> str:
+    """The one line ``--fix`` says when no blocker or warning has a fix (nothing is written)."""
+    info = [f["fix"]["recipe"] for f in report["findings"] if f["fix"]]
+    if info:
+        return (f"--fix: nothing written: only info findings have a fix ({', '.join(info)}), "
+                f"a choice left to you (apply it as shown)")
+    return "--fix: nothing written: no finding has a fixing recipe"
 
 
 def fixing_params(report: dict) -> dict[str, dict]:
@@ -31,10 +43,10 @@ def fixing_params(report: dict) -> dict[str, dict]:
 
 
 def apply_fixes(model: str, recipes: list[str], *, out: str | None, in_place: bool,
-                endpoint: str | None, progress: bool,
+                endpoint: str | None, progress: bool, force: bool = False,
                 params: dict[str, dict] | None = None) -> Path:
     """Apply ``recipes`` (with ``params``: recipe -> its params) to ``model``; returns the
-    directory that holds the result."""
+    directory that holds the result: ``out``, else ``default_output``."""
     params = params or {}
     from .. import api
 
@@ -42,15 +54,24 @@ def apply_fixes(model: str, recipes: list[str], *, out: str | None, in_place: bo
     if is_remote(model):
         local = str(api.resolve_model(model, endpoint=endpoint, progress=progress))
         if out is None and not in_place:
-            name = model[len(api.HF_SCHEME):].split("@")[0].split("/")[-1]
-            out = f"{name}-{recipes[0] if len(recipes) == 1 else 'doctor'}"
+            out = f"{model[len(api.HF_SCHEME):].split('@')[0].split('/')[-1]}-{OUTPUT_SUFFIX}"
     if in_place:
         for recipe in recipes:
             api.apply_in_place(recipe, local, params=params.get(recipe))
         return Path(local)
-    if out is None and len(recipes) > 1:
-        out = f"{Path(local)}-doctor"
-    result = api.apply(recipes[0], local, out=out, params=params.get(recipes[0]))
+    result = api.apply(recipes[0], local, out=out or default_output(local), force=force,
+                       params=params.get(recipes[0]))
     for recipe in recipes[1:]:
         api.apply_in_place(recipe, result.output, params=params.get(recipe))
     return Path(result.output)
+
+
+def default_output(model: str) -> Path:
+    """``<model>-doctor`` beside the model (``DIR/NAME-doctor`` for ``DIR/NAME.gguf``; in the
+    current directory for a Hugging Face cache snapshot), however many recipes fix it."""
+    from ..execute.engine import default_output as beside_directory
+    from ..gguf.single_file import default_output as beside_file
+
+    if model.endswith(".gguf"):
+        return beside_file(model, OUTPUT_SUFFIX)
+    return beside_directory(Path(model), OUTPUT_SUFFIX)

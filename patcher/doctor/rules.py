@@ -35,7 +35,7 @@ from ..errors import RecipeError
 from ..fsops import NotRegularFile, TooLarge, read_capped
 from ..recipe.guards import evaluate as evaluate_guard
 from ..recipe.yaml_safe import YamlProblems, compose_recipe
-from .target import GPU_NAME, Target
+from .target import GPU_NAME, KNOWN_CAPABILITIES, Target
 
 FACT_KEYS = ("engine", "engine_version", "gpu")
 SEVERITIES = ("blocker", "warning", "info")
@@ -204,7 +204,7 @@ def _fact(v: rc.Validator, name: str, value: Any, pos, loc: str) -> Fact | None:
 
 def _capability(text: str) -> int:
     m = GPU_NAME.fullmatch(text.strip().lower())
-    if not m:
+    if not m or int(m[1]) * 10 + int(m[2]) not in KNOWN_CAPABILITIES:
         raise ValueError(text)
     return int(m[1]) * 10 + int(m[2])
 

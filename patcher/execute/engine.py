@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .. import faults
+from ..changes import changes_json
 from ..integrity.digests.digest_cache import KnownDigests
 from ..errors import InputError, OperationFailed
 from ..model import header_cache
@@ -34,7 +35,7 @@ from ..integrity.patch_record import (PATCHES_DIR, RECORD_NAME, BaseFile, PatchR
                                       encode_record, next_sequence, patch_dirs)
 from .output_dir import (commit, fsync_tree, make_staging_dir, refuse_to_replace_a_stranger,
                          remove_stale_staging, restore_replaced)
-from ..plan import Action, Plan
+from ..plan import Action, Plan, check_unchanged
 
 log = logging.getLogger("modelpatch")
 
@@ -96,7 +97,7 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
     if real_out == base:
         raise InputError("the output is the base directory itself", where=out,
                          hint="use apply_in_place() to patch a directory in place")
-    if base in real_out.parents or real_out in base.parents:
+    if (base in real_out.parents and not model.subset) or real_out in base.parents:
         raise InputError(f"the output and the base {model.root} contain one another", where=out,
                          hint="write the variant beside the base")
     if not out.parent.is_dir():
@@ -104,6 +105,7 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
     untouched = "the base is untouched and no output was written"
     try:
         with lock_directory(model.root, exclusive=False), lock_new_path(out):
+            check_unchanged(plan)
             restore_replaced(out)
             if (out.exists() or out.is_symlink()) and not force:
                 raise InputError("output already exists", where=out,
@@ -285,6 +287,19 @@ class PatchBuilder:
                          if f.source is None and f.action is not Action.DROP),
             base_manifest=model.has(MANIFEST_NAME), base_path=str(model.root))
 
+    def subjects(self, staging: Path, digests: dict[str, str],
+                 base_digests: dict[str, str]) -> dict[str, tuple[str, int]]:
+        """The manifest's subjects, ``{path: (sha256, size)}`` of every output file: a carried
+        file has its base file's digest and size, a new one the digest it was written with and
+        its size in ``staging``."""
+        subjects = {}
+        for fp in self.plan.files:
+            if fp.action is Action.LINK:
+                subjects[fp.path] = (base_digests[fp.source], self.model.files[fp.source].size)
+            elif fp.action is not Action.DROP:
+                subjects[fp.path] = (digests[fp.path], os.path.getsize(staging / fp.path))
+        return subjects
+
     def write_manifest(self, dest: Path, subjects: dict[str, tuple[str, int]],
                        base_digests: dict[str, str]) -> str:
         faults.point("manifest")
@@ -295,7 +310,7 @@ class PatchBuilder:
             subjects=subjects,
             base_files={p: (base_digests[p], model.files[p].size) for p in base_digests},
             recipe=plan.recipe.manifest_record(),
-            options=plan.options, changes=list(plan.changes), started=self.started,
+            options=plan.options.to_json(), changes=changes_json(plan.changes), started=self.started,
             finished=_now(), base_statement=base_statement, base_model=base_model)
         return write_manifest(dest, statement)[0]
 
@@ -313,10 +328,8 @@ def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | No
                 copy=builder.copier(fp.source))
     digests = builder.write_new_files(staging)
     base_digests = builder.base_digests()
-    for fp in plan.by_action(Action.LINK):
-        digests[fp.path] = base_digests[fp.source]
     record = builder.record(base_digests, mode="variant")
-    subjects = {p: (d, (staging / p).stat().st_size) for p, d in digests.items()}
+    subjects = builder.subjects(staging, digests, base_digests)
     manifest_sha = builder.write_manifest(staging, subjects, base_digests)
     record.manifest_sha256 = manifest_sha
     _write_revert_data(record, model, staging, carried)

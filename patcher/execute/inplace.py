@@ -1,8 +1,9 @@
 """In-place patching: the directory itself changes, and stays revertible.
 
-Under the directory's exclusive lock, any interrupted journal is recovered first and the plan is
-recomputed from the directory as it is now (another process may have patched it since the
-caller planned). New files are written to ``.modelpatch/staging-N/`` (same filesystem), the patch
+Under the directory's exclusive lock, any interrupted journal is recovered first
+(``prepare_directory``); the plan is made there, under the lock (``api.apply_in_place``), and
+carried out only if the directory is still what it read (``plan.check_unchanged``: a plan made
+before another process patched the directory is refused, never applied twice). New files are written to ``.modelpatch/staging-N/`` (same filesystem), the patch
 record to ``.modelpatch/patches/NNNN-name/``. Then the journal switches: each replaced or dropped
 file is renamed into the patch's ``originals/``, each new file is renamed into place, and the
 provenance manifest goes last. A crash at any instant is finished or undone by the next command
@@ -31,8 +32,7 @@ from .journal import Journal, recover, roll_back, switch
 from .locking import lock_directory
 from ..model.model_dir import MANIFEST_NAME, STATE_DIR, ModelDir
 from ..integrity.patch_record import PATCHES_DIR, RECORD_NAME, encode_record
-from ..plan import Action, Plan
-from ..plan import plan as make_plan
+from ..plan import Action, Plan, check_unchanged
 
 log = logging.getLogger("modelpatch")
 
@@ -68,49 +68,56 @@ def apply_in_place(plan: Plan, model: ModelDir, *, jobs: int | None = None,
 
     Raises:
         LockHeld: another modelpatch process works on the directory.
-        GuardRefused, PlanError: the recipe does not apply to the directory as it is now.
+        PlanError: the directory changed since ``plan`` was made (nothing is written).
         OperationFailed: an I/O error. Before the switch, everything is rolled back; during it,
             the journal is kept and the next modelpatch command completes the patch.
     """
-    root = model.root
-    with lock_directory(root, exclusive=True):
-        model, plan = _recover_and_replan(root, plan)
-        builder = PatchBuilder(plan, model, jobs=jobs, progress=progress or Progress(),
-                               base_model=base_model)
-        sequence = builder.sequence
-        journal = Journal(op="apply", phase="preparing",
-                          patch_dir=f"{PATCHES_DIR}/{sequence:04d}-{plan.recipe.name}",
-                          staging=f"{STATE_DIR}/staging-{sequence:04d}",
-                          trash=f"{STATE_DIR}/trash-{sequence:04d}",
-                          steps=steps_for(plan, model))
-        faults.point("inplace:begin")
-        try:
-            subjects, manifest_sha = _stage_patch(root, plan, model, builder, journal)
-        except BaseException as exc:
-            _roll_back_or_warn(root, journal)
-            if isinstance(exc, OSError):
-                raise _failed(exc, root, "nothing was changed") from None
-            raise
-        try:
-            switch(root, journal)
-        except OSError as exc:
-            raise _failed(exc, root, "the patch is half-switched; its journal is kept and the "
-                                     "next modelpatch command on this directory completes it") \
-                from None
-    return ApplyResult(output=root, manifest_sha256=manifest_sha, files=len(subjects),
-                       bytes_linked=0, bytes_written=plan.bytes_written,
-                       bytes_hashed=builder.bytes_hashed, link_method=None)
+    with lock_directory(model.root, exclusive=True):
+        prepare_directory(model.root)
+        return apply_locked(plan, model, jobs=jobs, progress=progress, base_model=base_model)
 
 
-def _recover_and_replan(root: Path, plan: Plan) -> tuple[ModelDir, Plan]:
-    """Under the lock: finish or undo any interrupted journal, then plan again from the directory
-    as it is now (the caller planned before holding the lock)."""
+def prepare_directory(root: Path) -> None:
+    """Under the exclusive lock, before planning: refuse a symlinked state directory, and
+    finish or undo any interrupted journal."""
     _refuse_symlinked_state_dir(root)
     done = recover(root)
     if done:
         log.warning("%s: %s", root, done)
-    model = ModelDir.open(root)
-    return model, make_plan(plan.recipe, model, options=plan.options)
+
+
+def apply_locked(plan: Plan, model: ModelDir, *, jobs: int | None = None,
+                 progress: Progress | None = None,
+                 base_model: str | None = None) -> ApplyResult:
+    """``apply_in_place`` for a caller that holds the exclusive lock and has called
+    ``prepare_directory``: refuses ``plan`` if the directory changed since it was made."""
+    root = model.root
+    check_unchanged(plan)
+    builder = PatchBuilder(plan, model, jobs=jobs, progress=progress or Progress(),
+                           base_model=base_model)
+    sequence = builder.sequence
+    journal = Journal(op="apply", phase="preparing",
+                      patch_dir=f"{PATCHES_DIR}/{sequence:04d}-{plan.recipe.name}",
+                      staging=f"{STATE_DIR}/staging-{sequence:04d}",
+                      trash=f"{STATE_DIR}/trash-{sequence:04d}",
+                      steps=steps_for(plan, model))
+    faults.point("inplace:begin")
+    try:
+        subjects, manifest_sha = _stage_patch(root, plan, model, builder, journal)
+    except BaseException as exc:
+        _roll_back_or_warn(root, journal)
+        if isinstance(exc, OSError):
+            raise _failed(exc, root, "nothing was changed") from None
+        raise
+    try:
+        switch(root, journal)
+    except OSError as exc:
+        raise _failed(exc, root, "the patch is half-switched; its journal is kept and the "
+                                 "next modelpatch command on this directory completes it") \
+            from None
+    return ApplyResult(output=root, manifest_sha256=manifest_sha, files=len(subjects),
+                       bytes_linked=0, bytes_written=plan.bytes_written,
+                       bytes_hashed=builder.bytes_hashed, link_method=None)
 
 
 def _stage_patch(root: Path, plan: Plan, model: ModelDir, builder: PatchBuilder,
@@ -131,7 +138,7 @@ def _stage_patch(root: Path, plan: Plan, model: ModelDir, builder: PatchBuilder,
                               f"{record.dirname!r}", where=patch_dir)
     record.links = _link_originals(root, model, journal, patch_dir)
     record.made_dirs = _new_dirs(root, journal)
-    subjects = _subjects(plan, model, staging, digests, base_digests)
+    subjects = builder.subjects(staging, digests, base_digests)
     manifest_sha = builder.write_manifest(staging, subjects, base_digests)
     record.manifest_sha256 = manifest_sha
     write_file(make_parents(patch_dir, RECORD_NAME), encode_record(record))
@@ -202,13 +209,3 @@ def relocated_link(root: Path, rel: str, target: str, new_rel: str) -> str:
     where = posixpath.normpath(posixpath.join(base, posixpath.dirname(rel), target))
     return posixpath.relpath(where, posixpath.join(base, posixpath.dirname(new_rel)))
 
-
-def _subjects(plan: Plan, model: ModelDir, staging: Path, digests: dict[str, str],
-              base_digests: dict[str, str]) -> dict[str, tuple[str, int]]:
-    subjects = {}
-    for fp in plan.files:
-        if fp.action is Action.LINK:
-            subjects[fp.path] = (base_digests[fp.source], model.files[fp.source].size)
-        elif fp.action is not Action.DROP:
-            subjects[fp.path] = (digests[fp.path], os.path.getsize(staging / fp.path))
-    return subjects

@@ -54,7 +54,8 @@ def gguf_models(model) -> list[GGUFModel]:
     out = []
     for rel in singles:
         header = read_header(model.files[rel].path, where=str(model.root / rel))
-        if SPLIT_COUNT in header.kv and header.get(SPLIT_COUNT) != 1:
+        # llama.cpp's gguf-split --merge leaves split.count 0 in the merged file
+        if SPLIT_COUNT in header.kv and header.get(SPLIT_COUNT) not in (0, 1):
             raise ModelDirError(f"has split.count {header.get(SPLIT_COUNT)} but is not named "
                                 "as a split file (NAME-00001-of-0000N.gguf)",
                                 where=model.root / rel)

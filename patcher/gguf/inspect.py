@@ -12,16 +12,17 @@ from .files import SPLIT_NAME, GGUFModel, gguf_models
 from .format import read_header
 from .metadata import summarize
 
-# Module groups by llama.cpp tensor name, first match wins.
-_GROUPS = [("embeddings", re.compile(r"^(token_embd|per_layer_token_embd)\.")),
-           ("output", re.compile(r"^output(_norm)?\.")),
+# Module groups by llama.cpp tensor name, first match wins; named as inspect names the groups
+# of a safetensors model (patcher.model.inspect_model), plus mtp_nextn.
+_GROUPS = [("vision", re.compile(r"^(v|mm)\.")),
+           ("embeddings", re.compile(r"^(token_embd|per_layer_token_embd)\.")),
+           ("lm_head", re.compile(r"^output\.")),
            ("mtp_nextn", re.compile(r"\.nextn\.")),
            ("routed_experts", re.compile(r"_exps\.")),
            ("shared_experts", re.compile(r"_shexp\.")),
            ("norms", re.compile(r"_norm\.")),
            ("attention", re.compile(r"\.attn_")),
-           ("ffn", re.compile(r"\.ffn_")),
-           ("vision", re.compile(r"^(v|mm)\."))]
+           ("dense_mlp", re.compile(r"\.ffn_"))]
 
 
 def module_group(name: str) -> str:

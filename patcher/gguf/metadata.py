@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from ..changes import GgufMetadata
 from ..errors import InputError, PlanError
 from ..fsops import read_capped
 from .format import ARRAY, STRING, KeyValue, encode_value
@@ -40,7 +41,7 @@ def describe(key: str, before: KeyValue | None, after: KeyValue | None) -> str:
 
 
 def apply_meta_op(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model,
-                  lines: list[str], changes: list[dict], file: str) -> None:
+                  lines: list[str], changes: list, file: str) -> None:
     key = arch_key(op.key, arch)
     for name in (key, arch_key(op.to, arch) if op.to else None):
         if name is not None and (name in RESERVED or name.startswith("split.")):
@@ -55,8 +56,7 @@ def apply_meta_op(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model,
                             hint="missing_ok: true skips it")
         del kv[key]
         lines.append(describe(key, old, None))
-        changes.append({"kind": "gguf_metadata", "op": "drop", "key": key,
-                        "before": _plain(old), "recipe_line": op.loc})
+        changes.append(GgufMetadata("drop", key, op.loc, before=_plain(old)))
         return
     if op.kind == "rename":
         to = arch_key(op.to, arch)
@@ -69,8 +69,7 @@ def apply_meta_op(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model,
         kv.pop(key)
         kv[to] = KeyValue(to, old.vtype, old.raw, old.item_type, old.count)
         lines.append(f"-{key}\n+{to}\n")
-        changes.append({"kind": "gguf_metadata", "op": "rename", "key": key, "to": to,
-                        "recipe_line": op.loc})
+        changes.append(GgufMetadata("rename", key, op.loc, to=to))
         return
     value = _value(op, kv, arch, recipe, model)
     gtype = op.gtype or (GType(old.vtype, old.item_type) if old is not None
@@ -96,9 +95,8 @@ def apply_meta_op(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model,
         return
     kv[key] = new
     lines.append(describe(key, old, new))
-    changes.append({"kind": "gguf_metadata", "op": "set", "key": key,
-                    "before": _plain(old) if old else None, "after": _plain(new),
-                    "type": new.type_name(), "recipe_line": op.loc})
+    changes.append(GgufMetadata("set", key, op.loc, before=_plain(old) if old else None,
+                                after=_plain(new), type=new.type_name()))
 
 
 def _value(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model):
@@ -179,14 +177,15 @@ def _plain(kv: KeyValue):
 def _sourced(op: MetaOp, recipe, model):
     kind, name, pointer, _first = op.source
     if kind == "recipe":
-        if recipe.path is None:
-            raise PlanError(f"from: {name} needs a recipe file (text recipes have no "
-                            "directory)", where=op.loc)
-        path = recipe.path.parent / name
-    else:
-        path = model.root / name
-        if name not in model.files:
-            raise PlanError(f"from_model: {name} is not in the model directory", where=op.loc)
+        if op.fetch is not None:
+            raise PlanError(f"from: {name}: not read (the recipe is not bound to a model)",
+                            where=op.loc)
+        if pointer is None or not isinstance(op.content, str):
+            return op.content
+        return _pointed(op, name, op.content, pointer, name)
+    path = model.root / name
+    if name not in model.files:
+        raise PlanError(f"from_model: {name} is not in the model directory", where=op.loc)
     try:
         data = read_capped(path, MAX_VALUE_FILE)
     except (OSError, ValueError) as exc:
@@ -196,14 +195,17 @@ def _sourced(op: MetaOp, recipe, model):
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError("the value file is not UTF-8", where=path) from None
-    if pointer is None:
-        return text
+    return text if pointer is None else _pointed(op, name, text, pointer, path)
+
+
+def _pointed(op: MetaOp, name: str, text: str, pointer: str, where):
+    """The JSON value at ``pointer`` (``path:``) in ``text``, the content of ``name``."""
     from ..config.json_pointer import MISSING, resolve
 
     try:
         value = resolve(json.loads(text), pointer)
     except ValueError as exc:
-        raise InputError(f"not JSON: {exc}", where=path) from None
+        raise InputError(f"not JSON: {exc}", where=where) from None
     if value is MISSING:
         raise PlanError(f"{name} has nothing at {pointer}", where=op.loc)
     return value

@@ -12,6 +12,7 @@ import json
 import re
 from collections import Counter
 
+from ..changes import GgufMetadata, TensorDropped, TensorRenamed, layout as change_layout
 from ..errors import GuardRefused, PlanError
 from ..plan import Action, FilePlan
 from ..recipe.regex_bound import per_name
@@ -24,25 +25,26 @@ from .task import GGUFTask
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 
 
-def plan_gguf(recipe, model, changes: list[dict],
+def plan_gguf(recipe, model, changes: list,
               max_shard_size: int | None = None) -> dict[str, FilePlan]:
     section: GGUFSection = recipe.gguf
     # A multimodal projector (mmproj) or a LoRA adapter beside the model is not the model:
     # general.type says which is which (gguf-py's GGUFType), and recipes leave those alone.
     models = [gm for gm in gguf_models(model) if gm.first.get("general.type") in (None, "model")]
     if not models:
-        raise PlanError("the recipe has a gguf: section but the model has no .gguf model file "
-                        "(mmproj and adapter files are left alone)", where=model.root)
-    if max_shard_size and not model.shards:
-        raise PlanError("--max-shard-size reshards safetensors; a GGUF keeps its split layout",
-                        where=model.root, hint="llama.cpp's gguf-split splits or merges GGUFs")
+        raise GuardRefused(f"recipe {recipe.name!r} refuses this model: {model.root}: the "
+                           "recipe has a gguf: section but the model has no .gguf model file "
+                           "(mmproj and adapter files are left alone)")
+    if model.shards:
+        max_shard_size = None       # safetensors beside: --max-shard-size reshards those
     out: dict[str, FilePlan] = {}
     for gm in models:
-        out.update(_plan_model(recipe, section, model, gm, changes))
+        out.update(_plan_model(recipe, section, model, gm, changes, max_shard_size))
     return out
 
 
-def _plan_model(recipe, section: GGUFSection, model, gm: GGUFModel, changes) -> dict:
+def _plan_model(recipe, section: GGUFSection, model, gm: GGUFModel, changes,
+                max_shard_size: int | None) -> dict:
     arch = gm.architecture
     if arch is None:
         raise PlanError("general.architecture is missing or not a string",
@@ -58,10 +60,18 @@ def _plan_model(recipe, section: GGUFSection, model, gm: GGUFModel, changes) -> 
     kept = [dict(h.tensors) for h in gm.headers]
     renamed: dict[str, str] = {}
     if section.strip_nextn:
-        _strip_nextn(gm, arch, first_kv, kept, changes, meta_lines, section.loc)
+        _strip_nextn(recipe, gm, arch, first_kv, kept, changes, meta_lines, section.loc)
     block_count = first_kv.get(f"{arch}.block_count")
     for op in section.tensors:
         _tensor_op(op, gm, kept, renamed, block_count.value if block_count else None, changes)
+    if max_shard_size:
+        from .reshard import reshard
+
+        plans = reshard(model, gm, first_kv, kept, renamed, max_shard_size, changes,
+                        tuple(f"rename {old} -> {new}" for old, new in renamed.items()),
+                        "".join(meta_lines) or None)
+        if plans is not None:
+            return plans
     kvs = [first_kv] + [dict(h.kv) for h in gm.headers[1:]]
     if len(gm.headers) > 1:
         _count_split_tensors(kvs, sum(len(k) for k in kept), changes, section.loc)
@@ -79,7 +89,7 @@ def _plan_model(recipe, section: GGUFSection, model, gm: GGUFModel, changes) -> 
     return plans
 
 
-def _count_split_tensors(kvs: list[dict[str, KeyValue]], total: int, changes: list[dict],
+def _count_split_tensors(kvs: list[dict[str, KeyValue]], total: int, changes: list,
                          loc: str) -> None:
     """Every file of a split set says how many tensors the set holds."""
     before = kvs[0][SPLIT_TENSORS]
@@ -88,33 +98,39 @@ def _count_split_tensors(kvs: list[dict[str, KeyValue]], total: int, changes: li
     for kv in kvs:
         kv[SPLIT_TENSORS] = KeyValue(SPLIT_TENSORS, before.vtype,
                                      encode_value(before.vtype, total))
-    changes.append({"kind": "gguf_metadata", "op": "set", "key": SPLIT_TENSORS,
-                    "before": before.value, "after": total, "recipe_line": loc})
+    changes.append(GgufMetadata("set", SPLIT_TENSORS, loc, before=before.value, after=total))
 
 
 def _task(model, rel: str, header, kv: dict[str, KeyValue], kept: dict[str, TensorInfo],
           renamed: dict[str, str]) -> GGUFTask:
-    alignment = header.alignment
-    tensors = [TensorInfo(renamed.get(n, n), t.shape, t.ggml_type, t.offset, t.nbytes)
-               for n, t in kept.items()]
-    placed = layout(tensors, alignment)
+    path = str(model.files[rel].path)
+    entries = [(t, renamed.get(n, n), path, header.data_offset) for n, t in kept.items()]
+    changed = tuple(f"rename {old} -> {new}" for old, new in renamed.items() if old in kept)
+    return build_task(rel, kv, entries, header.alignment, changed, base=header)
+
+
+def build_task(rel: str, kv: dict[str, KeyValue], entries: list, alignment: int,
+               changed: tuple[str, ...] = (), base=None) -> GGUFTask:
+    """The task writing ``rel``: ``kv``, then each entry's tensor (``(TensorInfo in its
+    source, name in the output, source path, source's data offset)``) back to back, aligned.
+    When it replaces ``base`` (a header) and only the metadata changes, a header that fits the
+    base's header region is padded to it: every tensor keeps its offset."""
+    placed = layout([TensorInfo(name, t.shape, t.ggml_type, t.offset, t.nbytes)
+                     for t, name, _, _ in entries], alignment)
     head = encode_header(list(kv.items()), placed, alignment)
     notes = ()
-    same_data = [(t.name, t.offset) for t in placed] == [(t.name, t.offset) for t in
-                                                         header.tensors.values()]
-    if same_data and len(head) <= header.data_offset:
-        # The new metadata fits before the old data section: pad to it, and every tensor keeps
-        # its offset (only the header region differs from the base).
+    if base is not None and len(head) <= base.data_offset and \
+            [(t.name, t.offset) for t in placed] == [(t.name, t.offset)
+                                                     for t in base.tensors.values()]:
         notes = (f"header fits the base's header region ({len(head)} of "
-                 f"{header.data_offset} bytes): the tensor data keeps its offsets",)
-        head = head + b"\0" * (header.data_offset - len(head))
+                 f"{base.data_offset} bytes): the tensor data keeps its offsets",)
+        head = head + b"\0" * (base.data_offset - len(head))
     copies = []
-    for i, (src, dst) in enumerate(zip(kept.values(), placed)):
+    for i, ((src, _, path, data_offset), dst) in enumerate(zip(entries, placed)):
         end = dst.offset + dst.nbytes
         nxt = placed[i + 1].offset if i + 1 < len(placed) else -(-end // alignment) * alignment
-        copies.append((dst.name, header.data_offset + src.offset, src.nbytes, nxt - end))
-    changed = tuple(f"rename {old} -> {new}" for old, new in renamed.items() if old in kept)
-    return GGUFTask(rel, str(model.files[rel].path), head, tuple(copies), changed + notes)
+        copies.append((dst.name, path, data_offset + src.offset, src.nbytes, nxt - end))
+    return GGUFTask(rel, head, tuple(copies), changed + notes)
 
 
 def _check_guards(recipe, section: GGUFSection, gm: GGUFModel, arch: str) -> None:
@@ -132,8 +148,8 @@ def _check_guards(recipe, section: GGUFSection, gm: GGUFModel, arch: str) -> Non
         elif guard.equals is not None and kv.value != guard.equals:
             problem = f"{key} is {kv.value!r}, not {guard.equals!r}"
         if problem:
-            raise GuardRefused(f"recipe {recipe.name!r} refuses this model: "
-                               f"{guard.message or problem} ({guard.loc})")
+            raise GuardRefused(f"recipe {recipe.name!r} refuses this model: {guard.loc}: "
+                               f"{guard.message or problem}")
 
 
 def _selected(op: TensorOp, name: str, block_count: int | None) -> bool:
@@ -175,9 +191,8 @@ def _tensor_op(op: TensorOp, gm, kept, renamed, block_count, changes) -> None:
                 new = op.rename[0].sub(op.rename[1], current)
                 if new != current:
                     renamed[name] = new
-                    changes.append({"kind": "tensor_renamed", "tensor": current, "to": new,
-                                    "shard": gm.files[i], "before": _layout(t),
-                                    "after": _layout(t), "recipe_line": op.loc})
+                    changes.append(TensorRenamed(current, new, gm.files[i], _layout(t),
+                                                 _layout(t), op.loc))
     if hits == 0:
         raise PlanError("selects no tensor", where=op.loc)
     counts = Counter(renamed.get(n, n) for k in kept for n in k)
@@ -186,15 +201,15 @@ def _tensor_op(op: TensorOp, gm, kept, renamed, block_count, changes) -> None:
         raise PlanError(f"the renames give two tensors the name {dup[0]!r}", where=op.loc)
 
 
-def _strip_nextn(gm, arch, kv, kept, changes, meta_lines, loc) -> None:
+def _strip_nextn(recipe, gm, arch, kv, kept, changes, meta_lines, loc) -> None:
     """Drop the MTP/nextn blocks (the last ``{arch}.nextn_predict_layers`` blocks, as
     llama.cpp's convert_hf_to_gguf.py appends them) and lower ``{arch}.block_count`` to match;
     per-layer arrays are cut to the new count and the nextn key set to 0."""
     n_key, b_key = f"{arch}.nextn_predict_layers", f"{arch}.block_count"
     n = kv[n_key].value if n_key in kv else 0
     if not n:
-        raise PlanError(f"strip_nextn: {n_key} is missing or 0: this GGUF has no MTP/nextn "
-                        "layers to drop", where=loc)
+        raise GuardRefused(f"recipe {recipe.name!r} refuses this model: {loc}: this GGUF has "
+                           f"no MTP/nextn layers to drop ({n_key} is missing or 0)")
     blocks = kv[b_key].value
     first_nextn = blocks - n
     for i, tensors in enumerate(kept):
@@ -206,22 +221,19 @@ def _strip_nextn(gm, arch, kv, kept, changes, meta_lines, loc) -> None:
         old = kv[key]
         kv[key] = KeyValue(key, old.vtype, encode_value(old.vtype, new))
         meta_lines.append(describe(key, old, kv[key]))
-        changes.append({"kind": "gguf_metadata", "op": "set", "key": key, "before": old.value,
-                        "after": new, "recipe_line": loc})
+        changes.append(GgufMetadata("set", key, loc, before=old.value, after=new))
     for key, old in list(kv.items()):
         if key.startswith(f"{arch}.") and old.vtype == ARRAY and old.count == blocks:
             kv[key] = KeyValue(key, ARRAY, encode_value(ARRAY, old.value[:first_nextn],
                                                         old.item_type), old.item_type, first_nextn)
             meta_lines.append(describe(key, old, kv[key]))
-            changes.append({"kind": "gguf_metadata", "op": "set", "key": key,
-                            "before": f"array of {blocks}", "after": f"array of {first_nextn}",
-                            "recipe_line": loc})
+            changes.append(GgufMetadata("set", key, loc, before=f"array of {blocks}",
+                                        after=f"array of {first_nextn}"))
 
 
 def _layout(t: TensorInfo) -> dict:
-    return {"dtype": t.type_name, "shape": list(reversed(t.shape))}
+    return change_layout(t.type_name, reversed(t.shape))
 
 
-def _dropped(t: TensorInfo, name: str, shard: str, loc: str) -> dict:
-    return {"kind": "tensor_dropped", "tensor": name, "shard": shard, "before": _layout(t),
-            "after": None, "recipe_line": loc}
+def _dropped(t: TensorInfo, name: str, shard: str, loc: str) -> TensorDropped:
+    return TensorDropped(name, shard, _layout(t), loc)

@@ -5,6 +5,7 @@
         - {key: "{arch}.rope.scaling.type", one_of: [none, linear, yarn], missing_ok: true}
       metadata:
         - {set: tokenizer.chat_template, from: template.jinja}     # file beside the recipe
+        - {set: tokenizer.chat_template, from: "{template}", sha256: "{pin}"}  # any from: source
         - {set: tokenizer.chat_template, from_model: chat_template.jinja}
         - {set: tokenizer.ggml.eos_token_id, value: 2}             # type: the key's own
         - {set: "{arch}.context_length", value: 32768, type: uint32}
@@ -34,7 +35,8 @@ from ..errors import InputError
 TYPES = {"uint8": 0, "int8": 1, "uint16": 2, "int16": 3, "uint32": 4, "int32": 5,
          "float32": 6, "bool": 7, "string": 8, "uint64": 10, "int64": 11, "float64": 12}
 SECTION_KEYS = ("requires", "metadata", "tensors", "strip_nextn")
-META_KEYS = {"set": ("set", "value", "type", "from", "from_model", "from_key", "path", "first",
+META_KEYS = {"set": ("set", "value", "type", "from", "sha256", "from_model", "from_key", "path",
+                     "first",
                      "token", "multiply"),
              "drop": ("drop", "missing_ok"), "rename": ("rename", "to", "missing_ok")}
 GUARD_KEYS = ("key", "equals", "one_of", "exists", "missing_ok", "message")
@@ -62,6 +64,12 @@ class MetaOp:
     multiply: float | None = None     # numbers: times this
     to: str | None = None
     missing_ok: bool = False
+    # from: (patcher.recipe.sources): the text read at load (a file beside the recipe) or at
+    # bind (``fetch``, pinned by ``sha256``), and where it came from for the manifest
+    content: Any = None
+    fetch: Any = None
+    sha256: Any = None
+    content_source: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +167,9 @@ def _meta(v: rc.Validator, node: Any, pos) -> MetaOp | None:
         v.err(pos, "a gguf set takes exactly one of value, from (a file beside the recipe), "
               "from_model (a file in the model), from_key (another metadata key)")
         return None
+    if "sha256" in node and sources[0] != "from":
+        v.err(rc.key_pos(node, "sha256"), "sha256: pins the content of 'from:'")
+        return None
     value, source = None, None
     multiply = node.get("multiply")
     if multiply is not None and (isinstance(multiply, bool) or not isinstance(
@@ -175,13 +186,22 @@ def _meta(v: rc.Validator, node: Any, pos) -> MetaOp | None:
         value = v.json_value(node["value"], rc.val_pos(node, "value"))
         if value is rc.INVALID:
             return None
+    elif sources[0] == "from":
+        from ..recipe.sources import parse_from
+
+        found = parse_from(v, node, pos)
+        pointer = v.pointer(node, "path") if "path" in node else None
+        if found is None:
+            return None
+        extra.update(content=found.get("content"), fetch=found.get("fetch"),
+                     sha256=found.get("sha256"), content_source=found.get("source"))
+        source = ("recipe", str(node["from"]), pointer, v.boolean(node, "first", False) is True)
     else:
         name = v.filename(node, sources[0])
         pointer = v.pointer(node, "path") if "path" in node else None
         if name is None:
             return None
-        source = ("recipe" if sources[0] == "from" else "model", name, pointer,
-                  v.boolean(node, "first", False) is True)
+        source = ("model", name, pointer, v.boolean(node, "first", False) is True)
     _check_rope_value(v, node, key, value)
     return MetaOp("set", key, loc, value=value, gtype=gtype, source=source, **extra)
 

@@ -3,7 +3,8 @@
 A ``GGUFTask`` rides in a plan's ``rewrite-shard`` entry like a safetensors ``ShardTask`` and is
 written by the same shard writer (``patcher.tensors.writing.shard_writer.write_shard`` hands it to
 ``GGUFTask.write``): the output is hashed as it is written, the source ranges are copied by the
-kernel (``copy_file_range``) and hashed from the page cache in the same pass.
+kernel (``copy_file_range``) and hashed from the page cache in the same pass. A resharded output
+may draw its tensors from several files of a split set.
 """
 
 from __future__ import annotations
@@ -19,20 +20,20 @@ from ..errors import OperationFailed
 @dataclass(frozen=True)
 class GGUFTask:
     output: str                              # relpath
-    source_path: str                         # absolute path of the base file
     header: bytes                            # already padded to the alignment
-    copies: tuple[tuple[str, int, int, int], ...]   # (tensor, abs offset, nbytes, padding)
+    # (tensor, absolute path of its base file, absolute offset there, nbytes, padding after)
+    copies: tuple[tuple[str, str, int, int, int], ...]
     changed: tuple[str, ...] = ()            # summary lines
     jobs: tuple = ()                         # no computed tensors: no worker needs torch
     device: str = "cpu"
 
     @property
     def file_size(self) -> int:
-        return len(self.header) + sum(n + pad for _, _, n, pad in self.copies)
+        return len(self.header) + sum(n + pad for _, _, _, n, pad in self.copies)
 
     @property
     def bytes_copied(self) -> int:
-        return sum(n for _, _, n, _ in self.copies)
+        return sum(n for _, _, _, n, _ in self.copies)
 
     bytes_computed = 0
 
@@ -42,31 +43,36 @@ class GGUFTask:
 
     def write(self, target: Path, on_progress: Callable[[int], None] | None = None,
               hash_sources: frozenset[str] = frozenset()) -> tuple[str, str | None, object]:
-        """Write the file to ``target`` (which must not exist). Returns its sha256 and, when the
-        source is in ``hash_sources`` and its tensors are read in ascending order, the source
-        path with its digest, computed from the same reads (``patcher.integrity.digests.source_digest``)."""
+        """Write the file to ``target`` (which must not exist). Returns its sha256 and, when all
+        tensors come from one source that is in ``hash_sources`` and are read in ascending
+        order, the source path with its digest, computed from the same reads
+        (``patcher.integrity.digests.source_digest``)."""
         from .. import faults
         from ..integrity.digests.hash_writer import HashingWriter, hash_while_copying
         from ..integrity.digests.source_digest import SourceDigest
+        from ..tensors.writing.shard_writer import Writeback
 
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb", buffering=0) as raw:
-            writer = HashingWriter(raw)
+            writer, writeback = HashingWriter(raw), Writeback(raw.fileno())
             writer.write(self.header)
             if on_progress:
                 on_progress(len(self.header))
-            src = os.open(self.source_path, os.O_RDONLY)
+            fds: dict[str, int] = {}
             try:
-                digest = SourceDigest(src) if self._hash_source(hash_sources) else None
-                for name, offset, nbytes, pad in self.copies:
+                source = self._hashed_source(hash_sources)
+                digest = SourceDigest(_open(fds, source)) if source else None
+                for name, path, offset, nbytes, pad in self.copies:
                     faults.point(f"tensor:{name}")
-                    hash_while_copying(src, offset, nbytes, writer, on_progress=on_progress,
-                                       source_digest=digest)
+                    hash_while_copying(_open(fds, path), offset, nbytes, writer,
+                                       on_progress=on_progress, source_digest=digest)
                     if pad:
                         writer.write(b"\0" * pad)
+                    writeback(writer.size)      # the final fsync finds little left to write
                 source_result = digest.result() if digest is not None else None
             finally:
-                os.close(src)
+                for fd in fds.values():
+                    os.close(fd)
             if writer.size != self.file_size:
                 raise OperationFailed(f"wrote {writer.size} bytes, expected {self.file_size}",
                                       where=target)
@@ -74,8 +80,19 @@ class GGUFTask:
             os.fchmod(raw.fileno(), 0o444)
         if source_result is None:
             return writer.sha256, None, None
-        return writer.sha256, self.source_path, source_result
+        return writer.sha256, source, source_result
 
-    def _hash_source(self, hash_sources: frozenset[str]) -> bool:
-        offsets = [offset for _, offset, _, _ in self.copies]
-        return self.source_path in hash_sources and offsets == sorted(offsets)
+    def _hashed_source(self, hash_sources: frozenset[str]) -> str | None:
+        """The one source file, if it is to be hashed and is read front to back."""
+        paths = {path for _, path, _, _, _ in self.copies}
+        offsets = [offset for _, _, offset, _, _ in self.copies]
+        if len(paths) != 1 or offsets != sorted(offsets):
+            return None
+        (path,) = paths
+        return path if path in hash_sources else None
+
+
+def _open(fds: dict[str, int], path: str) -> int:
+    if path not in fds:
+        fds[path] = os.open(path, os.O_RDONLY)
+    return fds[path]

@@ -140,8 +140,8 @@ class HeaderCache:
                 return None
         except (TypeError, ValueError):
             return None
-        return (LazyMap(lambda: _weight_map(positions, names, shards)), total, metadata,
-                tuple(names))
+        return (LazyMap(lambda: ordered_weight_map(positions, names, shards)), total,
+                metadata, tuple(names))
 
     def record(self, relpath: str, st: os.stat_result, header: ShardHeader,
                observed_ns: int) -> None:
@@ -159,9 +159,12 @@ class HeaderCache:
         """The index matched these headers: remember that, and its weight map's order."""
         if self.path is None or self.entries["checked"] == key:
             return
-        names = sorted(set(weight_map.values()))
+        # An index proven by its text (patcher.model.index_text) knows its order and shards.
+        order = getattr(weight_map, "order", None)
+        names = sorted(set(weight_map.values())) if order is None else list(weight_map.names)
         self.entries["checked"] = key
-        self.entries["index"] = (_order(weight_map, names, shards), total, metadata, names)
+        self.entries["index"] = (order or _order(weight_map, names, shards), total, metadata,
+                                 names)
         self.dirty = True
 
     def forget(self, keep: set[str]) -> None:
@@ -334,7 +337,8 @@ def _order(weight_map, names: list[str], shards: dict[str, ShardHeader]):
     return array("I", map(position.__getitem__, keys)).tobytes()
 
 
-def _weight_map(positions, names: list[str], shards: dict[str, ShardHeader]) -> dict:
+def ordered_weight_map(positions, names: list[str], shards: dict[str, ShardHeader]) -> dict:
+    """The weight map of the shards ``names`` in the order ``positions`` (see ``_order``)."""
     tables = [shards[s].tensors for s in names]
     tensor = list(chain.from_iterable(tables))
     shard = list(chain.from_iterable(map(repeat, names, map(len, tables))))

@@ -131,6 +131,11 @@ def _disagreements(cfg: dict | None, hf: dict | None) -> list[str]:
     if cfg is None or hf is None:
         return []
     out = []
+    method = cfg["quant_method"]
+    if isinstance(method, str) and not method.startswith("modelopt") and hf["quant_algo"]:
+        shown = f"{method} ({cfg['format']})" if cfg["format"] else method
+        out.append(f"format: config.json quant_method {shown} vs hf_quant_config.json ModelOpt "
+                   f"{hf['quant_algo']} (a ModelOpt file describing other tensors)")
     if cfg["quant_algo"] and hf["quant_algo"] and cfg["quant_algo"] != hf["quant_algo"]:
         out.append(f"quant_algo: config.json {cfg['quant_algo']} vs hf_quant_config.json "
                    f"{hf['quant_algo']}")

@@ -21,6 +21,7 @@ from typing import Any, Iterator
 from ..errors import ModelDirError, ShardIndexError
 from ..config.jsonfile import parse_json
 from .header_cache import RACY_WINDOW_NS, HeaderCache, checked_key
+from .index_text import index_from_headers
 from .safetensors_io import ShardHeader, TensorInfo, parse_header, read_raw_header
 from .shard_index import ShardIndex, index_defects, name_to_shard, parse_index, shard_set
 
@@ -51,6 +52,8 @@ class ModelFile:
     path: Path            # the entry in the model directory (may be a symlink)
     size: int
     link_target: str | None = None   # raw readlink() text when the entry is a symlink
+    stamp: tuple[int, int, int, int] | None = None
+    """(st_dev, st_ino, st_size, st_mtime_ns) of the file (a symlink's target) when listed."""
 
     @property
     def is_symlink(self) -> bool:
@@ -66,6 +69,7 @@ class ModelDir:
     shards: dict[str, ShardHeader]             # relpath -> header, for every *.safetensors
     index: ShardIndex | None
     cache_repo: Path | None = None             # the models--org--name dir for HF snapshots
+    subset: bool = False                       # only some files of root (a .gguf as MODEL)
     warnings: list[str] = field(default_factory=list)
     header_cache: HeaderCache | None = field(default=None, repr=False, compare=False)
     _json: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -80,7 +84,8 @@ class ModelDir:
         root = Path(path)
         if not root.is_dir():
             raise ModelDirError("not a directory" if root.exists() else "no such directory",
-                                where=root)
+                                where=root, hint="a model is a directory, one .gguf file or "
+                                                 "hf://ORG/NAME[@REV]" if root.exists() else None)
         cache_repo = hf_cache_repo(root)
         files = dict(_list_files(root, cache_repo))
         shard_names = sorted(p for p in files if p.endswith(".safetensors"))
@@ -219,15 +224,16 @@ def _list_files(root: Path, cache_repo: Path | None) -> Iterator[tuple[str, Mode
                 continue
             entry = Path(dirpath) / name
             relpath = entry.relative_to(root).as_posix()
-            yield relpath, _model_file(entry, relpath, allowed)
+            yield relpath, model_file(entry, relpath, allowed)
 
 
-def _model_file(entry: Path, relpath: str, allowed: list[str]) -> ModelFile:
+def model_file(entry: Path, relpath: str, allowed: list[str]) -> ModelFile:
+    """The ``ModelFile`` at ``entry``; a symlink must resolve under one of ``allowed``."""
     if not entry.is_symlink():
         st = entry.lstat()
         if not stat.S_ISREG(st.st_mode):
             raise ModelDirError("not a regular file", where=entry)
-        return ModelFile(relpath, entry, st.st_size)
+        return ModelFile(relpath, entry, st.st_size, stamp=_stamp(st))
     target = os.readlink(entry)
     real = os.path.realpath(entry)
     if not any(real == a or real.startswith(a + os.sep) for a in allowed):
@@ -238,7 +244,24 @@ def _model_file(entry: Path, relpath: str, allowed: list[str]) -> ModelFile:
     st = os.stat(real)
     if not stat.S_ISREG(st.st_mode):
         raise ModelDirError("symlink does not point to a regular file", where=entry)
-    return ModelFile(relpath, entry, st.st_size, link_target=target)
+    return ModelFile(relpath, entry, st.st_size, link_target=target, stamp=_stamp(st))
+
+
+def _stamp(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def fingerprint(files: dict[str, ModelFile]) -> dict[str, tuple] | None:
+    """What a plan read of a directory: every file's listing stamp and link text; None when a
+    file has no stamp (a model on a hub)."""
+    if any(f.stamp is None for f in files.values()):
+        return None
+    return {rel: (*f.stamp, f.link_target) for rel, f in files.items()}
+
+
+def read_fingerprint(root: Path) -> dict[str, tuple]:
+    """The ``fingerprint`` of the directory ``root`` as it is now."""
+    return fingerprint(dict(_list_files(root, hf_cache_repo(root)))) or {}
 
 
 class _CachedReader:
@@ -252,7 +275,7 @@ class _CachedReader:
                       for rel in [*shard_names, INDEX_NAME] if rel in files}
         self.cache = HeaderCache(root)
         self.key = checked_key(self.stats)
-        self.from_cache = False
+        self.checked = False
 
     def shards(self) -> dict[str, ShardHeader]:
         cache, root = self.cache, self.root
@@ -269,12 +292,15 @@ class _CachedReader:
             return None
         cached = self.cache.index(self.key, self._shards)
         if cached is not None:
-            self.from_cache = True
+            self.checked = True
             return ShardIndex(*cached)
-        return _read_index(self.root, self.files)
+        raw = self.files[INDEX_NAME].path.read_bytes()
+        proven = index_from_headers(raw, str(self.root / INDEX_NAME), self._shards)
+        self.checked = proven is not None       # as good as checked: it is the headers'
+        return proven or parse_index(raw, str(self.root / INDEX_NAME))
 
     def index_checked(self) -> bool:
-        return self.from_cache
+        return self.checked
 
     def save(self, index: ShardIndex | None) -> None:
         """After a passing check: remember it, if every file is old enough to be cached."""
@@ -316,11 +342,3 @@ def gc_paused() -> Iterator[None]:
             gc.freeze()
         if enabled:
             gc.enable()
-
-
-def _read_index(root: Path, files: dict[str, ModelFile]) -> ShardIndex | None:
-    if INDEX_NAME not in files:
-        return None
-    return parse_index(files[INDEX_NAME].path.read_bytes(), str(root / INDEX_NAME))
-
-

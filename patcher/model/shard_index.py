@@ -49,7 +49,7 @@ def parse_index(raw: bytes, where: str) -> ShardIndex:
         shard_names = set(weight_map.values())
     except TypeError:       # a list or object among the values
         shard_names = set(map(_hashable, weight_map.values()))
-    bad_names = {s for s in shard_names if not (isinstance(s, str) and _safe_relpath(s))}
+    bad_names = {s for s in shard_names if not (isinstance(s, str) and safe_relpath(s))}
     if bad_names:
         tensor, shard = next((t, s) for t, s in weight_map.items() if _hashable(s) in bad_names)
         raise ShardIndexError(f"shard name {shard!r} is not a relative path inside the model",
@@ -67,7 +67,7 @@ def _hashable(value: object) -> object:
     return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
 
 
-def _safe_relpath(name: str) -> bool:
+def safe_relpath(name: str) -> bool:
     return (bool(name) and not name.startswith("/") and "\\" not in name
             and posixpath.normpath(name) == name and not name.startswith("../") and name != "..")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from itertools import chain, repeat
-from operator import itemgetter, mul, rshift, sub
+from operator import itemgetter, mul, sub
 from typing import Any, Iterator
 
 from .safetensors_io import DTYPE_BITS, U64_MAX, TensorInfo
@@ -89,13 +89,15 @@ def table_from_json(obj: dict[str, Any], data_size: int) -> TensorTable | None:
 def _checked_columns(names: list, entries: list, data_size: int) -> TensorTable | None:
     if not entries:
         return TensorTable([], [], [], [], []) if data_size == 0 else None
-    if set(map(type, entries)) != {dict} or set(map(len, entries)) != {3}:
+    # Three keys each, and the three getters succeed: exactly dtype, shape and data_offsets (an
+    # entry that is not an object fails its getter). Keys of a JSON object are strings.
+    if set(map(len, entries)) != {3}:
         return None
     offsets = list(map(_OFFSETS, entries))
-    if set(map(type, offsets)) != {list} or set(map(len, offsets)) != {2}:
-        return None
-    return checked_table(names, list(map(_DTYPE, entries)), list(map(_SHAPE, entries)),
-                         list(map(_FIRST, offsets)), list(map(_SECOND, offsets)), data_size)
+    # strict: every offsets value yields as many items, and two rows unpack: all are pairs
+    starts, ends = map(list, zip(*offsets, strict=True))
+    return _checked(names, list(map(_DTYPE, entries)), list(map(_SHAPE, entries)), starts, ends,
+                    data_size)
 
 
 def checked_table(names: list, dtypes: list, shapes: list, starts: list, ends: list,
@@ -104,6 +106,8 @@ def checked_table(names: list, dtypes: list, shapes: list, starts: list, ends: l
     shape-consistent offsets that tile ``data_size`` bytes exactly; else None. Also the check of
     columns read back from ``patcher.model.header_cache`` (which trusts no cached header)."""
     try:
+        if set(map(type, names)) != {str} and names:
+            return None
         return _checked(names, dtypes, shapes, starts, ends, data_size)
     except (KeyError, TypeError, ValueError):
         return None
@@ -112,8 +116,7 @@ def checked_table(names: list, dtypes: list, shapes: list, starts: list, ends: l
 def _checked(names, dtypes, shapes, starts, ends, data_size) -> TensorTable | None:
     if not names:
         return TensorTable([], [], [], [], []) if data_size == 0 else None
-    if not (len(names) == len(dtypes) == len(shapes) == len(starts) == len(ends)) \
-            or set(map(type, names)) != {str}:
+    if not (len(names) == len(dtypes) == len(shapes) == len(starts) == len(ends)):
         return None
     if not set(dtypes) <= _DTYPES or set(map(type, shapes)) != {list}:
         return None
@@ -126,11 +129,17 @@ def _checked(names, dtypes, shapes, starts, ends, data_size) -> TensorTable | No
     if 0 in numels:
         return None
     bits = list(map(mul, numels, map(DTYPE_BITS.__getitem__, dtypes)))
-    if max(bits) > U64_MAX or any(map((7).__and__, bits)) \
-            or list(map(rshift, bits, repeat(3))) != list(map(sub, ends, starts)):
+    # Whole bytes, as many as the offsets span: bits == 8 * (end - start).
+    if bits != list(map(mul, map(sub, ends, starts), repeat(8))):
         return None
-    # Sorted by (start, end), each tensor starts where the previous ended, the first at 0 and
-    # the last ends at the data section's end: no gap, no overlap, nothing past the end.
+    # The offsets tile the data section (below), so each bit count is at most 8 * data_size.
+    if data_size > U64_MAX >> 3 and max(bits) > U64_MAX:
+        return None
+    # Each tensor starts where the previous ended, the first at 0 and the last ends at the data
+    # section's end: no gap, no overlap, nothing past the end. Writers lay tensors out in header
+    # order (one list comparison); otherwise sorted by (start, end).
+    if starts[0] == 0 and ends[-1] == data_size and starts[1:] == ends[:-1]:
+        return TensorTable(names, dtypes, shapes, starts, ends)
     ordered = sorted(zip(starts, ends))
     first, last = list(map(_FIRST, ordered)), list(map(_SECOND, ordered))
     if first[0] != 0 or last[-1] != data_size or first[1:] != last[:-1]:

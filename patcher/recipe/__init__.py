@@ -3,5 +3,6 @@ recipe lookup (``yaml_safe``, ``load``), validation (``checks``, ``sections``), 
 guards (``requires:``); ``params/``: parameters, includes, templates and binding; ``tensor_ops/``:
 the ``tensors:`` section and the dtype vocabulary.
 
-May import ``errors``, ``fsops``, ``units``, ``config``, ``model`` and ``gguf`` (its recipe
-section); never ``tensors``, ``plan``, ``execute``, ``hub``, ``cli`` or ``api``."""
+May import ``errors``, ``fsops``, ``units``, ``config``, ``model``, ``gguf`` (its recipe
+section) and ``tensors.schemes`` (the scheme names); never the rest of ``tensors``, nor ``plan``,
+``execute``, ``hub``, ``cli`` or ``api``."""

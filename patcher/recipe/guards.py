@@ -73,7 +73,8 @@ def _evaluate_in(cond: Condition, read: ReadJson, prefix: str) -> tuple[bool, st
         if any(h for h, _ in results):
             return True, ""
         return False, "none of these holds: " + "; ".join(f"({w})" for _, w in results)
-    assert isinstance(cond, AllOf)
+    if not isinstance(cond, AllOf):
+        raise TypeError(f"not a recipe condition: {cond!r}")
     failed = [w for h, w in results if not h]
     return (not failed), "; ".join(failed)
 

@@ -68,7 +68,9 @@ def load_recipe(path_or_text: str | bytes | os.PathLike, *,
             os.path.isfile(path_or_text) or path_or_text.endswith((".yaml", ".yml"))):
         path = Path(path_or_text)
     if path is not None:
-        source = source_name or str(path)
+        # a built-in is named by its real file (recipes/NAME.yaml), as plan and recipes show do
+        shown = path.resolve() if path.parent == builtin_recipe_dir() else path
+        source = source_name or str(shown)
         data = _read_capped(path, source)
     elif isinstance(path_or_text, (bytes, bytearray)):
         source = source_name or "<recipe>"
@@ -105,7 +107,12 @@ def load_recipes(recipe: str | os.PathLike | Recipe | list | tuple) -> Recipe:
             raise InputError("no recipe given")
         from .params.bind import combine
 
-        return combine([load_recipes(r) for r in recipe])
+        loaded = [load_recipes(r) for r in recipe]
+        names = [r.name for r in loaded]
+        twice = next((n for i, n in enumerate(names) if n in names[:i]), None)
+        if twice is not None:
+            raise InputError(f"recipe {twice!r} given twice (each recipe applies once)")
+        return combine(loaded)
     return recipe if isinstance(recipe, Recipe) else load_recipe(resolve_recipe(recipe))
 
 
@@ -159,7 +166,9 @@ def _top_level(v: rc.Validator, root: Any) -> dict[str, Any]:
               "[a-z0-9][a-z0-9._-]* and be at most 100 characters")
     description = v.string(root, "description")
     params = parse_params(v, root)
-    v.param_names = {p.name for p in params}
+    declared = root.get("params")       # a parameter with a problem is still no unknown {name}
+    v.param_names = {p.name for p in params} | (
+        {n for n in declared if isinstance(n, str)} if rc.is_map(declared) else set())
     includes = tuple(i for i in (
         parse_include(v, node, pos) for node, pos in v.items(root, "include")) if i is not None)
     requires = tuple(c for c in (

@@ -149,7 +149,8 @@ class PatchOp:
         if self.op in ("add", "replace", "test"):
             out["value"] = self.value
         if self.op in ("move", "copy"):
-            assert self.from_path is not None
+            if self.from_path is None:
+                raise ValueError(f"{self.loc}: a {self.op} operation needs 'from'")
             out["from"] = join_pointer(scope, self.from_path)
         return out
 
@@ -218,7 +219,7 @@ FileOp = Union[DropFile, AddFile]
 
 # -------------------------------------------------------------------------------- recipe
 
-PARAM_TYPES = ("string", "integer", "number", "boolean", "list")
+PARAM_TYPES = ("string", "integer", "number", "boolean", "list", "integers")
 
 
 @dataclass(frozen=True)

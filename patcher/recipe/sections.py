@@ -125,7 +125,7 @@ def _config_op(v: rc.Validator, node: Any, pos: tuple[int, int]) -> ConfigOp | N
     actions = [k for k in node if k in CONFIG_ACTIONS]
     all_keys = tuple(dict.fromkeys(k for keys in CONFIG_KEYS.values() for k in keys))
     if not actions:
-        if not v.check_keys(node, (), "config operation", suggest=all_keys):
+        if not v.check_keys(node, all_keys, "config operation"):   # only keys of no action
             v.err(pos, "a config operation needs one of: " + ", ".join(CONFIG_ACTIONS))
         return None
     if len(actions) > 1:
@@ -232,7 +232,7 @@ def parse_file_op(v: rc.Validator, node: Any, pos: tuple[int, int]) -> FileOp | 
         if len(actions) > 1:
             v.err(rc.key_pos(node, actions[1]), "one operation per list item; found 'drop' and "
                   "'add'")
-        elif not v.check_keys(node, (), "file operation", suggest=all_keys):
+        elif not v.check_keys(node, all_keys, "file operation"):
             v.err(pos, "a file operation needs 'drop' or 'add'")
         return None
     action = actions[0]

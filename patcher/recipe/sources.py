@@ -110,7 +110,7 @@ def check_pin(value: Any) -> str | None:
     if not isinstance(value, str):
         return f"sha256: must be a string of 64 lowercase hex digits (quote it); got {value!r}"
     if not SHA256_RE.match(value):
-        return "sha256: must be 64 lowercase hex digits"
+        return f"sha256: must be 64 lowercase hex digits; got {value!r}"
     return None
 
 
@@ -155,7 +155,10 @@ def parse_from(v, node: Any, pos: tuple[int, int]) -> dict | None:
     pin_pos = rc.val_pos(node, "sha256") if "sha256" in node else pos
     if text is None:
         return None
-    pin = template_value(v, pin, pin_pos, v.param_names) if isinstance(pin, str) else pin
+    if not isinstance(pin, str):        # YAML's 0, 1e3, null...: never "not pinned"
+        v.err(pin_pos, check_pin(pin))
+        return None
+    pin = template_value(v, pin, pin_pos, v.param_names)
     if isinstance(pin, str) and check_pin(pin):
         v.err(pin_pos, check_pin(pin))
         return None
@@ -177,36 +180,53 @@ def parse_from(v, node: Any, pos: tuple[int, int]) -> dict | None:
     return {"content": found[0], "source": found[1]}
 
 
+def _given_where(template: Any, value: Any) -> str | None:
+    """``--set NAME=VALUE`` when ``value`` is the caller's own (a ``Given`` that ``template``,
+    a single ``{NAME}``, passed through): a bad value is theirs, not the recipe line's."""
+    refs = getattr(template, "refs", ())
+    if isinstance(value, Given) and len(refs) == 1:
+        return f"--set {next(iter(refs))}={value}"
+    return None
+
+
 def resolve_from(fetch: Any, pin: Any, evaluate, fetcher, loc: str, *, want_text: bool
                  ) -> tuple[Any, dict]:
     """Fetch a deferred ``from:`` (``evaluate(template)`` gives a template's value): the
-    content and the record the plan and manifest keep. ``PlanError`` naming ``loc`` if it
-    cannot be read, or its sha256 is not the pinned one."""
+    content and the record the plan and manifest keep. ``PlanError`` naming ``loc`` (or the
+    ``--set`` that gave the bad source or pin) if it cannot be read, or its sha256 is not the
+    pinned one."""
     from ..errors import HubError, PlanError
 
-    source = fetch
+    source, where = fetch, loc
     try:
         if not isinstance(fetch, Source):
             text = evaluate(fetch)
             if not isinstance(text, str):
                 raise InputError(f"from: {fetch.source!r} is {text!r}, not a string")
+            where = _given_where(fetch, text) or loc
             source = parse_source(text)
-        pin = evaluate(pin) if pin is not None and not isinstance(pin, str) else pin
-        if pin and check_pin(pin):
-            raise InputError(f"{check_pin(pin)} (got {pin!r})")
+        pin_where = where
+        if pin is not None and not isinstance(pin, str):
+            value = evaluate(pin)
+            pin_where = _given_where(pin, value) or loc
+            pin = value
+        if pin is not None and check_pin(pin):
+            where = pin_where
+            raise InputError(check_pin(pin))
         if fetcher is None:
             raise InputError(f"from: {source.text!r}: nothing can fetch it here")
         got = fetcher.fetch(source)
         if pin and got.sha256 != pin:
+            where = pin_where
             raise InputError(f"from: {source.text!r} has sha256 {got.sha256}, not the pinned "
                              f"{pin}; refusing it")
         content = content_of(got.data, source.text, source.pointer, want_text=want_text)
     except InputError as exc:
-        raise PlanError(exc.message, where=loc) from None
+        raise PlanError(exc.message, where=where) from None
     except HubError as exc:
         at = f"{exc.where}: " if exc.where else ""
         raise HubError(f"from: {getattr(source, 'text', source)!r}: {at}{exc.message}",
-                       where=loc, hint=exc.hint) from None
+                       where=where, hint=exc.hint) from None
     record = {"from": str(source.text), "resolved": got.resolved, "sha256": got.sha256,
               "size": len(got.data), **({"pointer": source.pointer} if source.pointer else {})}
     return content, record

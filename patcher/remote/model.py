@@ -47,9 +47,10 @@ class RemoteModel(ModelDir):
 
     @classmethod
     def open(cls, url: str,  # type: ignore[override]
-             endpoint: str | None = None) -> "RemoteModel":
+             endpoint: str | None = None, what: str = "inspect") -> "RemoteModel":
+        """``what``: the command its hub errors name."""
         repo_id, revision = parse_hf_url(url)
-        hub = HubFiles(repo_id, revision, endpoint)
+        hub = HubFiles(repo_id, revision, endpoint, what=what)
         root = HubRoot("hf:/" + repo_id + (f"@{revision}" if revision else ""))
         files = {rel: ModelFile(rel, root / rel, size) for rel, size in sorted(hub.sizes.items())
                  if rel.split("/", 1)[0] not in SKIPPED_DIRS}

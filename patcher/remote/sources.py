@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..changes import ABSENT, ContentSource
 from ..errors import InputError
 from ..recipe.sources import MAX_SOURCE_BYTES, Source
 
@@ -110,22 +111,18 @@ def shown_endpoint(endpoint: str | None) -> str | None:
     return None if endpoint is None else re.sub(r"//[^/?#]*@", "//", endpoint)
 
 
-def source_changes(recipe, endpoint: str | None) -> list[dict]:
-    """One ``content_source`` change-log entry per op of the bound ``recipe`` whose content
+def source_changes(recipe, endpoint: str | None) -> list[ContentSource]:
+    """One ``content_source`` change-log record per op of the bound ``recipe`` whose content
     came from elsewhere: what it fills, where it came from (resolved) and its sha256. The
     manifest keeps them, so the variant says which bytes it was made from."""
-    out = []
-    for op in recipe.files:
-        if getattr(op, "source", None):
-            out.append({"kind": "content_source", "target": op.path, **op.source,
-                        "loc": op.loc})
-    for file, ops in recipe.config.items():
-        for op in ops:
-            if getattr(op, "source", None):
-                out.append({"kind": "content_source", "target": f"{file} {op.path}",
-                            **op.source, "loc": op.loc})
+    targets = [(op.path, op, op.source) for op in recipe.files if getattr(op, "source", None)]
+    targets += [(f"{file} {op.path}", op, op.source) for file, ops in recipe.config.items()
+                for op in ops if getattr(op, "source", None)]
+    targets += [(f"GGUF {op.key}", op, op.content_source)
+                for op in (recipe.gguf.metadata if recipe.gguf is not None else ())
+                if op.content_source]
     shown = shown_endpoint(endpoint or os.environ.get("HF_ENDPOINT") or None)
-    for entry in out:
-        if shown and entry.get("resolved", "").startswith("hf://"):
-            entry["endpoint"] = shown
-    return out
+    return [ContentSource(target, dict(source), op.loc,
+                          endpoint=shown if shown and str(source.get("resolved", ""))
+                          .startswith("hf://") else ABSENT)
+            for target, op, source in targets]

@@ -14,10 +14,9 @@ import torch
 
 from ..errors import NumericError
 from . import scale_math
-from .quant import fp8, nvfp4
-from .quant.mxfp4 import dequantize_mxfp4_gpt_oss
 from .quant.kernel_args import CHUNK_ELEMENTS
 from .quant.kernel_args import NonFiniteInput
+from .schemes import SCHEMES, QuantScheme
 from .tasks import TensorJob
 
 _OUT = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
@@ -113,7 +112,7 @@ def _cannot_overflow(job: TensorJob, inputs: list[torch.Tensor], out: torch.dtyp
             return False
         if scale.element_size() >= 2:            # float8 scales are widened before any product
             limit = min(limit, torch.finfo(scale.dtype).max)
-        if job.param("scheme") == "nvfp4-compressed-tensors" and i == 2:
+        if _scheme(job).global_divides and i == 2:
             low = float(scale.abs().min())
             bound = bound / low if low > 0 else float("inf")      # the global scale divides
         else:
@@ -132,24 +131,16 @@ def _abs_max(t: torch.Tensor) -> float:
     return float(t.abs().max())
 
 
+def _scheme(job: TensorJob) -> QuantScheme:
+    scheme = SCHEMES.get(job.param("scheme"))
+    if scheme is None:
+        raise ValueError(f"unknown scheme {job.param('scheme')!r}")
+    return scheme
+
+
 def _dequantize(job: TensorJob, inputs: list[torch.Tensor], device: str) -> torch.Tensor:
-    scheme, out = job.param("scheme"), _OUT[job.param("to")]
-    if scheme == "fp8-tensor":
-        weight, scale = inputs
-        return fp8.dequantize_fp8_per_tensor(weight, scale, out, device=device, on_device=True)
-    if scheme == "fp8-block":
-        weight, scale_inv = inputs
-        return fp8.dequantize_fp8_block(weight, scale_inv, out,
-                                        block=tuple(job.param("block") or (128, 128)),
-                                        device=device, on_device=True)
-    if scheme == "nvfp4-modelopt":
-        return nvfp4.dequantize_nvfp4_modelopt(*inputs, out, device=device, on_device=True)
-    if scheme == "nvfp4-compressed-tensors":
-        return nvfp4.dequantize_nvfp4_compressed_tensors(*inputs, out, device=device,
-                                                         on_device=True)
-    if scheme == "mxfp4-gpt-oss":
-        return dequantize_mxfp4_gpt_oss(*inputs, out, device=device, on_device=True)
-    raise ValueError(f"unknown scheme {scheme!r}")
+    return _scheme(job).dequantize(inputs, _OUT[job.param("to")], device,
+                                   block=job.param("block"))
 
 
 def _quantize(job: TensorJob, read_inputs, cache: dict, device: str) -> torch.Tensor:
@@ -159,11 +150,7 @@ def _quantize(job: TensorJob, read_inputs, cache: dict, device: str) -> torch.Te
     if job.param("role") == "scale" and key in cache:
         return cache.pop(key).reshape(job.out.shape)
     (weight,) = read_inputs()
-    if job.param("scheme") == "fp8-block":
-        q, scale = fp8.quantize_fp8_block(weight, tuple(job.param("block") or (128, 128)),
-                                          device=device)
-    else:
-        q, scale = fp8.quantize_fp8_per_tensor(weight, device=device)
+    q, scale = _scheme(job).quantize(weight, device, block=job.param("block"))
     if job.param("role") == "scale":
         return scale.reshape(job.out.shape)
     cache[key] = scale

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from ..changes import (TensorAdded, TensorConverted, TensorDropped, TensorRenamed,
+                       layout as change_layout)
 from ..errors import CompanionError, InputError, PlanError
 from ..model.model_dir import ModelDir
 from ..plan import FilePlan
@@ -74,7 +76,7 @@ class TensorPlan:
     dtypes: dict[str, str]          # every output tensor's dtype
 
 
-def plan_tensor_ops(recipe, model: ModelDir, changes: list[dict], *, device: str = "cpu",
+def plan_tensor_ops(recipe, model: ModelDir, changes: list, *, device: str = "cpu",
                     max_shard_size: int | None = None) -> TensorPlan:
     """Run the recipe's tensor ops over a virtual view of the model's tensors, then lay the
     result out in the base's shards, or in new ones of at most ``max_shard_size`` bytes."""
@@ -131,14 +133,12 @@ def _fp8_block(op, model: ModelDir) -> Fp8Block:
 # --- operations -----------------------------------------------------------------------------
 
 def _layout(t) -> dict:
-    return {"dtype": t.dtype, "shape": list(t.shape)}
+    return change_layout(t.dtype, t.shape)
 
 
-def _dropped(t: VirtualTensor, loc: str, **extra) -> dict:
-    entry = {"kind": "tensor_dropped", "tensor": t.name, "dtype": t.dtype, "shape": list(t.shape),
-             "shard": t.shard, "before": _layout(t), "after": None, "recipe_line": loc}
-    entry.update(extra)
-    return entry
+def _dropped(t: VirtualTensor, loc: str, **extra) -> TensorDropped:
+    return TensorDropped(t.name, t.shard, _layout(t), loc, dtype=t.dtype, shape=list(t.shape),
+                         **extra)
 
 
 def _drop(view, names, op, changes) -> None:
@@ -170,8 +170,7 @@ def _rename(view, names, op, changes) -> None:
     for old, t in renamed.items():
         new = moves[old]
         view[new] = replace(t, name=new, job=replace(t.job, out=replace(t.job.out, name=new)))
-        changes.append({"kind": "tensor_renamed", "tensor": old, "to": new, "shard": t.shard,
-                        "before": _layout(t), "after": _layout(t), "recipe_line": op.loc})
+        changes.append(TensorRenamed(old, new, t.shard, _layout(t), _layout(t), op.loc))
 
 
 def _cast(view, names, op, changes) -> None:
@@ -265,10 +264,8 @@ def _quantize(view, names, op, changes) -> None:
         changes.append(_converted(name, t, outputs[0][1], t.shape, how, op.loc,
                                   added=[o[0] for o in outputs[1:]]))
         for out_name, dtype, shape, _role in outputs[1:]:
-            changes.append({"kind": "tensor_added", "tensor": out_name, "companion_of": name,
-                            "shard": t.shard, "reason": how, "before": None,
-                            "after": {"dtype": dtype, "shape": list(shape)},
-                            "recipe_line": op.loc})
+            changes.append(TensorAdded(out_name, t.shard, how, change_layout(dtype, shape), op.loc,
+                                       companion_of=name))
 
 
 def _primary(t: VirtualTensor, loc: str) -> TensorSource:
@@ -279,12 +276,9 @@ def _primary(t: VirtualTensor, loc: str) -> TensorSource:
     return t.job.inputs[0]
 
 
-def _converted(name, t, dtype, shape, how, loc, **extra) -> dict:
-    entry = {"kind": "tensor_converted", "tensor": name, "how": how, "shard": t.shard,
-             "before": {"dtype": t.dtype, "shape": list(t.shape)},
-             "after": {"dtype": dtype, "shape": list(shape)}, "recipe_line": loc}
-    entry.update(extra)
-    return entry
+def _converted(name, t, dtype, shape, how, loc, **extra) -> TensorConverted:
+    return TensorConverted(name, how, t.shard, _layout(t), change_layout(dtype, shape), loc,
+                           **extra)
 
 
 def _copy(view, names, op, changes) -> None:
@@ -306,9 +300,7 @@ def _copy(view, names, op, changes) -> None:
         _primary(t, op.loc)
         view[new] = replace(t, name=new, job=replace(t.job, out=replace(t.job.out, name=new)),
                             order=t.order + 1e-3)
-        changes.append({"kind": "tensor_added", "tensor": new, "copy_of": old, "shard": t.shard,
-                        "reason": "copy", "before": None, "after": _layout(t),
-                        "recipe_line": op.loc})
+        changes.append(TensorAdded(new, t.shard, "copy", _layout(t), op.loc, copy_of=old))
 
 
 _HANDLERS = {"drop": _drop, "rename": _rename, "copy": _copy, "cast": _cast,

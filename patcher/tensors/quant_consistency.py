@@ -12,6 +12,8 @@ import json
 import re
 from typing import Any, Mapping
 
+from ..changes import ABSENT, TensorConverted
+
 QUANTIZED_DTYPES = {"F8_E4M3", "F8_E5M2", "F4"}
 
 
@@ -81,15 +83,15 @@ def module_skipped(module: str, patterns: list[str]) -> bool:
     return False
 
 
-def _not_skipped(config: Any, hf_quant: Any, changes: list[dict]) -> list[str]:
+def _not_skipped(config: Any, hf_quant: Any, changes: list) -> list[str]:
     """The dequantized tensors (output names) that some declaration of quantization still
     covers: their module is missing from its ignore/exclude list."""
     lists = skip_lists(config, hf_quant)
     out = []
     for c in changes:
-        if c.get("kind") != "tensor_converted" or not c["how"].startswith("dequantize"):
+        if not isinstance(c, TensorConverted) or not c.how.startswith("dequantize"):
             continue
-        name = c.get("to", c["tensor"])
+        name = c.tensor if c.to is ABSENT else c.to
         module = name.rsplit(".", 1)[0]
         if any(not module_skipped(module, patterns) for _where, patterns in lists):
             out.append(name)
@@ -97,7 +99,7 @@ def _not_skipped(config: Any, hf_quant: Any, changes: list[dict]) -> list[str]:
 
 
 def quantization_warnings(config: Any, hf_quant: Any, dtypes: Mapping[str, str],
-                          changes: list[dict]) -> list[str]:
+                          changes: list) -> list[str]:
     declared = _declared(config, hf_quant)
     quantized = quantized_tensors(dtypes)
     dequantized = _not_skipped(config, hf_quant, changes) if declared else []

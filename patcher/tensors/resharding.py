@@ -13,6 +13,7 @@ not part of the new layout are dropped (and kept as revert data like every repla
 
 from __future__ import annotations
 
+from ..changes import Resharded
 from ..errors import PlanError
 from ..units import parse_shard_size  # noqa: F401  (re-exported)
 from ..model.model_dir import INDEX_NAME, ModelDir
@@ -24,7 +25,7 @@ FILENAME_PATTERN = "model{suffix}.safetensors"
 MAX_SHARDS = 99999      # the width of transformers' shard numbering
 
 
-def reshard_plans(model: ModelDir, view: dict, changes: list[dict], device: str,
+def reshard_plans(model: ModelDir, view: dict, changes: list, device: str,
                   max_shard_size: int) -> dict[str, FilePlan]:
     """File plans that lay ``view`` (name -> ``VirtualTensor``) out in new shards."""
     from huggingface_hub import split_state_dict_into_shards_factory
@@ -58,8 +59,7 @@ def reshard_plans(model: ModelDir, view: dict, changes: list[dict], device: str,
                                     size_before=model.files[shard].size)
     if plans:
         plans.update(_index_plans(model, view, split.tensor_to_filename, len(layout)))
-        changes.append({"kind": "resharded", "max_shard_size": max_shard_size,
-                        "shards_before": len(model.model_shards), "shards_after": len(layout)})
+        changes.append(Resharded(max_shard_size, len(model.model_shards), len(layout)))
     return plans
 
 

@@ -8,6 +8,7 @@ import math
 import re
 from dataclasses import replace
 
+from ..changes import TensorAdded, TensorConverted, TensorDropped, layout
 from ..errors import GuardRefused, PlanError
 from ..model.safetensors_io import OutputTensor
 from ..recipe.regex_bound import per_name
@@ -15,7 +16,7 @@ from ..recipe.tensor_ops.split_scale import SCALE_DTYPES
 from .tasks import TensorJob, TensorSource
 
 
-def plan_split(view: dict, names: list[str], op, changes: list[dict]) -> None:
+def plan_split(view: dict, names: list[str], op, changes: list) -> None:
     """Each selected tensor becomes byte-identical copies under the ``to`` names, beside it in
     its shard; the source name is removed unless one of the names is its own."""
     pattern = re.compile(op.action.pattern)
@@ -43,16 +44,14 @@ def plan_split(view: dict, names: list[str], op, changes: list[dict]) -> None:
         for i, new in enumerate(news):
             view[new] = replace(t, name=new, job=replace(t.job, out=replace(t.job.out, name=new)),
                                 order=t.order + i * 1e-3)
-            changes.append({"kind": "tensor_added", "tensor": new, "split_from": old,
-                            "shard": t.shard, "reason": "split", "before": None,
-                            "after": _layout(t), "recipe_line": op.loc})
+            changes.append(TensorAdded(new, t.shard, "split", _layout(t), op.loc,
+                                       split_from=old))
         if old not in news:
-            changes.append({"kind": "tensor_dropped", "tensor": old, "dtype": t.dtype,
-                            "shape": list(t.shape), "shard": t.shard, "before": _layout(t),
-                            "after": None, "reason": "split", "recipe_line": op.loc})
+            changes.append(TensorDropped(old, t.shard, _layout(t), op.loc, dtype=t.dtype,
+                                         shape=list(t.shape), reason="split"))
 
 
-def plan_refuse(view: dict, names: list[str], op, changes: list[dict]) -> None:
+def plan_refuse(view: dict, names: list[str], op, changes: list) -> None:
     """A tensor guard: refuse the model when the selection matched a tensor."""
     if names:
         more = f" and {len(names) - 1} more" if len(names) > 1 else ""
@@ -60,7 +59,7 @@ def plan_refuse(view: dict, names: list[str], op, changes: list[dict]) -> None:
                            f"({names[0]}{more})")
 
 
-def plan_scale(view: dict, names: list[str], op, changes: list[dict]) -> None:
+def plan_scale(view: dict, names: list[str], op, changes: list) -> None:
     """Elementwise scale math: a computed job per tensor (reshape alone too: one code path that
     checks the bytes it writes)."""
     action = op.action
@@ -84,14 +83,12 @@ def plan_scale(view: dict, names: list[str], op, changes: list[dict]) -> None:
         steps = [s for s in (action.reciprocal and f"reciprocal:{action.reciprocal}",
                              action.cast and f"cast:{dtype}",
                              action.reshape is not None and f"reshape:{list(shape)}") if s]
-        changes.append({"kind": "tensor_converted", "tensor": name,
-                        "how": "scale " + ",".join(steps), "shard": t.shard,
-                        "before": _layout(t), "after": {"dtype": dtype, "shape": list(shape)},
-                        "recipe_line": op.loc})
+        changes.append(TensorConverted(name, "scale " + ",".join(steps), t.shard, _layout(t),
+                                       layout(dtype, shape), op.loc))
 
 
 def _layout(t) -> dict:
-    return {"dtype": t.dtype, "shape": list(t.shape)}
+    return layout(t.dtype, t.shape)
 
 
 def _source(t, loc: str) -> TensorSource:

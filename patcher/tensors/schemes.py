@@ -1,8 +1,11 @@
-"""Quantization schemes by their tensor names, dtypes and shapes (no torch, no data).
+"""The registry of quantization schemes: one object per scheme, in ``SCHEMES``.
 
 Each scheme knows, for a primary weight tensor, which companion tensors hold its scales (found by
 name anywhere in the model, whatever shard they sit in), which tensors become meaningless once it
-is dequantized (activation scales), and the names and shapes a quantization writes:
+is dequantized (activation scales), their dtypes and shapes (checked on header metadata, no torch,
+no data), the names and shapes a quantization writes, and its kernels: ``dequantize`` and
+``quantize`` import torch (``patcher.tensors.quant``) only when called. Recipe validation reads
+the scheme names from here; a new format is one more ``QuantScheme`` in ``SCHEMES``:
 
 - ``fp8-tensor``: ModelOpt FP8 / compressed-tensors float-quantized: ``weight`` F8_E4M3 and
   ``weight_scale`` (scalar, [1] or per channel [out, 1]); ``input_scale`` is dropped.
@@ -73,8 +76,26 @@ def _matrix(weight: _Tensor, dtype: str) -> tuple[int, int]:
 
 
 class QuantScheme:
+    """One scheme. ``name`` is what recipes write (``dequantize: {scheme: NAME}``);
+    ``layouts`` are the checkpoint layouts it quantizes to (none: dequantize only);
+    ``global_divides``: its second scale divides instead of multiplying (for the overflow bound
+    of ``compute``)."""
+
     name = ""
     weight_suffix = "weight"
+    layouts: tuple[str, ...] = ()
+    global_divides = False
+
+    def dequantize(self, inputs: list, out_dtype, device: str, block=None):
+        """The weight in ``out_dtype`` (a torch dtype) from ``inputs``, the primary tensor then
+        the companions in ``Companions.inputs`` order; ``block``: fp8-block's block size. The
+        result stays on ``device`` (the shard writer copies it back, overlapping the next
+        tensor's compute: ``tensors.writing.cuda_transfer``)."""
+        raise NotImplementedError
+
+    def quantize(self, weight, device: str, block=None) -> tuple:
+        """``(codes, scale)`` of ``weight``; only schemes with ``layouts`` quantize."""
+        raise CompanionError(f"scheme {self.name} cannot quantize")
 
     def companions(self, name: str, view: Mapping[str, _Tensor]) -> Companions:
         raise NotImplementedError
@@ -92,6 +113,19 @@ class QuantScheme:
 
 class Fp8Tensor(QuantScheme):
     name = "fp8-tensor"
+    layouts = ("modelopt", "compressed-tensors")
+
+    def dequantize(self, inputs, out_dtype, device, block=None):
+        from .quant import fp8
+
+        weight, scale = inputs
+        return fp8.dequantize_fp8_per_tensor(weight, scale, out_dtype, device=device,
+                                             on_device=True)
+
+    def quantize(self, weight, device, block=None):
+        from .quant import fp8
+
+        return fp8.quantize_fp8_per_tensor(weight, device=device)
 
     def companions(self, name, view):
         stem = _stem(name, "weight")
@@ -116,6 +150,20 @@ class Fp8Block(QuantScheme):
     came from (for the message when a scale's shape does not fit it)."""
 
     name = "fp8-block"
+    layouts = ("deepseek", "compressed-tensors")
+
+    def dequantize(self, inputs, out_dtype, device, block=None):
+        from .quant import fp8
+
+        weight, scale_inv = inputs
+        return fp8.dequantize_fp8_block(weight, scale_inv, out_dtype,
+                                        block=tuple(block or DEFAULT_FP8_BLOCK), device=device,
+                                        on_device=True)
+
+    def quantize(self, weight, device, block=None):
+        from .quant import fp8
+
+        return fp8.quantize_fp8_block(weight, tuple(block or DEFAULT_FP8_BLOCK), device=device)
 
     def __init__(self, block: tuple[int, int] = DEFAULT_FP8_BLOCK, origin: str = "the default"):
         self.block = (int(block[0]), int(block[1]))
@@ -190,12 +238,24 @@ class Nvfp4ModelOpt(_Nvfp4):
     global_suffix = "weight_scale_2"          # multiplies
     dropped_suffix = "input_scale"
 
+    def dequantize(self, inputs, out_dtype, device, block=None):
+        from .quant import nvfp4
+
+        return nvfp4.dequantize_nvfp4_modelopt(*inputs, out_dtype, device=device, on_device=True)
+
 
 class Nvfp4CompressedTensors(_Nvfp4):
     name = "nvfp4-compressed-tensors"
     weight_suffix = "weight_packed"
     global_suffix = "weight_global_scale"     # divides (the reciprocal of weight_scale_2)
     dropped_suffix = "input_global_scale"
+    global_divides = True
+
+    def dequantize(self, inputs, out_dtype, device, block=None):
+        from .quant import nvfp4
+
+        return nvfp4.dequantize_nvfp4_compressed_tensors(*inputs, out_dtype, device=device,
+                                                         on_device=True)
 
 
 class Mxfp4GptOss(QuantScheme):
@@ -204,6 +264,11 @@ class Mxfp4GptOss(QuantScheme):
 
     name = "mxfp4-gpt-oss"
     weight_suffix = "_blocks"
+
+    def dequantize(self, inputs, out_dtype, device, block=None):
+        from .quant.mxfp4 import dequantize_mxfp4_gpt_oss
+
+        return dequantize_mxfp4_gpt_oss(*inputs, out_dtype, device=device, on_device=True)
 
     def companions(self, name, view):
         if not name.endswith("_blocks") or name == "_blocks":
@@ -224,6 +289,7 @@ class Mxfp4GptOss(QuantScheme):
 
 SCHEMES: dict[str, QuantScheme] = {s.name: s for s in (
     Fp8Tensor(), Fp8Block(), Nvfp4ModelOpt(), Nvfp4CompressedTensors(), Mxfp4GptOss())}
+"""Every scheme by name, in the order ``scheme: auto`` tries them."""
 
 
 def scheme_named(name: str, fp8_block: Fp8Block | None = None) -> QuantScheme:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import PlanError
+from ..changes import FileDropped
+from ..errors import GuardRefused, PlanError
 from ..model.model_dir import INDEX_NAME, ModelDir
 from ..model.safetensors_io import OutputTensor, tensor_nbytes
 from ..plan import Action, FilePlan
@@ -58,6 +59,8 @@ def select(view: dict[str, VirtualTensor], op) -> list[str]:
             clock.start(n)
             if op.select.matches(n, t.dtype):
                 names.append(n)
+    if not names and op.refuse_empty:
+        raise GuardRefused(f"the recipe refuses this model: {op.loc}: {op.refuse_empty}")
     if not names and not op.allow_empty:
         raise PlanError(f"the selection {_describe_select(op.select)} matches no tensor",
                         where=op.loc, hint="fix the pattern, or set allow_empty: true")
@@ -78,7 +81,7 @@ def _describe_select(sel) -> str:
 
 # --- shards ---------------------------------------------------------------------------------
 
-def shard_plans(model: ModelDir, view: dict[str, VirtualTensor], changes: list[dict],
+def shard_plans(model: ModelDir, view: dict[str, VirtualTensor], changes: list,
                  device: str) -> dict[str, FilePlan]:
     by_shard: dict[str, list[VirtualTensor]] = {s: [] for s in model.model_shards}
     for t in view.values():
@@ -96,7 +99,7 @@ def shard_plans(model: ModelDir, view: dict[str, VirtualTensor], changes: list[d
         size = model.files[shard].size
         if not tensors:
             plans[shard] = FilePlan(shard, Action.DROP, source=shard, size_before=size)
-            changes.append({"kind": "file_dropped", "file": shard, "reason": "no tensors left"})
+            changes.append(FileDropped(shard, reason="no tensors left"))
             continue
         metadata = dict(header.metadata or {})
         metadata.setdefault("format", "pt")

@@ -64,7 +64,8 @@ def test_every_builtin_rule_loads_and_is_tested():
                    "tied-lm-head-ignored", "untied-lm-head-missing",
                    "duplicate-consolidated-safetensors", "quantized-weights-below-vllm-minimum",
                    "eos-inconsistent", "quant-ignore-unmatched", "quant-unquantized-uncovered",
-                   "kv-scale-names-sglang", "mtp-layers-unused"}
+                   "kv-scale-names-sglang", "mtp-layers-unused", "gguf-mtp-layers-unused",
+                   "gguf-eos-inconsistent"}
     assert len(list(builtin_rules_dir().glob("*.yaml"))) == len(ids)
 
 
@@ -249,7 +250,7 @@ def test_cli_exit_codes_and_json(kimi, tmp_path):
     assert blocked.exit_code == 1
     assert "BLOCKER    fp8-kv-mla-vllm-sm120: the model declares an FP8 KV cache" in blocked.output
     assert "evidence: https://github.com/vllm-project/vllm/pull/34597" in blocked.output
-    assert "fix: modelpatch apply sm120-fp16-kv MODEL" in blocked.output
+    assert f"fix: modelpatch apply sm120-fp16-kv {model}" in blocked.output
     fine = runner.invoke(main, ["doctor", model, "--engine", "vllm==0.18.0", "--gpu", "sm120",
                                 "--json"])
     assert fine.exit_code == 0

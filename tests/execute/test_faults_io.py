@@ -332,15 +332,24 @@ def test_injected_errors_at_every_point(scenarios, templates, tmp_path, name):
 
 
 class _Calls:
-    """Wraps ``os.<name>``: counts calls and raises OSError(EIO) at call number ``fail_at``."""
+    """Wraps ``os.<name>``: counts calls and raises OSError(EIO) at call number ``fail_at``.
+
+    Calls on the caches under ``$MODELPATCH_CACHE_DIR`` pass through uncounted: a cache write
+    is best effort by design (``patcher.model.header_cache``: a failed write is logged and the
+    command goes on), so its failure must not fail the operation.
+    """
 
     def __init__(self, name: str, fail_at: int | None = None, err: int = errno.EIO):
         self.name, self.fail_at, self.err = name, fail_at, err
         self.original = getattr(os, name)
         self.count = 0
         self.fired = False
+        self.cache_dir = os.environ.get("MODELPATCH_CACHE_DIR")
 
     def __call__(self, *args, **kwargs):
+        if self.cache_dir and any(isinstance(a, (str, os.PathLike))
+                                  and os.fspath(a).startswith(self.cache_dir) for a in args):
+            return self.original(*args, **kwargs)
         self.count += 1
         if self.count == self.fail_at:
             self.fired = True

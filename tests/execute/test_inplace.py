@@ -303,8 +303,9 @@ def test_modes_of_written_files_are_read_only_and_originals_keep_theirs(kimi_dir
 
 
 def test_a_plan_made_before_another_process_patched_is_not_applied(kimi_dir, tmp_path):
-    """The plan is recomputed under the lock: a stale one (here: made before the same recipe
-    was applied by someone else) cannot patch the directory a second time."""
+    """The plan carries what it read: a stale one (here: made before the same recipe was
+    applied by someone else) is refused under the lock, never applied a second time."""
+    from patcher.errors import PlanError
     from patcher.execute import inplace
     from patcher.model.model_dir import ModelDir
 
@@ -313,7 +314,7 @@ def test_a_plan_made_before_another_process_patched_is_not_applied(kimi_dir, tmp
     stale_plan = api.plan("sm120-fp16-kv", root, options={"in_place": True})
     api.apply_in_place("sm120-fp16-kv", root)
     patched = snapshot(root, vary=(MANIFEST,))
-    with pytest.raises(GuardRefused):
+    with pytest.raises(PlanError, match="since the plan was made"):
         inplace.apply_in_place(stale_plan, stale_model)
     assert snapshot(root, vary=(MANIFEST,)) == patched
 

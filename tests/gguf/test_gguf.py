@@ -91,10 +91,15 @@ def test_inspect_directory_and_file(tmp_path):
 
 # ---------------------------------------------------------------- built-in recipes
 
+def _template(root: Path) -> dict:
+    """gguf-chat-template's --set template=file:... for the chat_template.jinja in ``root``."""
+    return {"template": f"file:{root / 'chat_template.jinja'}"}
+
+
 def test_chat_template_recipe(tmp_path):
     root = tiny_dir(tmp_path)
     (root / "chat_template.jinja").write_text(NEW_TEMPLATE)
-    result = api.apply("gguf-chat-template", root, out=tmp_path / "out")
+    result = api.apply("gguf-chat-template", root, params=_template(root), out=tmp_path / "out")
     meta, _ = read_back(result.output / "tiny.gguf")
     assert meta["tokenizer.chat_template"] == NEW_TEMPLATE
     before, _ = read_back(root / "tiny.gguf")
@@ -127,7 +132,7 @@ def test_strip_mtp_recipe(tmp_path):
     dropped = {n for n in before if n.startswith("blk.2.")}
     assert len(dropped) == 13 and not any(n.startswith("blk.2.") for n in tensors)
     assert_same_tensors(root / "tiny.gguf", out / "tiny.gguf", dropped=dropped)
-    with pytest.raises(PlanError, match="no MTP/nextn layers"):
+    with pytest.raises(GuardRefused, match="refuses this model: .*no MTP/nextn layers"):
         api.plan("gguf-strip-mtp", out)
 
 
@@ -249,11 +254,12 @@ def test_split_metadata_patch_rewrites_only_the_first_file(tmp_path):
     root.mkdir()
     write_tiny(root / "tiny.gguf", split_max_tensors=10)
     (root / "chat_template.jinja").write_text(NEW_TEMPLATE)
-    plan = api.plan("gguf-chat-template", root)
+    plan = api.plan("gguf-chat-template", root, options={"params": _template(root)})
     actions = {f.path: f.action.value for f in plan.files}
     assert actions["tiny-00001-of-00003.gguf"] == "rewrite-shard"
     assert actions["tiny-00002-of-00003.gguf"] == "link"
-    out = api.apply("gguf-chat-template", root, out=tmp_path / "out").output
+    out = api.apply("gguf-chat-template", root, params=_template(root),
+                    out=tmp_path / "out").output
     assert read_back(out / "tiny-00001-of-00003.gguf")[0]["tokenizer.chat_template"] == \
         NEW_TEMPLATE
     assert len(gguf_models(ModelDir.open(out))) == 1
@@ -278,7 +284,7 @@ def test_in_place_and_revert_are_byte_identical(tmp_path):
     (root / "chat_template.jinja").write_text(NEW_TEMPLATE)
     before = snapshot(root)
     api.apply_in_place("gguf-strip-mtp", root)
-    api.apply_in_place("gguf-chat-template", root)
+    api.apply_in_place("gguf-chat-template", root, params=_template(root))
     assert read_back(root / "tiny.gguf")[0]["glm4moe.block_count"] == 2
     assert api.verify(root).ok
     api.revert(root, all_patches=True)
@@ -317,12 +323,6 @@ def test_kill_9_while_writing_leaves_the_base_or_the_result(tmp_path, in_place, 
     assert read_back(target / "tiny.gguf")[0]["glm4moe.block_count"] == 2
 
 
-def test_max_shard_size_is_refused_for_gguf(tmp_path):
-    root = tiny_dir(tmp_path)
-    result = run("plan", "gguf-context", root, "--max-shard-size", "50KB")
-    assert result.exit_code == 2 and "a GGUF keeps its split layout" in result.stderr
-
-
 def test_token_values_and_the_readme_example(tmp_path):
     root = tiny_dir(tmp_path)
     path = recipe(tmp_path, """gguf:
@@ -335,6 +335,7 @@ def test_token_values_and_the_readme_example(tmp_path):
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     block = readme[readme.index("```yaml\ngguf:") + 8:]
     block = block[:block.index("```")]
+    (tmp_path / "template.jinja").write_text(NEW_TEMPLATE)
     loaded = api.load(recipe(tmp_path, block, name="readme"))
     assert loaded.gguf.strip_nextn and len(loaded.gguf.metadata) == 6
 
@@ -367,7 +368,7 @@ def test_in_place_on_a_hugging_face_cache_snapshot_never_touches_the_blobs(tmp_p
     root = make_hf_cache_snapshot(source, tmp_path / "hub", "org/tiny-GGUF")
     repo = root.parents[1]
     before, blobs_before = snapshot(root), blobs(repo)
-    api.apply_in_place("gguf-chat-template", root)
+    api.apply_in_place("gguf-chat-template", root, params=_template(source))
     assert (root / "tiny.gguf").is_file() and not (root / "tiny.gguf").is_symlink()
     assert read_back(root / "tiny.gguf")[0]["tokenizer.chat_template"] == NEW_TEMPLATE
     assert blobs(repo) == blobs_before
@@ -403,5 +404,5 @@ def test_an_mmproj_beside_the_model_is_left_alone(tmp_path):
     assert {f.path: f.action.value for f in plan.files} == {"tiny.gguf": "rewrite-shard",
                                                             "mmproj-tiny.gguf": "link"}
     (root / "tiny.gguf").unlink()
-    with pytest.raises(PlanError, match="no .gguf model file"):
+    with pytest.raises(GuardRefused, match="refuses this model: .*no .gguf model file"):
         api.plan("gguf-strip-mtp", root)

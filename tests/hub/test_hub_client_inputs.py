@@ -86,7 +86,7 @@ def test_pull_refuses_malformed_input_in_one_line(hub, variant, tmp_path, monkey
     (tmp_path / "taken").write_text("x")
     for args, code in ((["pull", "alice/ok", "-o", tmp_path / "no" / "such" / "dir"], 3),
                        (["pull", "alice/ok", "-o", tmp_path / "taken"], 2),
-                       (["pull", "alice/ok", "--revision", "no such rev"], 3),
+                       (["pull", "alice/ok", "--revision", "no such rev"], 2),   # named, bad input
                        (["pull", "alice/ok", "--revision", "a\nb"], 3),
                        (["pull", "alice/missing"], 3),
                        (["pull", "alice/ok", "--bogus"], 2)):

@@ -167,3 +167,24 @@ def test_reading_headers_in_a_library_process_leaves_the_collector_unfrozen(tmp_
     ModelDir.open(root)
     assert gc.get_freeze_count() == before
     assert gc.isenabled()
+
+
+def test_a_cache_that_cannot_be_written_only_warns(tmp_path, monkeypatch, caplog):
+    """The cache is best effort: a failing write (a full disk, EIO) is logged and the model is
+    read as without a cache; the next open reads every header again."""
+    import errno
+    root = _write_model(tmp_path / "m")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MODELPATCH_CACHE_DIR", str(cache))
+    real_replace = os.replace
+
+    def failing_replace(src, dst, *args, **kwargs):
+        if os.fspath(dst).startswith(str(cache)):
+            raise OSError(errno.EIO, "Input/output error")
+        return real_replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with caplog.at_level("WARNING", logger="patcher.model.header_cache"):
+        model = ModelDir.open(root)
+    assert len(list(model.tensors())) == 12
+    assert any("not written" in r.getMessage() for r in caplog.records)

@@ -85,6 +85,16 @@ GOOD = {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
     ({"b": {"dtype": "U8", "shape": [4], "data_offsets": [8, 12], "x": 1}}, 12, "unexpected"),
     ({"b": {"dtype": "F4", "shape": [3], "data_offsets": [8, 10]}}, 10, "whole number"),
     ({"b": {"dtype": "U8", "shape": [2**40, 2**40], "data_offsets": [8, 12]}}, 12, "overflow"),
+    # offsets columns are split with one strict zip: pairs only, of integers
+    ({"b": {"dtype": "U8", "shape": [4], "data_offsets": [8, 12, 12]}}, 12, "begin, end"),
+    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8, 8]},
+      "b": {"dtype": "U8", "shape": [4], "data_offsets": [8, 12, 12]}}, 12, "begin, end"),
+    ({"b": {"dtype": "U8", "shape": [4], "data_offsets": {"s": 8, "e": 12}}}, 12, "begin, end"),
+    ({"b": {"dtype": "U8", "shape": [4], "data_offsets": "ab"}}, 12, "begin, end"),
+    ({"b": {"dtype": "U8", "shape": [4], "data_offsets": [8.0, 12]}}, 12, "begin, end"),
+    # in header order: tiled from 4, not 0 (the sorted check then names the gap)
+    ({"a": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]},
+      "b": {"dtype": "U8", "shape": [4], "data_offsets": [12, 16]}}, 16, "gap"),
 ])
 def test_defects_are_named_as_by_the_per_entry_path(change, size, expect):
     assert expect in _defect(GOOD | change, size)

@@ -742,7 +742,7 @@ def test_sm120_guard_refuses_models_without_an_fp8_kv_cache(files):
                             "floats or kv_cache_quant_algo FP8 in config.json's "
                             "quantization_config, its text_config or hf_quant_config.json), so "
                             "this recipe has nothing to do")
-    assert failure.startswith(f"{resolve_recipe(SM120)}:")
+    assert failure.startswith(f"{resolve_recipe(SM120).resolve()}:")  # recipes/NAME.yaml
 
 
 def test_sm120_recipe_is_config_only_and_nulls_every_spelling():

@@ -14,8 +14,9 @@ from click.testing import CliRunner
 from hub_fixtures import TOKENS, configure_hf_client, running_hub
 from remote_fixtures import store_model
 from patcher import api
+from patcher.changes import changes_json
 from patcher.cli import main
-from patcher.errors import HubError, InputError, PlanError, RecipeError
+from patcher.errors import InputError, PlanError, RecipeError
 from patcher.integrity.manifest import read_manifest
 from patcher.recipe.load import load_recipe
 
@@ -257,7 +258,7 @@ def test_bad_local_and_hub_sources_are_refused_naming_the_line(tmp_path, source,
     with pytest.raises(InputError, match=re.escape(message)) as caught:
         api.plan("chat-template", model,
                  options={"params": {"template": source.format(t=tmp_path)}})
-    assert "chat-template.yaml:" in caught.value.one_line()
+    assert caught.value.one_line().startswith(f"--set template={source.format(t=tmp_path)}: ")
 
 
 # ------------------------------------------------------------------------- --set scoping
@@ -280,10 +281,12 @@ def test_set_scoped_to_one_recipe_and_ambiguous_plain_names_refused(tmp_path):
         api.plan([str(a), str(b)], model, options={"params": {"x": "3"}})
     assert "--set a.x=VALUE or --set b.x=VALUE" in caught.value.one_line()
     plan = api.plan([str(a), str(b)], model, options={"params": {"a.x": "3", "b.x": "3"}})
-    changes = {(c["file"], c["path"]): c["after"] for c in plan.changes if "after" in c}
+    changes = {(c["file"], c["path"]): c["after"] for c in changes_json(plan.changes)
+               if "after" in c}
     assert changes == {("config.json", "/a"): 3, ("tokenizer_config.json", "/b"): "3"}
     plan = api.plan([str(a), str(c)], model, options={"params": {"x": "5", "c.x": "6"}})
-    changes = {(c["file"], c["path"]): c["after"] for c in plan.changes if "after" in c}
+    changes = {(c["file"], c["path"]): c["after"] for c in changes_json(plan.changes)
+               if "after" in c}
     assert changes == {("config.json", "/a"): 5, ("tokenizer_config.json", "/c"): 6}
     with pytest.raises(InputError, match=r"--set z\.x: no recipe named 'z' was given"):
         api.plan([str(a), str(b)], model, options={"params": {"z.x": "1"}})

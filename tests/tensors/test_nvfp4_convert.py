@@ -160,7 +160,8 @@ def test_round_trip_restores_every_tensor_but_the_scales_no_reciprocal_restores(
                                                                                 tmp_path):
     """ModelOpt -> compressed-tensors -> ModelOpt: every tensor byte-identical, except the
     scales x for which 1/(1/x) != x in float32 (numpy's division says which), each one ulp
-    off; config.json back to ModelOpt's form (less `producer`), hf_quant_config.json kept."""
+    off; config.json back to ModelOpt's form (less `producer`); hf_quant_config.json dropped
+    on the way (it described ModelOpt's tensors) and not rebuilt."""
     base = _no_kv_cache(tmp_path) if export.endswith("no-kv") else FIXTURES / export
     ct = api.apply("modelopt-to-compressed-tensors", base, out=tmp_path / "ct").output
     assert ("kv_cache_scheme" in _json(ct / "config.json")["quantization_config"]) == (
@@ -185,8 +186,10 @@ def test_round_trip_restores_every_tensor_but_the_scales_no_reciprocal_restores(
     qc.pop("producer")
     assert cfg_after.pop("quantization_config") == qc
     assert cfg_after == cfg_before
-    for name in ("hf_quant_config.json", "generation_config.json"):
-        assert (back / name).read_bytes() == (base / name).read_bytes()
+    assert (back / "generation_config.json").read_bytes() == \
+        (base / "generation_config.json").read_bytes()
+    assert not (ct / "hf_quant_config.json").exists()       # it described ModelOpt's tensors
+    assert not (back / "hf_quant_config.json").exists()
 
 
 def test_compressed_tensors_variant_loads_in_transformers(tmp_path):

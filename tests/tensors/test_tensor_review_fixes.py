@@ -5,6 +5,7 @@ the ignore/exclude lists, and casts/quantizations refuse to damage values silent
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from patcher import api
 from patcher.cli import main
 from patcher.errors import PlanError
 from patcher.tensors.quant import NonFiniteInput, quantize_fp8_block, quantize_fp8_per_tensor
+from patcher.changes import TensorConverted
 from patcher.tensors.quant_consistency import module_skipped, quantization_warnings
 from patcher.cli.render import render_tensor_changes
 
@@ -198,11 +200,13 @@ def test_module_skipped_patterns():
 def test_compressed_tensors_ignore_regex_silences_the_warning():
     config = {"quantization_config": {"quant_method": "compressed-tensors",
                                       "ignore": ["lm_head", "re:.*layers\\.0\\..*"]}}
-    changes = [{"kind": "tensor_converted", "tensor": "model.layers.0.q.weight_packed",
-                "to": "model.layers.0.q.weight", "how": "dequantize:nvfp4-compressed-tensors"}]
+    converted = TensorConverted("model.layers.0.q.weight_packed",
+                                "dequantize:nvfp4-compressed-tensors", "s.safetensors", {}, {},
+                                "r:1:1", to="model.layers.0.q.weight")
+    changes = [converted]
     dtypes = {"model.layers.1.q.weight_packed": "U8", "model.layers.1.q.weight_scale": "F8_E4M3"}
     assert quantization_warnings(config, None, dtypes, changes) == []
-    changes[0]["to"] = changes[0]["tensor"] = "model.layers.2.q.weight"
+    changes[0] = replace(converted, tensor="model.layers.2.q.weight", to="model.layers.2.q.weight")
     assert "1 tensors were dequantized" in quantization_warnings(config, None, dtypes, changes)[0]
 
 

@@ -75,7 +75,8 @@ def client(endpoint: str | None):
 def hub_call(what: str, repo_id: str, fn, *args, **kwargs):
     """Run a huggingface_hub call, turning its errors into one-line ``HubError``s (an argument
     its validators refuse: an ``InputError``)."""
-    from huggingface_hub.errors import HfHubHTTPError, HFValidationError, RepositoryNotFoundError
+    from huggingface_hub.errors import (HfHubHTTPError, HFValidationError,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
 
     try:
         return fn(*args, **kwargs)
@@ -85,6 +86,11 @@ def hub_call(what: str, repo_id: str, fn, *args, **kwargs):
     except RepositoryNotFoundError:
         raise HubError(f"{what}: repository not found or not visible with this token",
                        where=repo_id, hint="check the name, the endpoint and HF_TOKEN") from None
+    except RevisionNotFoundError:
+        revision = kwargs.get("revision")
+        raise InputError(f"{what}: revision {revision!r} not found in {repo_id}"
+                         if revision else f"{what}: revision not found in {repo_id}",
+                         hint="check the branch, tag or commit id") from None
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else "?"
         hint = _STATUS_HINTS.get(status)

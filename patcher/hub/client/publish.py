@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import VerifyMismatch
+from ...errors import HubError, VerifyMismatch
 from ...integrity.manifest import read_manifest
 from ...model.model_dir import MANIFEST_NAME
 from ...integrity.patch_record import patch_dirs, read_record
@@ -173,7 +173,9 @@ def commit_variant(api, repo_id: str, branch: str, root: Path, names: dict[str, 
                     info.reason, len(plan.copies))
         plan.upload_all(f"server-side copy refused ({info.reason})")
         info = hub_call("create_commit", repo_id, attempt)
-        assert not isinstance(info, _CopyRefused)
+        if isinstance(info, _CopyRefused):      # uploads only: a refusal of copies is a bug
+            raise HubError(f"the hub refused server-side copies of a commit that has none "
+                           f"({info.reason})", where=repo_id)
     return info.oid
 
 
@@ -186,7 +188,8 @@ def _operations(root: Path, local: dict[str, str], plan: TransferPlan,
                 extra: dict[str, str | bytes]) -> list:
     from huggingface_hub import CommitOperationAdd, CommitOperationCopy
 
-    assert plan.source is not None or not plan.copies
+    if plan.source is None and plan.copies:
+        raise ValueError("a transfer plan with server-side copies names no source repository")
     ops: list = [CommitOperationCopy(src_path_in_repo=src, path_in_repo=name,
                                      src_revision=plan.commit, src_repo_id=plan.source.repo_id,
                                      src_repo_type="model")

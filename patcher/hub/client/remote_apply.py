@@ -21,10 +21,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...changes import changes_json
 from ...errors import InputError
 from ...integrity.manifest import build_statement, read_manifest, write_manifest
 from ...model.model_dir import MANIFEST_NAME
-from ...plan import Action, require_change
+from ...plan import Action, PlanOptions, require_change
 from .connection import check_repo_id, client, hub_call
 from .model_card import ORIGINAL_README
 from .model_card import CARD_NAME, render_card
@@ -55,7 +56,8 @@ def apply_and_publish(recipe, url: str, repo_id: str, *, endpoint: str | None = 
     check_repo_id(repo_id)
     loaded = load_recipes(recipe)
     model = RemoteModel.open(url, endpoint=endpoint)
-    options = {"in_place": False, "max_shard_size": None, **({"params": params} if params else {})}
+    # config only (refused below otherwise): nothing is computed here, so no jobs or device
+    options = PlanOptions(device=None, params=params or None)
     the_plan = make_plan(loaded, model, options=options, endpoint=endpoint)
     rewrites = [fp.path for fp in the_plan.files if fp.action is Action.REWRITE_SHARD]
     if rewrites:
@@ -143,7 +145,8 @@ def _write_manifest(root: Path, model, the_plan, digests: dict[str, str], lfs: d
         subjects=subjects,
         base_files={rel: (sha, model.files[rel].size) for rel, sha in digests.items()},
         recipe={"name": recipe.name, "sha256": recipe.sha256, "text": recipe.text},
-        options=the_plan.options, changes=list(the_plan.changes), started=now, finished=now,
+        options=the_plan.options.to_json(), changes=changes_json(the_plan.changes), started=now,
+        finished=now,
         base_statement=base_statement, base_model=base_model)
     write_manifest(root, statement)
     return read_manifest(root)

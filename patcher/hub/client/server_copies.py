@@ -109,8 +109,9 @@ def _check_against_hub(api, manifest, names: dict[str, str], plan: TransferPlan)
     sha256; the others, and all when the repository cannot be read, become uploads."""
     from huggingface_hub.errors import HfHubHTTPError
 
-    assert plan.source is not None
     source = plan.source
+    if source is None:
+        raise ValueError("checking server-side copies needs the transfer plan's source")
     try:
         plan.commit = api.model_info(source.repo_id, revision=source.revision).sha
         found = {}

@@ -24,7 +24,8 @@ def apply_ops(tree: dict[str, dict[str, Any]], ops: list[Op]) -> dict[str, dict[
     tree = dict(tree)
     for op in ops:
         if op.kind == "add":
-            assert op.entry is not None
+            if op.entry is None:
+                raise BadRequest(f"add {op.path!r}: the operation carries no file")
             tree[check_path(op.path)] = op.entry
         elif op.kind == "delete_file":
             if tree.pop(op.path, None) is None:

@@ -152,7 +152,8 @@ class Store(BlobStore):
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
         meta = self.get_repo(kind, repo_id)
-        assert meta is not None
+        if meta is None:
+            raise Conflict(f"the {kind} repo {repo_id} was deleted while it was being created")
         return meta
 
     def delete_repo(self, meta: RepoMeta) -> None:

@@ -12,6 +12,7 @@ import errno
 import hashlib
 import mmap
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -22,6 +23,11 @@ ProgressFn = Callable[[int], None]
 
 COPY_WINDOW = 64 << 20
 """hash_while_copying maps and copies this much of the source at a time (bounds mapped memory)."""
+
+PARALLEL_MIN = 8 << 20
+"""From this many bytes on, hash_while_copying runs the kernel copy and the source's digest in
+threads beside the output's digest (hashlib and copy_file_range release the GIL): one pass over
+the bytes costs the slowest of the three, not their sum."""
 
 
 class HashingWriter:
@@ -145,6 +151,8 @@ def hash_while_copying(src_fd: int, offset: int, length: int, dst: HashingWriter
 
     methods = [m for m in ("copy_file_range", "sendfile") if hasattr(os, m)]
     done = 0
+    # Per call, not per module: a forked worker process must not inherit a pool's dead threads.
+    pool = ThreadPoolExecutor(2, "hash-copy") if length >= PARALLEL_MIN else None
     try:
         while done < length:
             win_off = offset + done
@@ -152,7 +160,7 @@ def hash_while_copying(src_fd: int, offset: int, length: int, dst: HashingWriter
             if done + win_len < length:
                 _read_ahead(src_fd, win_off + win_len, min(COPY_WINDOW, length - done - win_len))
             _hash_and_copy_window(src_fd, win_off, win_len, dst, dst_fd, dst_pos + done, methods,
-                                  source_digest)
+                                  source_digest, pool)
             done += win_len
             if on_progress is not None:
                 on_progress(win_len)
@@ -162,6 +170,9 @@ def hash_while_copying(src_fd: int, offset: int, length: int, dst: HashingWriter
         if isinstance(exc, OSError):
             raise OperationFailed(f"copy into the output failed: {exc.strerror or exc}") from exc
         raise
+    finally:
+        if pool is not None:
+            pool.shutdown()
     dst._size += length
     return length
 
@@ -177,10 +188,11 @@ def _read_ahead(src_fd: int, offset: int, length: int) -> None:
 
 def _hash_and_copy_window(src_fd: int, win_off: int, win_len: int, dst: HashingWriter,
                           dst_fd: int, dst_off: int, methods: list[str],
-                          source_digest=None) -> None:
+                          source_digest=None, pool: ThreadPoolExecutor | None = None) -> None:
     """Hash ``win_len`` bytes of ``src_fd`` at ``win_off`` into ``dst``'s digest from an mmap
     window, and copy the same bytes to ``dst_fd`` at ``dst_off`` (size bookkeeping is the
-    caller's)."""
+    caller's). With a ``pool``, the copy and the source's digest run in its threads meanwhile;
+    every one of them is done when this returns."""
     gran = mmap.ALLOCATIONGRANULARITY
     map_off = win_off - win_off % gran
     skip = win_off - map_off
@@ -188,17 +200,33 @@ def _hash_and_copy_window(src_fd: int, win_off: int, win_len: int, dst: HashingW
     try:
         view = memoryview(mm)[skip:]
         try:
-            dst._h.update(view)
-            if source_digest is not None:
-                source_digest.feed(win_off, view)
-            copied = 0
-            while copied < win_len:
-                k = _copy_in_kernel(methods, src_fd, dst_fd, win_off + copied, dst_off + copied,
-                                    win_len - copied)
-                if k == 0:
-                    # Last resort, and exact: write the very bytes that were hashed.
-                    k = os.pwrite(dst_fd, view[copied:], dst_off + copied)
-                copied += k
+            def copy() -> None:
+                copied = 0
+                while copied < win_len:
+                    k = _copy_in_kernel(methods, src_fd, dst_fd, win_off + copied,
+                                        dst_off + copied, win_len - copied)
+                    if k == 0:
+                        # Last resort, and exact: write the very bytes that were hashed.
+                        k = os.pwrite(dst_fd, view[copied:], dst_off + copied)
+                    copied += k
+
+            def feed_source() -> None:
+                if source_digest is not None:
+                    source_digest.feed(win_off, view)
+
+            if pool is None:
+                dst._h.update(view)
+                feed_source()
+                copy()
+            else:
+                side = [pool.submit(copy), pool.submit(feed_source)]
+                try:
+                    dst._h.update(view)
+                finally:
+                    errors = [f.exception() for f in side]   # waits for both
+                for exc in errors:
+                    if exc is not None:
+                        raise exc
         finally:
             view.release()
     finally:

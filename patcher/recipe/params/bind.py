@@ -21,6 +21,7 @@ from ...config.json_pointer import join_pointer, json_equal
 from ...errors import TemplateError
 from .expr import Template, config_ref, read_config_ref, walk_templates
 from .parse import bind_tensor_ops, parse_set_value, type_problem
+from .in_turn import read_after
 from .scope import split_values
 from ..schema import (REQUIRED, AddFile, ArrayOp, DropOp, Include, PatchOp, Recipe, RenameOp,
                       SetOp)
@@ -65,34 +66,47 @@ def bind_recipe(recipe: Recipe, read_json: ReadJson,
     given = [r.recipe for r in recipe.includes] if composite else [recipe]
     per_recipe = split_values(given, {k: Given(v) if isinstance(v, str) else v
                                       for k, v in (values or {}).items()})
-    parts = _bind(recipe, read_json, per_recipe if composite else per_recipe[0], fetcher,
-                  composite)
-    return _merge(recipe, parts)
+    if not composite:
+        return _merge(recipe, _bind(recipe, read_json, per_recipe[0], fetcher))
+    return _bind_in_turn(recipe, given, per_recipe, read_json, fetcher)
 
 
-def _bind(recipe: Recipe, read_json: ReadJson, values: Any, fetcher: Any,
-          composite: bool = False) -> list[tuple[Recipe, dict]]:
-    """[(concrete recipe, its parameter values)] for ``recipe`` and everything it includes.
-    ``values``: its parameter values; for ``composite``, a list of them, one per include."""
-    typed = {} if composite else _typed_values(recipe, values)
+def _bind_in_turn(top: Recipe, given: list[Recipe], per_recipe: list[dict],
+                  read_json: ReadJson, fetcher: Any) -> Recipe:
+    """Several recipes given together, each bound (guards, ``{config.KEY}``) against the JSON
+    files as the recipes before it leave them. The merged recipe keeps the guards of the first
+    one only: the others do not hold on the base, and an in-place re-plan checks it again."""
+    parts: list[tuple[Recipe, dict]] = []
+    first_requires: tuple = ()
+    for index, (recipe, values) in enumerate(zip(given, per_recipe)):
+        bound = _bind(recipe, read_json, values, fetcher)
+        parts.extend(bound)
+        if index == 0:
+            first_requires = tuple(c for p, _ in bound for c in p.requires)
+        for part, _ in bound:
+            read_json = read_after(read_json, part)
+    return replace(_merge(top, parts), requires=first_requires)
+
+
+def _bind(recipe: Recipe, read_json: ReadJson, values: Any,
+          fetcher: Any) -> list[tuple[Recipe, dict]]:
+    """[(concrete recipe, its parameter values)] for ``recipe`` and everything it includes."""
+    typed = _typed_values(recipe, values)
     lookup = _lookup(typed, read_json)
     parts: list[tuple[Recipe, dict]] = []
-    for index, inc in enumerate(recipe.includes):
-        if composite:
-            inc_values = values[index]
-        else:
-            inc_values = {k: evaluate(v, lookup, inc.loc) for k, v in inc.params.items()}
+    for inc in recipe.includes:
+        inc_values = {k: evaluate(v, lookup, inc.loc) for k, v in inc.params.items()}
         parts.extend(_bind(inc.recipe, read_json, inc_values, fetcher))
-    if composite:
-        return parts
     check_guards(recipe, read_json)
     config = {file: tuple(_bind_op(op, lookup, fetcher) for op in ops)
               for file, ops in recipe.config.items()}
     files = tuple(_bind_file(op, lookup, fetcher) for op in recipe.files)
     tensors = bind_tensor_ops(recipe.tensors, lambda t, loc: evaluate(t, lookup, loc))
+    gguf = recipe.gguf and replace(recipe.gguf, metadata=tuple(
+        _bind_file(op, lookup, fetcher) for op in recipe.gguf.metadata))
     plain = {k: str(v) if isinstance(v, Given) else v for k, v in typed.items()}
     parts.append((replace(recipe, config=config, files=files, tensors=tensors, includes=(),
-                          params=(), bound=plain), plain))
+                          params=(), bound=plain, gguf=gguf), plain))
     return parts
 
 
@@ -112,6 +126,9 @@ def _typed_values(recipe: Recipe, values: dict[str, Any]) -> dict[str, Any]:
             if problem:
                 raise InputError(f"recipe {recipe.name!r} parameter {name}: {problem}",
                                  where=param.loc)
+            if param.default is REQUIRED and value in ("", []):
+                raise InputError(f"--set {name}=: recipe {recipe.name!r} needs a value for "
+                                 f"{name!r} ({param.description}), not an empty one")
             typed[name] = value
         elif param.default is REQUIRED:
             raise InputError(f"recipe {recipe.name!r} needs parameter {name!r} ("
@@ -154,11 +171,14 @@ def _bind_op(op, lookup, fetcher):
 
 
 def _bind_file(op, lookup, fetcher):
-    if not isinstance(op, AddFile) or op.fetch is None:
+    """A ``files: add`` or a ``gguf:`` metadata ``set`` with its ``from:`` read."""
+    if getattr(op, "fetch", None) is None:
         return op
     content, record = resolve_from(op.fetch, op.sha256, lambda t: evaluate(t, lookup, op.loc),
-                                   fetcher, op.loc, want_text=True)
-    return replace(op, content=content, source=record, fetch=None, sha256=None)
+                                   fetcher, op.loc, want_text=isinstance(op, AddFile))
+    if isinstance(op, AddFile):
+        return replace(op, content=content, source=record, fetch=None, sha256=None)
+    return replace(op, content=content, content_source=record, fetch=None, sha256=None)
 
 
 # ------------------------------------------------------------------------------ merging

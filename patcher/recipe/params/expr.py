@@ -109,7 +109,8 @@ def _eval(node: ast.AST, values: dict[str, Any], refs: tuple[str, ...]) -> int |
     if isinstance(node, ast.UnaryOp):
         operand = _eval(node.operand, values, refs)
         return -operand if isinstance(node.op, ast.USub) else operand
-    assert isinstance(node, ast.BinOp)
+    if not isinstance(node, ast.BinOp):          # parse_template admits no other node
+        raise TemplateError(f"unsupported expression {ast.dump(node)}")
     left, right = _eval(node.left, values, refs), _eval(node.right, values, refs)
     if isinstance(node.op, (ast.Div, ast.FloorDiv)) and right == 0:
         raise TemplateError("division by zero")

@@ -79,11 +79,15 @@ def type_problem(kind: str, value: Any) -> str | None:
           "integer": isinstance(value, int) and not isinstance(value, bool),
           "number": isinstance(value, (int, float)) and not isinstance(value, bool),
           "boolean": isinstance(value, bool),
-          "list": isinstance(value, list)}[kind]
+          "list": isinstance(value, list),
+          "integers": isinstance(value, list) and bool(value) and all(
+              isinstance(x, int) and not isinstance(x, bool) for x in value)}[kind]
     return None if ok else f"{json.dumps(value)} is not {_article(kind)}"
 
 
 def _article(kind: str) -> str:
+    if kind == "integers":
+        return "a non-empty list of integers"
     return ("an " if kind[0] in "aeiou" else "a ") + kind
 
 
@@ -103,7 +107,7 @@ def parse_set_value(param: Param, text: str) -> Any:
             raise ValueError(text)
         value = json.loads(text) if text.strip().startswith("[") else \
             [_scalar(t.strip()) for t in text.split(",") if t.strip()]
-        if not isinstance(value, list):
+        if not isinstance(value, list) or type_problem(param.type, value):
             raise ValueError(text)
         return value
     except ValueError:

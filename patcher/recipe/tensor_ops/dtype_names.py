@@ -32,7 +32,9 @@ _SPELLINGS = {
     "F6_E2M3": ("float6_e2m3fn", "fp6_e2m3"),
     "F6_E3M2": ("float6_e3m2fn", "fp6_e3m2"),
 }
-assert set(_SPELLINGS) == set(SAFETENSORS_DTYPES)
+if set(_SPELLINGS) != set(SAFETENSORS_DTYPES):
+    raise RuntimeError("the dtype vocabulary and SAFETENSORS_DTYPES disagree: "
+                       f"{sorted(set(_SPELLINGS) ^ set(SAFETENSORS_DTYPES))}")
 
 ALIASES: dict[str, str] = {name.lower(): name for name in SAFETENSORS_DTYPES}
 ALIASES.update({s: name for name, spellings in _SPELLINGS.items() for s in spellings})

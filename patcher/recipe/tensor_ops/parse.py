@@ -4,6 +4,7 @@ Each item selects tensors and names exactly one action::
 
     - select: {glob: "*.k_proj.k_scale", dtype: [F32]}   # or regex: '...'; str or list
       allow_empty: false
+      # refuse_empty: "why"   (instead: when it matches nothing, the recipe refuses the model)
       drop: true
       # rename: {pattern: '^language_model\\.', to: 'model.'}  (re.sub; pattern defaults to the
       #                                                        select regex)
@@ -38,7 +39,7 @@ from ..schema import (DEFAULT_BLOCK, DEQUANT_SCHEMES, FLOAT_TARGETS, QUANT_COMBI
                      TensorSelect)
 
 TENSOR_ACTIONS = ("drop", "rename", "copy", "split", "scale", "refuse", "cast", "dequantize", "quantize")
-TENSOR_KEYS = ("select", "allow_empty", *TENSOR_ACTIONS)
+TENSOR_KEYS = ("select", "allow_empty", "refuse_empty", *TENSOR_ACTIONS)
 SELECT_KEYS = ("glob", "regex", "dtype", "layers", "group")
 
 
@@ -51,6 +52,10 @@ def parse_tensor_op(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorOp | None:
     actions = [k for k in node if k in TENSOR_ACTIONS]
     select = _select(v, node["select"], rc.val_pos(node, "select")) if "select" in node else None
     allow_empty = v.boolean(node, "allow_empty", default=False)
+    refuse_empty = v.string(node, "refuse_empty")
+    if refuse_empty is not None and allow_empty:
+        v.err(rc.key_pos(node, "refuse_empty"), "refuse_empty: and allow_empty: true "
+              "contradict each other (give one)")
     if not actions:
         if not unknown:
             v.err(pos, "a tensor operation needs one of: " + ", ".join(TENSOR_ACTIONS))
@@ -62,7 +67,8 @@ def parse_tensor_op(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorOp | None:
     action = _action(v, node, actions[0], select)
     if select is None or action is None:
         return None
-    return TensorOp(select, action, allow_empty or action.kind == "refuse", v.loc(pos))
+    return TensorOp(select, action, allow_empty or action.kind == "refuse", v.loc(pos),
+                    refuse_empty)
 
 
 def _select(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorSelect | None:

@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Union
 
+from ...tensors.schemes import SCHEMES
+
 # safetensors dtype names (the header's "dtype" field).
 SAFETENSORS_DTYPES = (
     "BOOL", "U8", "I8", "U16", "I16", "U32", "I32", "U64", "I64",
@@ -16,18 +18,14 @@ SAFETENSORS_DTYPES = (
     "F4", "F6_E2M3", "F6_E3M2",
 )
 FLOAT_TARGETS = ("BF16", "F16", "F32")     # cast and dequantize targets, canonical names
-DEQUANT_SCHEMES = ("fp8-tensor", "fp8-block", "nvfp4-modelopt", "nvfp4-compressed-tensors",
-                   "mxfp4-gpt-oss", "auto")
-QUANT_SCHEMES = ("fp8-tensor", "fp8-block")
+# Scheme names come from the registry (patcher.tensors.schemes, torch-free).
+DEQUANT_SCHEMES = (*SCHEMES, "auto")
+QUANT_SCHEMES = tuple(name for name, scheme in SCHEMES.items() if scheme.layouts)
 QUANT_LAYOUTS = ("modelopt", "deepseek", "compressed-tensors")
 # (scheme, layout) pairs a checkpoint format exists for: ModelOpt FP8 is per-tensor
 # (weight_scale), DeepSeek-V3 is 128x128 blocks (weight_scale_inv), compressed-tensors has both.
-QUANT_COMBINATIONS = (
-    ("fp8-tensor", "modelopt"),
-    ("fp8-tensor", "compressed-tensors"),
-    ("fp8-block", "deepseek"),
-    ("fp8-block", "compressed-tensors"),
-)
+QUANT_COMBINATIONS = tuple((name, layout) for name, scheme in SCHEMES.items()
+                           for layout in scheme.layouts)
 DEFAULT_BLOCK = (128, 128)
 
 
@@ -161,12 +159,13 @@ TensorAction = Union[DropTensors, RenameTensors, CopyTensors, SplitTensors, Scal
 @dataclass(frozen=True)
 class TensorOp:
     """Apply ``action`` to every tensor ``select`` matches. An empty selection is a PlanError
-    unless ``allow_empty``."""
+    unless ``allow_empty``; with ``refuse_empty`` (the reason), the recipe refuses the model."""
 
     select: TensorSelect
     action: TensorAction
     allow_empty: bool
     loc: str
+    refuse_empty: str | None = None
 
     @property
     def kind(self) -> str:

@@ -10,8 +10,8 @@ output.
 
 A weight to quantize that holds inf or NaN raises ``NonFiniteInput`` (a ``ValueError``).
 Shape problems raise ``ValueError`` with a message that names expected and actual shapes; the
-caller adds the tensor name. The ``check_*`` functions validate shapes alone, so a planner can
-use them on safetensors header metadata before reading any data.
+caller adds the tensor name. The kernels check their tensors' shapes with the ``check_*``
+functions; planning checks header metadata, without torch, in ``patcher.tensors.schemes``.
 
 This package imports torch: only tensor transforms import it.
 """

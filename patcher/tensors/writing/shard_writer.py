@@ -178,7 +178,7 @@ def write_shard(task: ShardTask, target: Path,
         try:
             digest = (SourceDigest(_fd(sources, source))
                       if source is not None and source in hash_sources else None)
-            _write_jobs(task, writer, _Writeback(fd), sources, digest, on_progress, target, stop)
+            _write_jobs(task, writer, Writeback(fd), sources, digest, on_progress, target, stop)
             source_result = digest.result() if digest is not None else None
         finally:
             for src_fd in sources.values():
@@ -269,7 +269,7 @@ def _write_pieces(writer: HashingWriter, data: memoryview, writeback) -> None:
         writeback(writer.size)
 
 
-class _Writeback:
+class Writeback:
     """Starts the kernel's write-out of the bytes written so far, every ``WRITEBACK_STEP`` bytes
     (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``: asynchronous, no wait, no durability
     promise; the final fsync gives that). Elsewhere it does nothing."""

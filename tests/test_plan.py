@@ -1,0 +1,57 @@
+"""The plan's options (``patcher.plan.PlanOptions``): one frozen value built by each caller, and
+what the provenance manifest records of it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+
+from patcher import api
+from patcher.errors import InputError
+from patcher.integrity.manifest import read_manifest
+from patcher.plan import PlanOptions
+
+
+def test_options_are_frozen_and_a_dict_of_the_same_names_gives_the_same_plan(kimi_dir):
+    options = PlanOptions(max_shard_size=10**9)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.jobs = 2
+    from_dict = api.plan("sm120-fp16-kv", kimi_dir, options={"max_shard_size": 10**9})
+    from_options = api.plan("sm120-fp16-kv", kimi_dir, options=options)
+    assert from_dict.options == from_options.options == options
+    assert from_dict.to_json() == from_options.to_json()
+
+
+def test_an_unknown_option_is_refused_in_one_line(kimi_dir):
+    with pytest.raises(InputError, match=r"unknown plan option 'max_shard'.*max_shard_size"):
+        api.plan("sm120-fp16-kv", kimi_dir, options={"max_shard": 1})
+
+
+@pytest.mark.parametrize("options, recorded", [
+    (PlanOptions(link="auto", jobs=None, device="cpu"),
+     {"link": "auto", "jobs": None, "device": "cpu", "in_place": False, "max_shard_size": None}),
+    (PlanOptions(in_place=True, jobs=2, device="cpu", params={"x": 1}),
+     {"jobs": 2, "device": "cpu", "in_place": True, "max_shard_size": None, "params": {"x": 1}}),
+    (PlanOptions(device=None, params={}),
+     {"in_place": False, "max_shard_size": None}),
+])
+def test_the_manifest_records_the_options_each_caller_recorded_before(options, recorded):
+    """The keys the three callers' dicts had: out of place (link, jobs, device), in place (no
+    link) and the hub's config-only remote apply (neither jobs nor device); params only if any."""
+    assert options.to_json() == recorded
+
+
+def test_apply_and_apply_in_place_record_their_options(kimi_dir, tmp_path):
+    out = tmp_path / "variant"
+    api.apply("sm120-fp16-kv", kimi_dir, out=out, jobs=1)
+    assert read_manifest(out).options == {"link": "auto", "jobs": 1, "device": "cpu",
+                                          "in_place": False, "max_shard_size": None}
+    here = tmp_path / "here"
+    shutil.copytree(kimi_dir, here)
+    api.apply_in_place("sm120-fp16-kv", here)
+    recorded = json.loads((here / "modelpatch.provenance.json").read_text())
+    options = recorded["predicate"]["buildDefinition"]["externalParameters"]["options"]
+    assert options == {"jobs": None, "device": "cpu", "in_place": True, "max_shard_size": None}

@@ -11,7 +11,7 @@ there, so rerunning on one machine keeps the figures of the others (``--render``
 
 Usage: python benchmarks/bench_issue20.py --label LABEL [--fp8-gb 2] [--nvfp4-gb 2]
        [--shards 24] [--rounds 2] [--jobs 1,2,4,8,16] [--cuda] [--cuda-jobs 1,4,8] [--workdir DIR]
-       [--budget-s 520]
+       [--budget-s 520] [--recipes fp8-block-to-bf16,nvfp4-to-bf16]
 """
 
 from __future__ import annotations
@@ -142,6 +142,7 @@ def rounds(commands: dict, n: int, deadline: float) -> dict:
 
 
 CUDA_JOBS = ["1", "4", "8"]
+RECIPES = (("fp8-block", "fp8-block-to-bf16"), ("nvfp4", "nvfp4-to-bf16"))
 
 
 def cuda_case(case: Case, n: int, deadline: float) -> dict:
@@ -216,6 +217,8 @@ def main() -> None:
     p.add_argument("--manifest-tensors", type=int, default=273_000)
     p.add_argument("--parts", default="cpu,cuda,verify,manifest,openmp,import",
                    help="also: profile; results update the machine's stored file")
+    p.add_argument("--recipes", default="fp8-block-to-bf16,nvfp4-to-bf16",
+                   help="which recipes' models to build and measure")
     p.add_argument("--render", action="store_true", help="only render the stored results")
     args = p.parse_args()
     if not args.render:
@@ -244,7 +247,9 @@ def measure(args) -> None:
         import torch
         result["gpu"] = torch.cuda.get_device_name(0)
     models = {}
-    for fmt, size in (("fp8-block", args.fp8_gb), ("nvfp4", args.nvfp4_gb)):
+    recipes = [(fmt, recipe) for fmt, recipe in RECIPES if recipe in args.recipes.split(",")]
+    sizes = {"fp8-block": args.fp8_gb, "nvfp4": args.nvfp4_gb}
+    for fmt, size in ((fmt, sizes[fmt]) for fmt, _ in recipes):
         models[fmt] = work / f"{fmt}-{size:g}"
         run([PY, BENCH / "synth.py", models[fmt], "--size-gb", size, "--shards", args.shards,
              "--format", fmt, "--kv-cache", "none"])
@@ -258,7 +263,7 @@ def measure(args) -> None:
         if os.environ.get("OUT"):
             shutil.copy(out_path, os.environ["OUT"])
 
-    for fmt, recipe in (("fp8-block", "fp8-block-to-bf16"), ("nvfp4", "nvfp4-to-bf16")):
+    for fmt, recipe in recipes:
         print(recipe, flush=True)
         case = Case(work, recipe, models[fmt], scripts[fmt])
         if "cpu" in parts:

@@ -97,7 +97,7 @@ def dequantize_fp8_per_tensor(weight_fp8: torch.Tensor, scale: torch.Tensor,
                 s_exact if kind == "tensor" else s_exact[rows])
 
         y = fp8_decode(w, dev, torch.float32).mul_(s)
-        out2[r0:r1].copy_(round_via_f32(y, out_dtype, exact_rows))
+        round_via_f32(y, out_dtype, exact_rows, out=out2[r0:r1])
     return out if on_device else out.cpu()
 
 
@@ -155,7 +155,7 @@ def dequantize_fp8_block(weight_fp8: torch.Tensor, scale_inv: torch.Tensor,
 
         y = fp8_decode(w, dev, torch.float32)
         _mul_by_block_scales_(y, s32[r0 // bm: (r1 + bm - 1) // bm], (bm, bn))
-        out[r0:r1].copy_(round_via_f32(y, out_dtype, exact_rows))
+        round_via_f32(y, out_dtype, exact_rows, out=out[r0:r1])
     return out if on_device else out.cpu()
 
 

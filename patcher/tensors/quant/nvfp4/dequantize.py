@@ -152,5 +152,5 @@ def _dequantize(packed: torch.Tensor, scale: torch.Tensor, full: tuple[int, ...]
             rows = rows.to(p.device)
             return values(p[rows], s[rows], luts[1])
 
-        out2[r0:r1].copy_(round_via_f32(values(p, s, luts[0]), out_dtype, exact_rows))
+        round_via_f32(values(p, s, luts[0]), out_dtype, exact_rows, out=out2[r0:r1])
     return out

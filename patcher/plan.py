@@ -189,7 +189,7 @@ def plan(recipe: Recipe, model: ModelDir, *,
         from .gguf.plan import plan_gguf
 
         replaced.update(plan_gguf(recipe, model, changes, max_shard_size,
-                                  in_place=bool(options.get("in_place"))))
+                                  in_place=options.in_place))
         if not model.shards:
             max_shard_size = None       # it resharded the GGUF; no safetensors to reshard
     if recipe.tensors or max_shard_size:

@@ -82,11 +82,13 @@ def test_only_the_header_is_written_and_revert_is_byte_identical(tmp_path):
 
 def test_revert_all_over_header_and_whole_file_rewrites(tmp_path):
     root = tiny_dir(tmp_path)
-    (root / "chat_template.jinja").write_text("{% for m in messages %}<|im_start|>{{ m }}"
-                                              "<|im_end|>{% endfor %}" + " " * 200)
+    template = tmp_path / "chat_template.jinja"
+    template.write_text("{% for m in messages %}<|im_start|>{{ m }}<|im_end|>{% endfor %}"
+                        + " " * 200)
     before = snapshot(root)
     recipe = _recipe(tmp_path)
-    api.apply_in_place("gguf-chat-template", root)     # the header grows: the whole file
+    api.apply_in_place("gguf-chat-template", root,       # the header grows: the whole file
+                       params={"template": f"file:{template}"})
     assert "header rewritten in place" in _plan_text(recipe, root)
     api.apply_in_place(recipe, root)
     assert [bool(read_record(p).headers) for p in patch_dirs(root)] == [False, True]

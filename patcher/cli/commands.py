@@ -16,9 +16,9 @@ import click
 
 from .. import __version__
 from .error_report import FlagWording
-from .executor_options import executor_options, refuse_in_place
 from .group import (DEBUG_HELP, JSON_HELP, QUIET_HELP, ModelpatchGroup, add_shared_options,
-                    base_model_option, emit_json, quiet_option, set_debug, set_json, set_quiet)
+                    base_model_option, emit_json, executor_options, quiet_option,
+                    refuse_in_place, set_debug, set_json, set_quiet)
 from ..model import model_dir
 from ..tensors.writing.thread_budget import quiet_openmp
 

@@ -24,7 +24,8 @@ import posixpath
 from pathlib import Path
 
 from .. import faults
-from .engine import ApplyResult, PatchBuilder, Progress
+from .engine import ApplyResult
+from .patch_builder import PatchBuilder, Progress
 from .output_dir import fsync_tree
 from ..errors import ModelDirError, OperationFailed
 from ..fsops import make_parents, write_file

@@ -95,7 +95,7 @@ def stage_apply(root: Path, plan, builder, staging: Path, patch_dir: Path) -> di
         old = read_region(live, len(new))
         write_file(make_parents(patch_dir / HEADERS_DIR, fp.path), old, mode=0o444)
         write_file(make_parents(staging / _STAGED, fp.path), new, mode=0o444)
-        known = builder._known_base_digest(fp.source)
+        known = builder.known_base_digest(fp.source)
         base_hash = None if known else hashlib.sha256(old)
         new_hash = hashlib.sha256(new)
         _hash_tail(live, len(new), [h for h in (base_hash, new_hash) if h is not None])

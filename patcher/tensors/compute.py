@@ -29,8 +29,9 @@ def compute(job: TensorJob, read_inputs: Callable[[], list[torch.Tensor]], cache
     or a dequantization leaves it on ``device`` (the caller copies it back as it sees fit); a
     quantization returns it on the CPU.
 
-    A quantization yields a weight and its scale from one computation: the weight job computes
-    both and leaves the scale in ``cache`` for the scale job that follows it in the same shard.
+    A quantization yields a weight and its scales from one computation: the weight job computes
+    them all and leaves the scales in ``cache`` for the scale jobs that follow it in the same
+    shard.
 
     Raises:
         NumericError: the values would be damaged (see the module docstring).
@@ -144,14 +145,19 @@ def _dequantize(job: TensorJob, inputs: list[torch.Tensor], device: str) -> torc
 
 
 def _quantize(job: TensorJob, read_inputs, cache: dict, device: str) -> torch.Tensor:
-    """The weight job leaves its scale in ``cache`` for the scale job that follows it in the same
-    shard; a scale job that finds none (run alone, or on another worker) computes it again."""
-    key = job.inputs[0].name
-    if job.param("role") == "scale" and key in cache:
-        return cache.pop(key).reshape(job.out.shape)
+    """The weight job (role ``weight``) leaves the other outputs (its scales) in ``cache`` for
+    the jobs that follow it in the same shard; a scale job that finds none (run alone, or on
+    another worker) computes them again."""
+    key, role = job.inputs[0].name, job.param("role")
+    kept = cache.get(key)
+    if role != "weight" and kept is not None and role in kept:
+        out = kept.pop(role)
+        if not kept:
+            del cache[key]
+        return out.reshape(job.out.shape)
     (weight,) = read_inputs()
-    q, scale = _scheme(job).quantize(weight, device, block=job.param("block"))
-    if job.param("role") == "scale":
-        return scale.reshape(job.out.shape)
-    cache[key] = scale
-    return q
+    outputs = _scheme(job).quantize(weight, device, block=job.param("block"))
+    out = outputs.pop(role)
+    if role == "weight":
+        cache[key] = outputs
+    return out.reshape(job.out.shape)

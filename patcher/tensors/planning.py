@@ -242,27 +242,38 @@ def _companions_of_selected(view, names, op, fp8_block: Fp8Block) -> set[str]:
 
 
 def _quantize(view, names, op, changes) -> None:
+    """Each selected weight becomes the tensors its scheme writes: the quantized weight (under
+    the weight's name, or a new one such as NVFP4's ``weight_packed``) and its scales."""
     scheme: QuantScheme = scheme_named(op.action.scheme)
     layout, block = op.action.layout, op.action.block
     for name in names:
         t = view[name]
         if t.dtype not in FLOAT_DTYPES or len(t.shape) != 2:
-            raise PlanError(f"only 2-D floating-point tensors can be quantized (this is {t.dtype} "
-                            f"{list(t.shape)})", where=op.loc, tensor=name)
-        outputs = scheme.quantized_outputs(name, t.shape, layout, block)
-        for i, (out_name, dtype, shape, role) in enumerate(outputs):
+            raise PlanError(f"only 2-D BF16, F16, F32 or F64 weights can be quantized (this is "
+                            f"{t.dtype} {list(t.shape)})", where=op.loc, tensor=name)
+        try:
+            outputs = scheme.quantized_outputs(name, t.shape, layout, block)
+        except CompanionError as exc:
+            raise PlanError(f"cannot be quantized to {scheme.name}: {exc}", where=op.loc,
+                            tensor=name) from None
+        for out_name, *_ in outputs:
             if out_name in view and out_name != name:
                 raise PlanError(f"quantizing would overwrite existing tensor {out_name!r}",
                                 where=op.loc, tensor=name)
+        source = _primary(t, op.loc)
+        view.pop(name)
+        for i, (out_name, dtype, shape, role) in enumerate(outputs):
             params = (("scheme", scheme.name), ("layout", layout), ("block", block),
                       ("role", role))
             job = TensorJob(out=OutputTensor(out_name, dtype, shape), op="quantize",
-                            inputs=(_primary(t, op.loc),), params=params)
+                            inputs=(source,), params=params)
             view[out_name] = replace(t, name=out_name, dtype=dtype, shape=shape, job=job,
                                      order=t.order + i * 1e-3)
         how = f"quantize:{scheme.name}"
-        changes.append(_converted(name, t, outputs[0][1], t.shape, how, op.loc,
-                                  added=[o[0] for o in outputs[1:]]))
+        out_name, dtype, shape, _role = outputs[0]
+        changes.append(_converted(name, t, dtype, shape, how, op.loc,
+                                  added=[o[0] for o in outputs[1:]],
+                                  **({"to": out_name} if out_name != name else {})))
         for out_name, dtype, shape, _role in outputs[1:]:
             changes.append(TensorAdded(out_name, t.shard, how, change_layout(dtype, shape), op.loc,
                                        companion_of=name))

@@ -16,6 +16,9 @@ the scheme names from here; a new format is one more ``QuantScheme`` in ``SCHEME
   ``weight_scale_2`` F32 scalar; ``input_scale`` is dropped.
 - ``nvfp4-compressed-tensors``: ``weight_packed`` U8, ``weight_scale`` F8_E4M3,
   ``weight_global_scale`` F32 [1]; ``input_global_scale`` is dropped; the output is ``weight``.
+  It also quantizes, weights only (compressed-tensors' NVFP4A16: no ``input_global_scale``).
+  ModelOpt's NVFP4 is W4A4, whose ``input_scale`` only a calibration can give, so
+  ``nvfp4-modelopt`` does not quantize.
 - ``mxfp4-gpt-oss``: gpt-oss MoE experts, ``<proj>_blocks`` U8 [experts, rows, G, 16] and
   ``<proj>_scales`` E8M0 (U8 or F8_E8M0) [experts, rows, G]; the output is ``<proj>``
   [experts, G * 32, rows] (see ``patcher.tensors.quant.mxfp4``).
@@ -93,14 +96,22 @@ class QuantScheme:
         tensor's compute: ``tensors.writing.cuda_transfer``)."""
         raise NotImplementedError
 
-    def quantize(self, weight, device: str, block=None) -> tuple:
-        """``(codes, scale)`` of ``weight``; only schemes with ``layouts`` quantize."""
+    def quantize(self, weight, device: str, block=None) -> dict:
+        """The tensors that stand for ``weight``, on the CPU, by the role
+        ``quantized_outputs`` gives them (``weight``, ``scale``...); only schemes with
+        ``layouts`` quantize."""
         raise CompanionError(f"scheme {self.name} cannot quantize")
 
     def companions(self, name: str, view: Mapping[str, _Tensor]) -> Companions:
         raise NotImplementedError
 
     def quantized_outputs(self, name, shape, layout, block):
+        """``[(name, dtype, shape, role), ...]`` that quantizing the weight ``name`` writes, the
+        quantized weight first (role ``weight``).
+
+        Raises:
+            CompanionError: the weight cannot be quantized by this scheme (its shape).
+        """
         raise CompanionError(f"scheme {self.name} cannot quantize")
 
     def matches(self, name: str, view: Mapping[str, _Tensor]) -> bool:
@@ -125,7 +136,8 @@ class Fp8Tensor(QuantScheme):
     def quantize(self, weight, device, block=None):
         from .quant import fp8
 
-        return fp8.quantize_fp8_per_tensor(weight, device=device)
+        q, scale = fp8.quantize_fp8_per_tensor(weight, device=device)
+        return {"weight": q, "scale": scale}
 
     def companions(self, name, view):
         stem = _stem(name, "weight")
@@ -163,7 +175,9 @@ class Fp8Block(QuantScheme):
     def quantize(self, weight, device, block=None):
         from .quant import fp8
 
-        return fp8.quantize_fp8_block(weight, tuple(block or DEFAULT_FP8_BLOCK), device=device)
+        q, scale = fp8.quantize_fp8_block(weight, tuple(block or DEFAULT_FP8_BLOCK),
+                                          device=device)
+        return {"weight": q, "scale": scale}
 
     def __init__(self, block: tuple[int, int] = DEFAULT_FP8_BLOCK, origin: str = "the default"):
         self.block = (int(block[0]), int(block[1]))
@@ -245,11 +259,32 @@ class Nvfp4ModelOpt(_Nvfp4):
 
 
 class Nvfp4CompressedTensors(_Nvfp4):
+    """Quantizes as compressed-tensors' NVFP4A16 preset does (``quantize_nvfp4``): weights only,
+    so no ``input_global_scale``."""
+
     name = "nvfp4-compressed-tensors"
     weight_suffix = "weight_packed"
     global_suffix = "weight_global_scale"     # divides (the reciprocal of weight_scale_2)
     dropped_suffix = "input_global_scale"
     global_divides = True
+    layouts = ("compressed-tensors",)
+
+    def quantize(self, weight, device, block=None):
+        from .quant import nvfp4
+
+        out = nvfp4.quantize_nvfp4(weight, "compressed-tensors", device=device)
+        return {"weight": out["weight_packed"], "scale": out["weight_scale"],
+                "global_scale": out["weight_global_scale"]}
+
+    def quantized_outputs(self, name, shape, layout, block):
+        stem = _stem(name, "weight")
+        rows, cols = shape
+        if cols % NVFP4_GROUP:
+            raise CompanionError(f"has {cols} columns, not a multiple of {NVFP4_GROUP}: NVFP4 "
+                                 f"gives each group of {NVFP4_GROUP} inputs one scale")
+        return [(f"{stem}.weight_packed", "U8", (rows, cols // 2), "weight"),
+                (f"{stem}.weight_scale", "F8_E4M3", (rows, cols // NVFP4_GROUP), "scale"),
+                (f"{stem}.weight_global_scale", "F32", (1,), "global_scale")]
 
     def dequantize(self, inputs, out_dtype, device, block=None):
         from .quant import nvfp4

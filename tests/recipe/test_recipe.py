@@ -389,6 +389,17 @@ ERROR_CASES = [
      "block must be two positive integers, e.g. [128, 128]"),
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    quantize: §fp8\n",
      "quantize must be a mapping such as {scheme: fp8-block, layout: deepseek}; got a string"),
+    (HEAD + "tensors:\n  - select: {glob: '*'}\n    quantize: {scheme: §nvfp4-modelopt, "
+            "layout: modelopt}\n",
+     "ModelOpt NVFP4 is W4A4: its input_scale needs a calibration, which quantizing weights "
+     "cannot give; use {scheme: nvfp4-compressed-tensors, layout: compressed-tensors} (weights "
+     "only, NVFP4A16)"),
+    (HEAD + "tensors:\n  - select: {glob: '*'}\n    quantize: {scheme: nvfp4-compressed-tensors, "
+            "layout: §modelopt}\n",
+     "layout 'modelopt' has no nvfp4-compressed-tensors format (use compressed-tensors)"),
+    (HEAD + "tensors:\n  - select: {glob: '*'}\n    quantize: {scheme: nvfp4-compressed-tensors, "
+            "layout: compressed-tensors, §block: [16, 16]}\n",
+     "block applies to fp8-block, not nvfp4-compressed-tensors"),
     # versions
     ("modelpatch: §2\nname: t\ndescription: d\nsomething_new: 1\n",
      "unknown recipe format version 2 (this modelpatch reads version 1; upgrade modelpatch?)"),
@@ -809,6 +820,9 @@ SCHEMA_VALID = [
     HEAD + "requires:\n  - not: {any_of: [{all_of: [{file: a.json, path: '', exists: true}]}]}\n"
            "    in: ['/', /x]\n    message: m\n",
     (REPO / "recipes" / "sm120-fp16-kv.yaml").read_text(),
+    (REPO / "recipes" / "nvfp4a16.yaml").read_text(),
+    HEAD + "tensors:\n  - select: {glob: '*'}\n    quantize: {scheme: nvfp4-compressed-tensors, "
+           "layout: compressed-tensors}\n",
 ]
 
 SCHEMA_INVALID = [
@@ -867,6 +881,12 @@ SCHEMA_INVALID = [
            "deepseek, block: [1]}\n",
     HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: nvfp4-modelopt, "
            "block: [64, 64]}\n",
+    HEAD + "tensors:\n  - select: {glob: '*'}\n    quantize: {scheme: nvfp4-modelopt, "
+           "layout: modelopt}\n",
+    HEAD + "tensors:\n  - select: {glob: '*'}\n    quantize: {scheme: nvfp4-compressed-tensors, "
+           "layout: modelopt}\n",
+    HEAD + "tensors:\n  - select: {glob: '*'}\n    quantize: {scheme: nvfp4-compressed-tensors, "
+           "layout: compressed-tensors, block: [16, 16]}\n",
     HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: fp8-block, block: [0, 64]}\n",
     HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: fp8-block, block: 64}\n",
 ]

@@ -18,9 +18,10 @@ from patcher.model.safetensors_io import OutputTensor
 
 def test_recipe_validation_reads_the_scheme_names_from_the_registry():
     assert DEQUANT_SCHEMES == (*SCHEMES, "auto")
-    assert QUANT_SCHEMES == ("fp8-tensor", "fp8-block")
+    assert QUANT_SCHEMES == ("fp8-tensor", "fp8-block", "nvfp4-compressed-tensors")
     assert QUANT_COMBINATIONS == (("fp8-tensor", "modelopt"), ("fp8-tensor", "compressed-tensors"),
-                                  ("fp8-block", "deepseek"), ("fp8-block", "compressed-tensors"))
+                                  ("fp8-block", "deepseek"), ("fp8-block", "compressed-tensors"),
+                                  ("nvfp4-compressed-tensors", "compressed-tensors"))
     assert all(isinstance(s, QuantScheme) and s.name == n for n, s in SCHEMES.items())
 
 
@@ -47,3 +48,32 @@ def test_a_new_scheme_is_one_object_in_the_registry(monkeypatch):
                     params=(("scheme", "halves"), ("to", "BF16")))
     out = compute_module.compute(job, lambda: [torch.tensor([2.0, 6.0])], {}, "cpu")
     assert out.dtype is torch.bfloat16 and out.tolist() == [1.0, 3.0]
+
+
+def test_a_quantization_computes_once_and_each_scale_job_takes_its_part():
+    """The weight job computes every output and leaves the scales in the cache; each scale job
+    takes its own; a scale job run alone (no cache) computes it again, the same bytes."""
+    calls = []
+    scheme = SCHEMES["nvfp4-compressed-tensors"]
+    source = TensorSource(path="m.safetensors", shard="m.safetensors", name="x.weight",
+                          dtype="F32", shape=(4, 32), offset=0, nbytes=512)
+    w = torch.randn(4, 32, generator=torch.Generator().manual_seed(1))
+
+    def read():
+        calls.append(1)
+        return [w]
+
+    jobs = [TensorJob(out=OutputTensor(n, d, s), op="quantize", inputs=(source,),
+                      params=(("scheme", scheme.name), ("layout", "compressed-tensors"),
+                              ("block", None), ("role", r)))
+            for n, d, s, r in scheme.quantized_outputs("x.weight", (4, 32), "compressed-tensors",
+                                                       None)]
+    assert [j.out.name for j in jobs] == ["x.weight_packed", "x.weight_scale",
+                                          "x.weight_global_scale"]
+    cache: dict = {}
+    together = [compute_module.compute(j, read, cache, "cpu") for j in jobs]
+    assert len(calls) == 1 and cache == {}
+    alone = [compute_module.compute(j, read, {}, "cpu") for j in jobs]
+    assert len(calls) == 4
+    for a, b, job in zip(together, alone, jobs):
+        assert a.shape == job.out.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))

@@ -17,8 +17,9 @@ Each item selects tensors and names exactly one action::
       #              to: bf16 | fp16 | fp32,   (to: bf16)
       #              block: [128, 128]}   (fp8-block/auto; default: the config's
       #                                    weight_block_size, else 128x128)
-      # quantize: {scheme: fp8-tensor | fp8-block,
+      # quantize: {scheme: fp8-tensor | fp8-block | nvfp4-compressed-tensors,
       #            layout: modelopt | deepseek | compressed-tensors, block: [128, 128]}
+      #            (nvfp4-compressed-tensors: layout compressed-tensors, weights only)
 
 Executing them is the tensor engine's job; this module only checks what can be checked without a
 model: keys, types, regexes and replacement templates, dtype names, scheme/layout pairs.
@@ -262,6 +263,11 @@ def _action(v: rc.Validator, node: Any, action: str,
     if action == "dequantize":
         return _dequantize(v, value)
     v.check_keys(value, ("scheme", "layout", "block"), "quantize", required=("scheme", "layout"))
+    if value.get("scheme") == "nvfp4-modelopt":
+        v.err(rc.val_pos(value, "scheme"), "ModelOpt NVFP4 is W4A4: its input_scale needs a "
+              "calibration, which quantizing weights cannot give; use {scheme: "
+              "nvfp4-compressed-tensors, layout: compressed-tensors} (weights only, NVFP4A16)")
+        return None
     scheme = v.choice(value, "scheme", QUANT_SCHEMES)
     layout = v.choice(value, "layout", QUANT_LAYOUTS)
     if scheme is None or layout is None:

@@ -23,7 +23,8 @@ DEQUANT_SCHEMES = (*SCHEMES, "auto")
 QUANT_SCHEMES = tuple(name for name, scheme in SCHEMES.items() if scheme.layouts)
 QUANT_LAYOUTS = ("modelopt", "deepseek", "compressed-tensors")
 # (scheme, layout) pairs a checkpoint format exists for: ModelOpt FP8 is per-tensor
-# (weight_scale), DeepSeek-V3 is 128x128 blocks (weight_scale_inv), compressed-tensors has both.
+# (weight_scale), DeepSeek-V3 is 128x128 blocks (weight_scale_inv), compressed-tensors has both,
+# and NVFP4 weights only (NVFP4A16; ModelOpt's NVFP4 is W4A4 and needs a calibration).
 QUANT_COMBINATIONS = tuple((name, layout) for name, scheme in SCHEMES.items()
                            for layout in scheme.layouts)
 DEFAULT_BLOCK = (128, 128)

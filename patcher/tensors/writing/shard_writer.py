@@ -202,8 +202,8 @@ def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict
     transfer, to_host, stream = _transfers(device, computed)
 
     def read(job: TensorJob):
-        if job.op == "quantize" and job.param("role") == "scale":
-            return None         # usually taken from the weight job's cache: read if needed
+        if job.op == "quantize" and job.param("role") != "weight":
+            return None         # a scale, usually taken from the weight job's cache: read if needed
         return transfer([_read(sources, s, digest, pinned=transfer.pinned) for s in job.inputs])
 
     def store(group: list[TensorJob], data) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from ..changes import (TensorAdded, TensorConverted, TensorDropped, TensorRenamed,
                        layout as change_layout)
-from ..errors import CompanionError, InputError, PlanError
+from ..errors import CompanionError, GuardRefused, InputError, NotThisScheme, PlanError
 from ..model.model_dir import ModelDir
 from ..plan import FilePlan
 from ..recipe.regex_bound import per_name
@@ -253,9 +253,12 @@ def _quantize(view, names, op, changes) -> None:
                             f"{t.dtype} {list(t.shape)})", where=op.loc, tensor=name)
         try:
             outputs = scheme.quantized_outputs(name, t.shape, layout, block)
-        except CompanionError as exc:
+        except NotThisScheme as exc:        # its name: the selection's fault
             raise PlanError(f"cannot be quantized to {scheme.name}: {exc}", where=op.loc,
                             tensor=name) from None
+        except CompanionError as exc:       # its shape: the model does not fit the scheme
+            raise GuardRefused(f"the recipe refuses this model: it cannot be quantized to "
+                               f"{scheme.name}: {exc}", where=op.loc, tensor=name) from None
         for out_name, *_ in outputs:
             if out_name in view and out_name != name:
                 raise PlanError(f"quantizing would overwrite existing tensor {out_name!r}",

@@ -400,12 +400,16 @@ def test_cuda_dequantize_writes_the_same_bytes_as_cpu(kimi_dir, deepseek_fp8_dir
 def test_cuda_quantize_writes_the_same_bytes_as_cpu(kimi_dir, tmp_path):
     """Scales are ``amax / 448`` with the divisor a 0-dim tensor on the device: PyTorch's CUDA
     kernel turns division by a CPU scalar into a multiplication by its reciprocal, which differed
-    from the CPU's correctly rounded division in the last bit on an H200 (torch 2.11+cu130)."""
+    from the CPU's correctly rounded division in the last bit on an H200 (torch 2.11+cu130).
+    NVFP4 divides its group maxima by a 0-dim tensor for the same reason (not yet run on a
+    GPU)."""
     quantize = write_recipe(tmp_path / "q.yaml", """
         - select: {regex: 'mlp\\.(gate|up|down)_proj\\.weight$', dtype: [BF16]}
           quantize: {scheme: fp8-block, layout: deepseek}
         - select: {regex: 'self_attn\\.o_proj\\.weight$', dtype: [BF16]}
           quantize: {scheme: fp8-tensor, layout: modelopt}
+        - select: {regex: 'self_attn\\.q_[ab]_proj\\.weight$', dtype: [BF16]}
+          quantize: {scheme: nvfp4-compressed-tensors, layout: compressed-tensors}
         """)
     outs = _cpu_and_cuda_outputs(quantize, kimi_dir, tmp_path, "1")
     assert outs["cpu"] == outs["cuda"]

@@ -251,6 +251,9 @@ def test_f16_and_f32_weights_quantize_as_their_float32_values(tmp_path, dtype):
     model = write_model(tmp_path / "m", {"model.safetensors": {
         "x.a.weight": w, "x.b.weight": w.to(dtype)}})
     recipe = write_recipe(tmp_path / "r.yaml", QUANTIZE)
+    # the op writes tensors only; a recipe without a quantization_config is warned about
+    assert any("2 tensors are quantized" in w and "declares no quantization" in w
+               for w in api.plan(recipe, model).warnings)
     got = read_tensors(api.apply(recipe, model, out=tmp_path / "out").output)
     for suffix in ("weight_packed", "weight_scale", "weight_global_scale"):
         assert_bits_equal(got[f"x.b.{suffix}"], got[f"x.a.{suffix}"], suffix)

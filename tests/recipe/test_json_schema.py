@@ -70,6 +70,8 @@ def test_the_quantize_schemes_are_the_registrys():
             for branch in quantize["oneOf"]} == {
         name: list(scheme.layouts) for name, scheme in SCHEMES.items() if scheme.layouts}
     assert dequantize["properties"]["scheme"]["enum"] == [*SCHEMES, "auto"]
+    layouts = quantize["properties"]["layout"]["enum"]
+    assert {lay for scheme in SCHEMES.values() for lay in scheme.layouts} <= set(layouts)
 
 
 def test_a_new_scheme_reaches_the_schema(monkeypatch):
@@ -101,3 +103,49 @@ def test_a_key_without_a_value_schema_fails_the_build(monkeypatch):
     monkeypatch.setattr(sections, "CONFIG_KEYS", keys)
     with pytest.raises(KeyError, match="'frobnicate'.*json_schema._VALUES"):
         json_schema.recipe_schema()
+
+
+HEAD = "modelpatch: 1\nname: t\ndescription: d\n"
+GGUF_VALID = [
+    HEAD + "gguf:\n  requires:\n    - {key: general.architecture, one_of: [llama], "
+           "missing_ok: true, message: m}\n  metadata:\n"
+           "    - {set: '{arch}.context_length', from_key: '{arch}.context_length', multiply: 4}\n"
+           "    - {set: a.b, value: [1, 2], type: 'array[uint32]'}\n"
+           "    - {drop: general.url, missing_ok: true}\n    - {rename: general.name, to: x}\n"
+           "  tensors:\n    - {select: {glob: 'blk.*.nextn.*', layers: '3-'}, drop: true}\n"
+           "    - {select: {regex: '^output'}, rename: {pattern: '^output', to: lm_head}}\n"
+           "  strip_nextn: true\n",
+    HEAD + "tensors:\n  - select: {glob: a}\n    scale: {cast: double, reshape: []}\n",
+]
+GGUF_INVALID = [
+    HEAD + "gguf:\n  metadata:\n    - {sett: a.b, value: 1}\n",
+    HEAD + "gguf:\n  metadata:\n    - {set: a.b, value: 1, from_key: c}\n",
+    HEAD + "gguf:\n  metadata:\n    - {set: a.b}\n",
+    HEAD + "gguf:\n  metadata:\n    - {drop: a.b, to: c}\n",
+    HEAD + "gguf:\n  requires:\n    - {one_of: [llama]}\n",
+    HEAD + "gguf:\n  tensors:\n    - {select: {glob: x}, drop: true, extra: 1}\n",
+    HEAD + "gguf:\n  tensors:\n    - {select: {globb: x}, drop: true}\n",
+    HEAD + "gguf:\n  stripnextn: true\n",
+]
+
+
+def _plain(text: str):
+    from ruamel.yaml import YAML
+
+    return YAML(typ="safe", pure=True).load(text)
+
+
+@pytest.mark.parametrize("text", GGUF_VALID)
+def test_schema_and_loader_accept_gguf_items_and_scale_spellings(text):
+    assert [e.message for e in _validator(json_schema.recipe_schema()).iter_errors(
+        _plain(text))] == []
+    load_recipe(text)
+
+
+@pytest.mark.parametrize("text", GGUF_INVALID)
+def test_schema_and_loader_reject_bad_gguf_keys(text):
+    from patcher.errors import RecipeError
+
+    assert list(_validator(json_schema.recipe_schema()).iter_errors(_plain(text)))
+    with pytest.raises(RecipeError):
+        load_recipe(text)

@@ -307,14 +307,17 @@ def _config_op() -> dict:
 
 
 def _patch_op(op: str) -> dict:
+    """One RFC 6902 operation: the keys of ``op:`` items less the operands it does not take."""
     operand = PATCH_OP_OPERAND[op]
-    keys = ["op", "path", *([operand] if operand else []), "in",
-            *(["missing_ok"] if op in PatchOp.MISSING_OK_OPS else [])]
-    reads = {"move": "'from'", "copy": "'from'"}.get(op, "the path")
+    others = {k for k in PATCH_OP_OPERAND.values() if k and k != operand}
+    if op not in PatchOp.MISSING_OK_OPS:
+        others.add("missing_ok")
+    keys = [k for k in sections.CONFIG_KEYS["op"] if k not in others]
+    required = ["op", *sections.CONFIG_REQUIRED["op"], *([operand] if operand else [])]
+    reads = "'from'" if operand == "from" else "the path"
     about = f"RFC 6902 {op}" + (f"; missing_ok: true skips scopes without {reads}."
                                 if op in PatchOp.MISSING_OK_OPS else ".")
-    return strict(keys, "patch", keys[:3] if operand else keys[:2], about, op={"const": op},
-                  path=ref("pointer"))
+    return strict(keys, "patch", required, about, op={"const": op})
 
 
 def _file_op() -> dict:

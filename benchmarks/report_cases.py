@@ -65,7 +65,10 @@ def _config_only(report: dict) -> list[str]:
     by = cases["config_only"]["by_size"]
     add("## 1. Config-only patch: `apply sm120-fp16-kv` vs `cp -r` + JSON edit\n")
     add("Wall time, median (min-max). `first_time`: an empty digest cache, so every base file "
-        "is hashed once (the manifest needs every digest); `digests_known`: a warm cache. "
+        "is hashed once (the manifest needs every digest); `digests_known`: a warm cache, each "
+        "run replacing the previous variant with `--force`, timed after the other commands "
+        "(deleting their hardlinked outputs by hand moves the base shards' ctime, a key of "
+        "the digest cache, so a cache filled before them would be stale). "
         "The target compares first_time with `cp -r` + edit WITHOUT `sync` (what a user sees "
         "at the prompt, although cp leaves the copy in dirty page cache, not yet on disk); "
         "modelpatch fsyncs what it writes. The ratio against `cp -r` + edit + `sync` "

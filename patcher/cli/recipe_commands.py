@@ -1,5 +1,5 @@
-"""``modelpatch recipes list|show``: the built-in recipes and their parameters. Registered on the
-main group by ``commands``."""
+"""``modelpatch recipes list|show|schema``: the built-in recipes and their parameters, and the
+recipe JSON Schema. Registered on the main group by ``commands``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import click
 
 @click.group()
 def recipes() -> None:
-    """List and show the built-in recipes."""
+    """List and show the built-in recipes; print the recipe JSON Schema."""
 
 
 @recipes.command("list")
@@ -50,3 +50,12 @@ def recipes_show(name: str) -> None:
         click.echo("\n# Parameters (apply/plan --set NAME=VALUE):")
     for p in params:
         click.echo(f"#   {p.name} ({p.type}, default {_param_default(p)}): {p.description}")
+
+
+@recipes.command("schema")
+def recipes_schema() -> None:
+    """Print the recipe JSON Schema (Draft 2020-12) that editors check recipes with; it is
+    built from the checks the loader makes (patcher/schemas/recipe.schema.json is a copy)."""
+    from ..recipe.json_schema import schema_text
+
+    click.echo(schema_text(), nl=False)

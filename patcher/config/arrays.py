@@ -29,6 +29,9 @@ from ..recipe.schema import ArrayOp
 ARRAY_KEYS = {"each": ("each", "match", "replace", "remove", "in", "missing_ok", "allow_empty",
                        "in_step"),
               "append": ("append", "value", "in", "missing_ok", "in_step")}
+ARRAY_REQUIRED = {"each": ("match",), "append": ("value",)}
+MATCH_KEYS = ("glob", "regex")                  # match: has one
+EACH_ACTIONS = ("replace", "remove")            # each: has one (map, filter)
 IN_STEP = {("config.json", "/quantization_config/ignore"):
            ("hf_quant_config.json", "/quantization/exclude_modules"),
            ("hf_quant_config.json", "/quantization/exclude_modules"):
@@ -50,23 +53,23 @@ def parse_array_op(v: rc.Validator, node: Any, action: str, file: str | None,
     regexes: tuple[str, ...] = ()
     to, value, kind = None, None, "append"
     if action == "append":
-        if "value" not in node:
+        if any(k not in node for k in ARRAY_REQUIRED["append"]):
             v.err(pos, "'append' needs 'value'")
             return []
         value = v.json_value(node["value"], rc.val_pos(node, "value"))
     else:
         match = node.get("match")
-        if not rc.is_map(match) or len([k for k in ("glob", "regex") if k in match]) != 1:
+        if not rc.is_map(match) or len([k for k in MATCH_KEYS if k in match]) != 1:
             v.err(pos, "'each' needs match: {glob: ...} or match: {regex: ...}")
             return []
-        v.check_keys(match, ("glob", "regex"), "match")
+        v.check_keys(match, MATCH_KEYS, "match")
         key = "glob" if "glob" in match else "regex"
         patterns = v.strings(match, key) or ()
         if key == "regex" and not all(check_regex(v, p, pp) for p, pp in patterns):
             return []
         texts = tuple(p for p, _ in patterns)
         globs, regexes = (texts, ()) if key == "glob" else ((), texts)
-        if ("replace" in node) == ("remove" in node):
+        if sum(k in node for k in EACH_ACTIONS) != 1:
             v.err(pos, "'each' needs one of replace: TEXT (map) and remove: true (filter)")
             return []
         if "remove" in node:

@@ -39,8 +39,12 @@ META_KEYS = {"set": ("set", "value", "type", "from", "sha256", "from_model", "fr
                      "first",
                      "token", "multiply"),
              "drop": ("drop", "missing_ok"), "rename": ("rename", "to", "missing_ok")}
+SET_SOURCES = ("value", "from", "from_model", "from_key")     # a set takes exactly one
 GUARD_KEYS = ("key", "equals", "one_of", "exists", "missing_ok", "message")
+GUARD_REQUIRED = ("key",)
+TENSOR_KEYS = ("select", "drop", "rename")
 SELECT_KEYS = ("glob", "regex", "layers")
+RENAME_KEYS = ("pattern", "to")                 # both needed
 _TYPE_RE = re.compile(r"array\[(\w+)\]|(\w+)")
 _LAYERS = re.compile(r"(\d+)?(-)?(\d+)?|last:(\d+)")
 
@@ -162,7 +166,7 @@ def _meta(v: rc.Validator, node: Any, pos) -> MetaOp | None:
             v.err(rc.val_pos(node, "type"), f"unknown GGUF type {text!r} (one of "
                   f"{', '.join(TYPES)}, or array[TYPE])")
             return None
-    sources = [k for k in ("value", "from", "from_model", "from_key") if k in node]
+    sources = [k for k in SET_SOURCES if k in node]
     if len(sources) != 1:
         v.err(pos, "a gguf set takes exactly one of value, from (a file beside the recipe), "
               "from_model (a file in the model), from_key (another metadata key)")
@@ -229,7 +233,7 @@ def _guard(v: rc.Validator, node: Any, pos) -> Guard | None:
         v.err(pos, f"a gguf guard is a mapping with key and equals/one_of/exists; got "
               f"{rc.yaml_type(node)}")
         return None
-    v.check_keys(node, GUARD_KEYS, "gguf guard", required=("key",))
+    v.check_keys(node, GUARD_KEYS, "gguf guard", required=GUARD_REQUIRED)
     key = v.string(node, "key")
     one_of = None
     if "one_of" in node:
@@ -247,7 +251,7 @@ def _tensor_op(v: rc.Validator, node: Any, pos) -> TensorOp | None:
     if not rc.is_map(node) or "select" not in node:
         v.err(pos, "a gguf tensor op is a mapping with select and drop or rename")
         return None
-    v.check_keys(node, ("select", "drop", "rename"), "gguf tensor op")
+    v.check_keys(node, TENSOR_KEYS, "gguf tensor op")
     sel = node["select"]
     if not rc.is_map(sel) or not sel:
         v.err(rc.val_pos(node, "select"), "select: is a mapping of glob, regex, layers")
@@ -266,7 +270,7 @@ def _tensor_op(v: rc.Validator, node: Any, pos) -> TensorOp | None:
     rename = None
     if "rename" in node:
         ren = node["rename"]
-        if not rc.is_map(ren) or "pattern" not in ren or "to" not in ren:
+        if not rc.is_map(ren) or any(k not in ren for k in RENAME_KEYS):
             v.err(rc.val_pos(node, "rename"), "rename: is {pattern: REGEX, to: REPLACEMENT}")
             return None
         try:

@@ -1,8 +1,8 @@
 """Recipes: loading, validation and lookup (a file path, or the name of a built-in recipe in
 ``recipes/``).
 
-A recipe is a YAML document (see ``recipes/sm120-fp16-kv.yaml`` and
-``patcher/schemas/recipe.schema.json``)::
+A recipe is a YAML document (see ``recipes/sm120-fp16-kv.yaml``, and the JSON Schema that
+``patcher.recipe.json_schema`` builds from the key tables here and in the section modules)::
 
     modelpatch: 1                 # format version
     name: my-fix                  # [a-z0-9][a-z0-9._-]*
@@ -40,6 +40,8 @@ __all__ = ["load_recipe", "load_recipes", "evaluate_guards", "check_guards", "bu
 
 TOP_KEYS = ("modelpatch", "name", "description", "params", "include", "requires", "config",
             "files", "tensors", "output", "gguf")
+REQUIRED_TOP_KEYS = ("modelpatch", "name", "description")
+OUTPUT_KEYS = ("max_shard_size",)
 
 
 # ------------------------------------------------------------------------------ loading
@@ -152,7 +154,7 @@ def _top_level(v: rc.Validator, root: Any) -> dict[str, Any]:
         v.err(rc.node_pos(root, (1, 1)), "a recipe must be a mapping with keys modelpatch, "
               f"name, description...; got {rc.yaml_type(root)}")
         return {}
-    v.check_keys(root, TOP_KEYS, "recipe", required=("modelpatch", "name", "description"))
+    v.check_keys(root, TOP_KEYS, "recipe", required=REQUIRED_TOP_KEYS)
     version = v.integer(root, "modelpatch")
     if version is not None and version not in RECIPE_FORMAT_VERSIONS:
         v.problems.clear()  # a newer format may mean anything else; report only this
@@ -194,7 +196,7 @@ def _output(v: rc.Validator, root: Any) -> OutputLayout | None:
         v.err(rc.val_pos(root, "output"), "output: must be a mapping such as "
               f"{{max_shard_size: 5GB}}; got {rc.yaml_type(node)}")
         return None
-    v.check_keys(node, ("max_shard_size",), "output")
+    v.check_keys(node, OUTPUT_KEYS, "output")
     size = None
     if "max_shard_size" in node:
         from ..units import parse_shard_size

@@ -122,6 +122,11 @@ class RenameOp:
     kind = "rename"
 
 
+# The RFC 6902 operations and the key each needs besides op and path (None: none).
+PATCH_OP_OPERAND = {"add": "value", "remove": None, "replace": "value", "move": "from",
+                    "copy": "from", "test": "value"}
+
+
 @dataclass(frozen=True)
 class PatchOp:
     """One RFC 6902 operation, applied through the ``jsonpatch`` library. ``value`` is meaningful
@@ -146,9 +151,9 @@ class PatchOp:
     def as_json_patch(self, scope: str = "") -> dict[str, Any]:
         """The RFC 6902 operation object, pointers read inside ``scope``."""
         out: dict[str, Any] = {"op": self.op, "path": join_pointer(scope, self.path)}
-        if self.op in ("add", "replace", "test"):
+        if PATCH_OP_OPERAND[self.op] == "value":
             out["value"] = self.value
-        if self.op in ("move", "copy"):
+        if PATCH_OP_OPERAND[self.op] == "from":
             if self.from_path is None:
                 raise ValueError(f"{self.loc}: a {self.op} operation needs 'from'")
             out["from"] = join_pointer(scope, self.from_path)

@@ -1,5 +1,7 @@
 """The ``requires:``, ``config:`` and ``files:`` sections of a recipe: validation of their
-items into the typed conditions and operations of ``patcher.recipe.schema``."""
+items into the typed conditions and operations of ``patcher.recipe.schema``.
+
+The key tables below are also what ``patcher.recipe.json_schema`` builds the JSON Schema from."""
 
 from __future__ import annotations
 
@@ -8,12 +10,14 @@ from typing import Any
 from . import checks as rc
 from ..config.arrays import parse_array_op
 from .sources import parse_from
-from .schema import (AddFile, AllOf, AnyOf, Check, ConfigOp, Condition, DropFile, DropOp, FileOp,
-                     Not, PatchOp, RenameOp, SetOp)
+from .schema import (PATCH_OP_OPERAND, AddFile, AllOf, AnyOf, Check, ConfigOp, Condition,
+                     DropFile, DropOp, FileOp, Not, PatchOp, RenameOp, SetOp)
 
 PREDICATES = ("exists", "equals", "contains", "one_of")
 COMBINATORS = ("any_of", "all_of", "not")
+COMBINATOR_KEYS = ("in", "message")              # beside the combinator itself
 LEAF_KEYS = ("file", "path", *PREDICATES, "in", "message")
+LEAF_REQUIRED = ("file", "path")
 CONFIG_ACTIONS = ("drop", "set", "rename", "architectures", "model_type", "op")
 CONFIG_KEYS = {
     "drop": ("drop", "in", "missing_ok"),
@@ -23,9 +27,12 @@ CONFIG_KEYS = {
     "model_type": ("model_type", "in"),
     "op": ("op", "path", "value", "from", "in", "missing_ok"),
 }
-PATCH_OPS = ("add", "remove", "replace", "move", "copy", "test")
+CONFIG_REQUIRED = {"rename": ("to",), "op": ("path",)}
+SET_SOURCES = ("value", "from")                 # set: takes exactly one
+PATCH_OPS = tuple(PATCH_OP_OPERAND)
 FILE_KEYS = {"drop": ("drop", "missing_ok"),
              "add": ("add", "content", "from", "sha256", "overwrite")}
+ADD_SOURCES = ("content", "from")               # files: add takes exactly one
 
 
 # ---------------------------------------------------------------------------- conditions
@@ -43,7 +50,7 @@ def parse_condition(v: rc.Validator, node: Any, pos: tuple[int, int]) -> Conditi
         return None
     if combos:
         kind = combos[0]
-        v.check_keys(node, (kind, "in", "message"), f"'{kind}' condition",
+        v.check_keys(node, (kind, *COMBINATOR_KEYS), f"'{kind}' condition",
                      suggest=(*LEAF_KEYS, *COMBINATORS))
         scopes = v.scopes(node)
         message = v.string(node, "message")
@@ -56,7 +63,7 @@ def parse_condition(v: rc.Validator, node: Any, pos: tuple[int, int]) -> Conditi
             return None
         cls = AnyOf if kind == "any_of" else AllOf
         return cls(tuple(children), scopes, message, loc)
-    unknown = v.check_keys(node, LEAF_KEYS, "condition", required=("file", "path"),
+    unknown = v.check_keys(node, LEAF_KEYS, "condition", required=LEAF_REQUIRED,
                            suggest=(*LEAF_KEYS, *COMBINATORS))
     file = v.filename(node, "file")
     path = v.pointer(node, "path")
@@ -133,8 +140,9 @@ def _config_op(v: rc.Validator, node: Any, pos: tuple[int, int]) -> ConfigOp | N
               f"{actions[0]!r} and {actions[1]!r}")
         return None
     action = actions[0]
-    required = {"set": () if "from" in node else ("value",), "rename": ("to",),
-                "op": ("path",)}.get(action, ())
+    required = CONFIG_REQUIRED.get(action, ())
+    if action == "set" and not any(k in node for k in SET_SOURCES):
+        required = SET_SOURCES[:1]
     v.check_keys(node, CONFIG_KEYS[action], f"'{action}' operation", required=required,
                  suggest=all_keys)
     loc = v.loc(pos)
@@ -180,8 +188,8 @@ def _patch_op(v: rc.Validator, node: Any, scopes: tuple[str, ...], loc: str) -> 
     path = v.pointer(node, "path")
     if op is None or path is None:
         return None
-    needs_value = op in ("add", "replace", "test")
-    needs_from = op in ("move", "copy")
+    needs_value = PATCH_OP_OPERAND[op] == "value"
+    needs_from = PATCH_OP_OPERAND[op] == "from"
     for key, needed in (("value", needs_value), ("from", needs_from)):
         if needed and key not in node:
             v.err(v.pos_of(node), f"'{op}' needs '{key}'")
@@ -227,7 +235,7 @@ def parse_file_op(v: rc.Validator, node: Any, pos: tuple[int, int]) -> FileOp | 
               f"{rc.yaml_type(node)}")
         return None
     actions = [k for k in node if k in FILE_KEYS]
-    all_keys = ("drop", "missing_ok", "add", "content", "from", "sha256", "overwrite")
+    all_keys = tuple(dict.fromkeys(k for keys in FILE_KEYS.values() for k in keys))
     if len(actions) != 1:
         if len(actions) > 1:
             v.err(rc.key_pos(node, actions[1]), "one operation per list item; found 'drop' and "
@@ -242,7 +250,7 @@ def parse_file_op(v: rc.Validator, node: Any, pos: tuple[int, int]) -> FileOp | 
     if action == "drop":
         missing_ok = v.boolean(node, "missing_ok", default=True)
         return None if name is None else DropFile(name, missing_ok, loc)
-    if ("content" in node) == ("from" in node):
+    if sum(k in node for k in ADD_SOURCES) != 1:
         v.err(pos, "files: add needs one of 'content' (the text) and 'from' (a file next to the "
               "recipe)")
         return None

@@ -27,13 +27,19 @@ from typing import Any, Callable
 
 from ...errors import InputError, RecipeError, TemplateError
 from .. import checks as rc
-from .expr import Template, config_ref, parse_template, walk_templates
+from .expr import CONFIG_FILES, Template, config_ref, parse_template, walk_templates
 from ..schema import (LAYER_COMPARISONS, PARAM_TYPES, REQUIRED, ArrayOp, Include, PatchOp, Param,
                      SetOp, TensorOp)
 
 PARAM_KEYS = ("type", "default", "description")
+PARAM_REQUIRED = ("type", "description")
+PARAM_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RESERVED_PARAM_NAMES = tuple(CONFIG_FILES)      # {config.KEY} and the like read the model
 INCLUDE_KEYS = ("recipe", "params")
-_LAYERS_RE = re.compile(r"\s*(>=|<=|==|>|<)\s*(.+?)\s*\Z")
+INCLUDE_REQUIRED = ("recipe",)
+# the comparisons of ``layers:``, longest first so that ">=" is not read as ">"
+LAYER_OPERATORS = "|".join(re.escape(c) for c in sorted(LAYER_COMPARISONS, key=len, reverse=True))
+_LAYERS_RE = re.compile(rf"\s*({LAYER_OPERATORS})\s*(.+?)\s*\Z")
 
 
 def parse_params(v: rc.Validator, root: Any) -> tuple[Param, ...]:
@@ -48,9 +54,8 @@ def parse_params(v: rc.Validator, root: Any) -> tuple[Param, ...]:
     for name in node:
         pos = rc.key_pos(node, name)
         spec = node[name]
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) \
-                or name in ("config", "generation_config", "tokenizer_config",
-                            "hf_quant_config"):
+        if not isinstance(name, str) or not PARAM_NAME_RE.fullmatch(name) \
+                or name in RESERVED_PARAM_NAMES:
             v.err(pos, f"parameter name {name!r} must be an identifier ([A-Za-z_][A-Za-z0-9_]*) "
                   "and not a config file name")
             continue
@@ -58,7 +63,7 @@ def parse_params(v: rc.Validator, root: Any) -> tuple[Param, ...]:
             v.err(rc.val_pos(node, name), f"parameter {name}: needs {{type, default, "
                   f"description}}; got {rc.yaml_type(spec)}")
             continue
-        v.check_keys(spec, PARAM_KEYS, f"parameter {name!r}", required=("type", "description"))
+        v.check_keys(spec, PARAM_KEYS, f"parameter {name!r}", required=PARAM_REQUIRED)
         kind = v.choice(spec, "type", PARAM_TYPES)
         description = v.string(spec, "description")
         default = REQUIRED
@@ -275,7 +280,7 @@ def parse_include(v: rc.Validator, node: Any, pos: tuple[int, int]) -> Include |
         node = {"recipe": node}
         values_node: Any = {}
     elif rc.is_map(node):
-        v.check_keys(node, INCLUDE_KEYS, "include", required=("recipe",))
+        v.check_keys(node, INCLUDE_KEYS, "include", required=INCLUDE_REQUIRED)
         values_node = node.get("params") or {}
     else:
         v.err(pos, f"an include is a recipe name or path, or {{recipe: NAME, params: {{...}}}}; "

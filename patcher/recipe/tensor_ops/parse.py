@@ -38,10 +38,14 @@ from ..schema import (DEFAULT_BLOCK, DEQUANT_SCHEMES, FLOAT_TARGETS, QUANT_COMBI
                      QUANT_LAYOUTS, QUANT_SCHEMES, CastTensors, CopyTensors, DequantizeTensors,
                      DropTensors, QuantizeTensors, RenameTensors, TensorAction, TensorOp,
                      TensorSelect)
+from .schema import ACTION_KEYS, ACTION_REQUIRED, DEQUANT_BLOCK_SCHEMES, QUANT_BLOCK_SCHEMES
 
-TENSOR_ACTIONS = ("drop", "rename", "copy", "split", "scale", "refuse", "cast", "dequantize", "quantize")
+TENSOR_ACTIONS = ("drop", "rename", "copy", "split", "scale", "refuse", "cast", "dequantize",
+                  "quantize")
 TENSOR_KEYS = ("select", "allow_empty", "refuse_empty", *TENSOR_ACTIONS)
-SELECT_KEYS = ("glob", "regex", "dtype", "layers", "group")
+TENSOR_REQUIRED = ("select",)
+PATTERN_KEYS = ("glob", "regex")                # a select has one, or layers/group alone
+SELECT_KEYS = (*PATTERN_KEYS, "dtype", "layers", "group")
 
 
 def parse_tensor_op(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorOp | None:
@@ -49,7 +53,7 @@ def parse_tensor_op(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorOp | None:
         v.err(pos, "a tensor operation must be a mapping such as {select: {glob: '*.k_scale'}, "
               f"drop: true}}; got {rc.yaml_type(node)}")
         return None
-    unknown = v.check_keys(node, TENSOR_KEYS, "tensor operation", required=("select",))
+    unknown = v.check_keys(node, TENSOR_KEYS, "tensor operation", required=TENSOR_REQUIRED)
     actions = [k for k in node if k in TENSOR_ACTIONS]
     select = _select(v, node["select"], rc.val_pos(node, "select")) if "select" in node else None
     allow_empty = v.boolean(node, "allow_empty", default=False)
@@ -78,7 +82,7 @@ def _select(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorSelect | None:
               f"{rc.yaml_type(node)}")
         return None
     v.check_keys(node, SELECT_KEYS, "select")
-    kinds = [k for k in ("glob", "regex") if k in node]
+    kinds = [k for k in PATTERN_KEYS if k in node]
     layers = groups = None
     if "layers" in node:
         from ..params.parse import parse_layers
@@ -262,7 +266,7 @@ def _action(v: rc.Validator, node: Any, action: str,
         return renamed if renamed is None or action == "rename" else CopyTensors(renamed.pattern, renamed.to)
     if action == "dequantize":
         return _dequantize(v, value)
-    v.check_keys(value, ("scheme", "layout", "block"), "quantize", required=("scheme", "layout"))
+    v.check_keys(value, ACTION_KEYS["quantize"], "quantize", required=ACTION_REQUIRED["quantize"])
     if value.get("scheme") == "nvfp4-modelopt":
         v.err(rc.val_pos(value, "scheme"), "ModelOpt NVFP4 is W4A4: its input_scale needs a "
               "calibration, which quantizing weights cannot give; use {scheme: "
@@ -278,8 +282,9 @@ def _action(v: rc.Validator, node: Any, action: str,
               f"{' or '.join(fits)})")
         return None
     if "block" not in value:
-        return QuantizeTensors(scheme, layout, DEFAULT_BLOCK if scheme == "fp8-block" else None)
-    block = _block(v, value, scheme, ("fp8-block",))
+        return QuantizeTensors(scheme, layout,
+                               DEFAULT_BLOCK if scheme in QUANT_BLOCK_SCHEMES else None)
+    block = _block(v, value, scheme, QUANT_BLOCK_SCHEMES)
     return None if block is None else QuantizeTensors(scheme, layout, block)
 
 
@@ -297,14 +302,15 @@ def _float_target(v: rc.Validator, node: Any, key: str) -> str | None:
 
 
 def _dequantize(v: rc.Validator, value: Any) -> DequantizeTensors | None:
-    v.check_keys(value, ("scheme", "to", "block"), "dequantize", required=("scheme",))
+    v.check_keys(value, ACTION_KEYS["dequantize"], "dequantize",
+                 required=ACTION_REQUIRED["dequantize"])
     scheme = v.choice(value, "scheme", DEQUANT_SCHEMES)
     to = _float_target(v, value, "to") if "to" in value else "BF16"
     if scheme is None or to is None:
         return None
     if "block" not in value:
         return DequantizeTensors(scheme, to)
-    block = _block(v, value, scheme, ("fp8-block", "auto"))
+    block = _block(v, value, scheme, DEQUANT_BLOCK_SCHEMES)
     return None if block is None else DequantizeTensors(scheme, to, block)
 
 
@@ -326,7 +332,7 @@ def _block(v: rc.Validator, value: Any, scheme: str,
 
 def _rename(v: rc.Validator, value: Any, pos: rc.Pos, select: TensorSelect | None,
             action: str = "rename") -> RenameTensors | None:
-    v.check_keys(value, ("pattern", "to"), action, required=("to",))
+    v.check_keys(value, ACTION_KEYS[action], action, required=ACTION_REQUIRED[action])
     to = v.string(value, "to", nonempty=False)
     if "pattern" in value:
         pattern = v.string(value, "pattern")

@@ -28,6 +28,17 @@ QUANT_LAYOUTS = ("modelopt", "deepseek", "compressed-tensors")
 QUANT_COMBINATIONS = tuple((name, layout) for name, scheme in SCHEMES.items()
                            for layout in scheme.layouts)
 DEFAULT_BLOCK = (128, 128)
+# The schemes that take ``block: [bm, bn]``: to quantize, and to dequantize (auto may find one).
+QUANT_BLOCK_SCHEMES = ("fp8-block",)
+DEQUANT_BLOCK_SCHEMES = (*QUANT_BLOCK_SCHEMES, "auto")
+
+# The keys of each tensor action that takes a mapping, and those it needs (the loader checks
+# them, ``patcher.recipe.json_schema`` writes them into the JSON Schema).
+ACTION_KEYS = {"rename": ("pattern", "to"), "copy": ("pattern", "to"),
+               "split": ("pattern", "to"), "scale": ("reciprocal", "cast", "reshape"),
+               "dequantize": ("scheme", "to", "block"), "quantize": ("scheme", "layout", "block")}
+ACTION_REQUIRED = {"rename": ("to",), "copy": ("to",), "split": ("pattern", "to"),
+                   "scale": (), "dequantize": ("scheme",), "quantize": ("scheme", "layout")}
 
 
 # ---------------------------------------------------------------------------- tensor ops

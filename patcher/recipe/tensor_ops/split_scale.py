@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import checks as rc
 from .dtype_names import canonical_dtype, dtype_problem
-from .schema import RefuseTensors, ScaleTensors, SplitTensors
+from .schema import ACTION_KEYS, ACTION_REQUIRED, RefuseTensors, ScaleTensors, SplitTensors
 
 RECIPROCAL_MODES = ("exact", "nearest")
 SCALE_DTYPES = ("F64", "F32", "F16", "BF16")    # what a scale may be read as and written as
@@ -42,7 +42,7 @@ def parse_split(v: rc.Validator, value: Any, pos: rc.Pos, check_regex) -> SplitT
         v.err(pos, "split must be a mapping such as {pattern: 'kv_scale$', to: [k_scale, "
               f"v_scale]}}; got {rc.yaml_type(value)}")
         return None
-    v.check_keys(value, ("pattern", "to"), "split", required=("pattern", "to"))
+    v.check_keys(value, ACTION_KEYS["split"], "split", required=ACTION_REQUIRED["split"])
     pattern = v.string(value, "pattern") if "pattern" in value else None
     names = v.strings(value, "to") if "to" in value else None
     if pattern is None or names is None:
@@ -72,8 +72,8 @@ def parse_scale(v: rc.Validator, value: Any, pos: rc.Pos) -> ScaleTensors | None
         v.err(pos, "scale must be a mapping such as {reciprocal: nearest, reshape: [1]}; got "
               f"{rc.yaml_type(value)}")
         return None
-    v.check_keys(value, ("reciprocal", "cast", "reshape"), "scale")
-    if not any(k in value for k in ("reciprocal", "cast", "reshape")):
+    v.check_keys(value, ACTION_KEYS["scale"], "scale")
+    if not any(k in value for k in ACTION_KEYS["scale"]):
         v.err(pos, "scale needs at least one of reciprocal, cast, reshape")
         return None
     reciprocal = cast = reshape = None

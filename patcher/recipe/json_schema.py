@@ -1,0 +1,473 @@
+"""The recipe's JSON Schema (Draft 2020-12), built from the loader's own tables.
+
+``patcher/schemas/recipe.schema.json`` (what editors validate recipes with, through
+``# yaml-language-server: $schema=...``) is this module's output, never edited by hand:
+``modelpatch recipes schema`` prints it, and a test fails when the committed file differs
+(``python -m patcher.cli recipes schema > patcher/schemas/recipe.schema.json`` rewrites it).
+
+What the schema takes from the code, so that a change there changes it too:
+
+- the keys each section, condition, operation and action accepts, and those it needs
+  (``load.TOP_KEYS``, ``sections.CONFIG_KEYS``, ``config.arrays.ARRAY_KEYS``,
+  ``tensor_ops.schema.ACTION_KEYS``, ``gguf.recipe_section.META_KEYS``...);
+- the names: quantization schemes and the layouts each writes (``tensors.schemes.SCHEMES``
+  through ``tensor_ops.schema``), dtype spellings (``tensor_ops.dtype_names``), module groups,
+  parameter types, RFC 6902 operations, scale modes and dtypes;
+- the patterns: recipe and parameter names, reserved file names, ``layers:`` comparisons, shard
+  size units, sha256 pins.
+
+What it adds: the type of each key's value (``_VALUES``, by key name; a key the code accepts
+and this table does not know makes the build fail, naming it) and the descriptions. The loader
+checks more than a JSON Schema can say (regexes that backtrack, replacement templates, the
+whole recipe's cross-checks); the schema never refuses what the loader accepts on those grounds.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Iterable, Sequence
+
+from ..config import arrays
+from ..gguf import recipe_section as gguf_section
+from ..model.inspect_model import GROUP_NAMES
+from ..units import SIZE_UNITS
+from . import checks, load, sections
+from .params import parse as params
+from .schema import PARAM_TYPES, PATCH_OP_OPERAND, RECIPE_FORMAT_VERSIONS, PatchOp
+from .sources import SHA256_RE
+from .tensor_ops import parse as tensor_parse
+from .tensor_ops import schema as tensor_schema
+from .tensor_ops.dtype_names import spellings
+from .tensor_ops.split_scale import RECIPROCAL_MODES, SCALE_DTYPES
+
+SCHEMA_ID = ("https://github.com/modelpatch/modelpatch/blob/main/patcher/schemas/"
+             "recipe.schema.json")
+REGENERATE = "python -m patcher.cli recipes schema > patcher/schemas/recipe.schema.json"
+
+
+def ref(name: str) -> dict:
+    return {"$ref": f"#/$defs/{name}"}
+
+
+def one_or_many(item: dict) -> dict:
+    """``item``, or a non-empty list of them."""
+    return {"oneOf": [item, {"type": "array", "minItems": 1, "items": item}]}
+
+
+def nullable(kind: str) -> list[str]:
+    """A section that may be written empty (``tensors:`` with nothing under it)."""
+    return [kind, "null"]
+
+
+def fullmatch(regex: re.Pattern | str) -> str:
+    """A pattern the loader applies with ``fullmatch`` (or ending in ``\\Z``), anchored for
+    JSON Schema, which searches."""
+    text = regex if isinstance(regex, str) else regex.pattern
+    return "^(?:" + text.removesuffix("\\Z") + ")$"
+
+
+def any_case(word: str) -> str:
+    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)
+
+
+def block_pair(description: str | None = None) -> dict:
+    out = {"type": "array", "minItems": 2, "maxItems": 2,
+           "items": {"type": "integer", "minimum": 1}}
+    return {"description": description, **out} if description else out
+
+
+BOOLEAN = {"type": "boolean"}
+ANY = True
+IN_STEP = {"type": "boolean", "description": "Also apply to the counterpart list: config.json "
+           "/quantization_config/ignore <-> hf_quant_config.json /quantization/exclude_modules "
+           "(skipped where missing)."}
+REGEX = {"type": "string", "format": "regex", "minLength": 1}
+
+# The value of each key, by section; ``"*"`` holds those that mean the same everywhere.
+_VALUES: dict[str, dict[str, Any]] = {
+    "*": {"in": ref("scopes"), "missing_ok": BOOLEAN, "message": ref("nonEmptyString"),
+          "value": ANY, "allow_empty": BOOLEAN, "in_step": IN_STEP, "sha256": ref("sha256Pin")},
+    "condition": {"file": ref("fileName"), "path": ref("pointer"), "exists": BOOLEAN,
+                  "equals": ANY, "contains": ANY, "one_of": {"type": "array", "minItems": 1},
+                  "any_of": {"type": "array", "items": ref("condition"), "minItems": 1},
+                  "all_of": {"type": "array", "items": ref("condition"), "minItems": 1},
+                  "not": ref("condition")},
+    "config": {"drop": ref("innerPointer"), "set": ref("innerPointer"),
+               "rename": ref("innerPointer"), "to": ref("innerPointer"),
+               "create_parents": {"type": "boolean", "default": True, "description":
+                                  "false: a missing parent object is an error instead of "
+                                  "being created."},
+               "from": {"$ref": "#/$defs/contentSource", "description":
+                        "Instead of value: the text of this source, or with #/POINTER the "
+                        "JSON value there."},
+               "architectures": {"type": "array", "minItems": 1,
+                                 "items": ref("nonEmptyString")},
+               "model_type": ref("nonEmptyString"),
+               "path": ref("pointer"), "each": ref("innerPointer"),
+               "append": ref("innerPointer"), "replace": {"type": "string"},
+               "remove": {"const": True}},
+    "patch": {"path": ref("pointer"), "from": ref("pointer")},
+    "file": {"drop": ref("fileName"), "add": ref("fileName"), "content": {"type": "string"},
+             "overwrite": BOOLEAN, "from": ref("contentSource")},
+    "tensor": {"select": ref("select"), "refuse_empty": {
+                   "$ref": "#/$defs/nonEmptyString", "description": "When the selection "
+                   "matches no tensor, the recipe refuses the model (exit 1) with this reason, "
+                   "instead of the error an empty selection is."},
+               "drop": {"const": True}, "cast": ref("floatTarget"),
+               "refuse": {"type": "string", "minLength": 1, "description": "A guard on tensor "
+                          "names: refuse the model (exit 1) when the selection matches a "
+                          "tensor; the text says why."}},
+    "action": {"pattern": REGEX, "to": {"type": "string"},
+               "reshape": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                           "description": "The new shape, with the same element count: [1], "
+                                          "or [] for a scalar."},
+               "block": block_pair()},
+    "select": {"glob": ref("patterns"), "regex": ref("regexes"),
+               "dtype": one_or_many(ref("dtype")),
+               "layers": {"type": ["string", "integer"],
+                          "pattern": rf"^\s*({params.LAYER_OPERATORS})\s*\S",
+                          "description": "Layer index comparison on the 'layers.N.' part of "
+                          "the name, e.g. '>= {config.num_hidden_layers}' (the MTP/nextn "
+                          "layers)."},
+               "group": {"description": "Module groups as `inspect` reports them.",
+                         **one_or_many({"enum": list(GROUP_NAMES)})}},
+    "param": {"type": {"enum": list(PARAM_TYPES)},
+              "default": {"description": "Used when no value is given; without it the "
+                          "parameter is required."},
+              "description": ref("nonEmptyString")},
+    "include": {"recipe": ref("nonEmptyString"),
+                "params": {"type": "object", "description": "Values for the included "
+                           "recipe's params; may use {references}."}},
+    "gguf": {"key": ref("nonEmptyString"), "equals": ANY, "one_of": {"type": "array",
+                                                                      "minItems": 1},
+             "exists": BOOLEAN, "set": ref("nonEmptyString"), "drop": ref("nonEmptyString"),
+             "rename": ref("nonEmptyString"), "to": ref("nonEmptyString"),
+             "type": {"type": "string", "description": "A GGUF value type in lower case "
+                      "(uint32, float32, string, bool...) or array[TYPE]; default: the key's "
+                      "own."},
+             "from": ref("contentSource"), "from_model": ref("fileName"),
+             "from_key": ref("nonEmptyString"), "path": ref("pointer"), "first": BOOLEAN,
+             "token": BOOLEAN, "multiply": {"type": "number", "exclusiveMinimum": 0},
+             "strip_nextn": BOOLEAN},
+    "ggufSelect": {"glob": {"type": "string"}, "regex": {"type": "string"},
+                   "layers": {"type": ["string", "integer"],
+                              "description": "Block numbers: N, N-M, N- or last:N."}},
+}
+
+
+def properties(keys: Iterable[str], section: str, **given: Any) -> dict:
+    """The ``properties`` of ``keys``: ``given`` first, then the section's value, then the
+    common one."""
+    out = {}
+    for key in keys:
+        for table in (given, _VALUES.get(section, {}), _VALUES["*"]):
+            if key in table:
+                out[key] = table[key]
+                break
+        else:
+            raise KeyError(f"the recipe key {key!r} ({section}) has no value schema: add it to "
+                           "patcher.recipe.json_schema._VALUES")
+    return out
+
+
+def strict(keys: Sequence[str], section: str, required: Sequence[str] = (),
+           description: str | None = None, **given: Any) -> dict:
+    """An object of exactly ``keys``."""
+    out: dict[str, Any] = {"type": "object"}
+    if description:
+        out["description"] = description
+    out["properties"] = properties(keys, section, **given)
+    out["additionalProperties"] = False
+    if required:
+        out["required"] = list(required)
+    return out
+
+
+def exactly_one(keys: Iterable[str]) -> list[dict]:
+    return [{"required": [key]} for key in keys]
+
+
+# ------------------------------------------------------------------------------ sections
+
+def _top_level() -> dict:
+    versions = RECIPE_FORMAT_VERSIONS
+    return properties(load.TOP_KEYS, "top", **{
+        "modelpatch": {**({"const": versions[0]} if len(versions) == 1
+                          else {"enum": list(versions)}),
+                       "description": "Recipe format version."},
+        "name": {"type": "string", "pattern": fullmatch(checks.NAME_RE),
+                 "description": "Recipe name; the default output directory is "
+                                "<model>-<name>."},
+        "description": {"type": "string", "pattern": r"\S",
+                        "description": "What the recipe does and why."},
+        "params": {"type": nullable("object"),
+                   "description": "Parameters the recipe's values use as {name}; given with "
+                   "apply/plan --set NAME=VALUE (typed by 'type'), or by an including recipe.",
+                   "propertyNames": {"pattern": fullmatch(params.PARAM_NAME_RE),
+                                     "not": {"enum": list(params.RESERVED_PARAM_NAMES)}},
+                   "additionalProperties": ref("param")},
+        "include": {"type": nullable("array"),
+                    "description": "Other recipes applied first, in order: a built-in name or "
+                    "a path relative to this recipe, optionally with parameter values.",
+                    "items": {"oneOf": [ref("nonEmptyString"),
+                                        strict(params.INCLUDE_KEYS, "include",
+                                               params.INCLUDE_REQUIRED)]}},
+        "requires": {"type": nullable("array"), "items": ref("condition"),
+                     "description": "Guards: every condition must hold or the model is "
+                                    "refused."},
+        "config": {"type": nullable("object"), "propertyNames": ref("fileName"),
+                   "additionalProperties": {"type": nullable("array"),
+                                            "items": ref("configOp")},
+                   "description": "Operations on JSON files, by file name."},
+        "files": {"type": nullable("array"), "items": ref("fileOp")},
+        "tensors": {"type": nullable("array"), "items": ref("tensorOp")},
+        "output": {"type": nullable("object"), "additionalProperties": False,
+                   "description": "How the variant's shards are laid out.",
+                   "properties": properties(load.OUTPUT_KEYS, "output",
+                                            max_shard_size=_shard_size())},
+        "gguf": _gguf(),
+    })
+
+
+def _shard_size() -> dict:
+    units = "|".join(any_case(unit) for unit in SIZE_UNITS if unit)
+    return {"description": "Reshard the variant into shards of at most this size, as "
+            "transformers' save_pretrained(max_shard_size=...) does: 5GB, 500MB (decimal "
+            "units), 2GiB (binary units), or a byte count.",
+            "oneOf": [{"type": "integer", "minimum": 1},
+                      {"type": "string", "pattern": rf"^\s*\d+(\.\d+)?\s*({units})?\s*$"}]}
+
+
+def _gguf() -> dict:
+    g = gguf_section
+    guard = strict(g.GUARD_KEYS, "gguf", g.GUARD_REQUIRED)
+    metadata = {"oneOf": [
+        {**strict(keys, "gguf", (kind,)),
+         **({"oneOf": exactly_one(g.SET_SOURCES)} if kind == "set" else {})}
+        for kind, keys in g.META_KEYS.items()]}
+    select = {**strict(g.SELECT_KEYS, "ggufSelect"), "minProperties": 1}
+    rename = {"type": "object", "required": list(g.RENAME_KEYS),
+              "properties": {key: {"type": "string"} for key in g.RENAME_KEYS}}
+    tensor = strict(g.TENSOR_KEYS, "gguf", ("select",), select=select, drop=BOOLEAN,
+                    rename=rename)
+    items = {"requires": guard, "metadata": metadata, "tensors": tensor}
+    return strict(g.SECTION_KEYS, "gguf", description="GGUF edits "
+                  "(patcher.gguf.recipe_section): requires, metadata set/drop/rename, tensors "
+                  "select+drop/rename, strip_nextn.",
+                  **{k: {"type": "array", "items": item} for k, item in items.items()})
+
+
+def _condition() -> dict:
+    s = sections
+    leaf = strict(s.LEAF_KEYS, "condition", s.LEAF_REQUIRED)
+    leaf["oneOf"] = exactly_one(s.PREDICATES)
+    combined = [strict((kind, *s.COMBINATOR_KEYS), "condition", (kind,))
+                for kind in s.COMBINATORS]
+    return {"oneOf": [leaf, *combined]}
+
+
+_CONFIG_DESCRIPTIONS = {
+    "drop": "Remove a key. A key missing from every scope is an error unless missing_ok: true.",
+    "set": "Set a value (or the content of from:), creating missing parent objects (unless "
+           "create_parents: false).",
+    "rename": "Move a key. A source missing from every scope is an error unless missing_ok: "
+              "true.",
+    "each": "Element op on a JSON array: replace (re.sub on the string elements a regex "
+            "matches) or remove: true (drop the elements a glob or regex matches).",
+    "append": "Append value to a JSON array unless an equal element is there.",
+}
+
+
+def _config_op() -> dict:
+    s, a = sections, arrays
+    branches = []
+    for action in s.CONFIG_ACTIONS:
+        if action == "op":
+            branches += [_patch_op(op) for op in s.PATCH_OPS]
+            continue
+        branch = strict(s.CONFIG_KEYS[action], "config",
+                        (action, *s.CONFIG_REQUIRED.get(action, ())),
+                        _CONFIG_DESCRIPTIONS.get(action))
+        if action == "set":
+            branch["oneOf"] = exactly_one(s.SET_SOURCES)
+        branches.append(branch)
+    match = strict(a.MATCH_KEYS, "select")
+    match["oneOf"] = exactly_one(a.MATCH_KEYS)
+    for action, keys in a.ARRAY_KEYS.items():
+        branch = strict(keys, "config", (action, *a.ARRAY_REQUIRED[action]),
+                        _CONFIG_DESCRIPTIONS[action], match=match)
+        if action == "each":
+            mapped, filtered = a.EACH_ACTIONS
+            branch["oneOf"] = [{"required": [mapped],
+                                "properties": {"match": {"required": ["regex"]}}},
+                               {"required": [filtered]}]
+        branches.append(branch)
+    return {"oneOf": branches}
+
+
+def _patch_op(op: str) -> dict:
+    """One RFC 6902 operation: the keys of ``op:`` items less the operands it does not take."""
+    operand = PATCH_OP_OPERAND[op]
+    others = {k for k in PATCH_OP_OPERAND.values() if k and k != operand}
+    if op not in PatchOp.MISSING_OK_OPS:
+        others.add("missing_ok")
+    keys = [k for k in sections.CONFIG_KEYS["op"] if k not in others]
+    required = ["op", *sections.CONFIG_REQUIRED["op"], *([operand] if operand else [])]
+    reads = "'from'" if operand == "from" else "the path"
+    about = f"RFC 6902 {op}" + (f"; missing_ok: true skips scopes without {reads}."
+                                if op in PatchOp.MISSING_OK_OPS else ".")
+    return strict(keys, "patch", required, about, op={"const": op})
+
+
+def _file_op() -> dict:
+    s = sections
+    branches = []
+    for action, keys in s.FILE_KEYS.items():
+        branch = strict(keys, "file", (action,))
+        if action == "add":
+            branch["oneOf"] = exactly_one(s.ADD_SOURCES)
+        branches.append(branch)
+    return {"oneOf": branches}
+
+
+def _select() -> dict:
+    t = tensor_parse
+    out = strict(t.SELECT_KEYS, "select", description="glob: fnmatch on the full tensor name; "
+                 "regex: re.search; layers: a layer index comparison; group: inspect's module "
+                 "groups. All given must match.")
+    out["anyOf"] = exactly_one(k for k in t.SELECT_KEYS if k != "dtype")
+    out["not"] = {"required": list(t.PATTERN_KEYS)}
+    return out
+
+
+def _tensor_op() -> dict:
+    t, ts = tensor_parse, tensor_schema
+    given = {
+        "split": {"to": {"type": "array", "minItems": 2, "uniqueItems": True,
+                         "items": {"type": "string"}}},
+        "scale": {"reciprocal": {
+            "enum": list(RECIPROCAL_MODES), "description": "1/x rounded to nearest in the "
+            "input's dtype. exact: refuse a value that 1/(1/x) does not give back bit for bit; "
+            "nearest: accept it (what compressed-tensors' ModelOpt converter writes). Zero, "
+            "inf, NaN and out-of-range results are always refused."},
+            "cast": {"enum": spellings(SCALE_DTYPES),
+                     "description": "Refused unless every value comes back bit for bit."}},
+        "dequantize": {"scheme": {"enum": list(ts.DEQUANT_SCHEMES)}, "to": ref("floatTarget"),
+                       "block": block_pair(
+                           f"{' or '.join(ts.DEQUANT_BLOCK_SCHEMES)} only: [bm, bn]; default: "
+                           "the config's quantization_config.weight_block_size, else "
+                           f"{list(ts.DEFAULT_BLOCK)}")},
+        "quantize": {"scheme": {"enum": list(ts.QUANT_SCHEMES)},
+                     "layout": {"enum": list(ts.QUANT_LAYOUTS)}},
+    }
+    actions = {action: strict(keys, "action", ts.ACTION_REQUIRED[action],
+                              **given.get(action, {}))
+               for action, keys in ts.ACTION_KEYS.items()}
+    actions["copy"]["description"] = ("Add a byte-identical copy of each selected tensor named "
+                                      "re.sub(pattern, to, name).")
+    actions["split"]["description"] = (
+        "Replace each selected tensor by byte-identical copies named re.sub(pattern, to[i], "
+        "name), e.g. {pattern: 'kv_scale$', to: [k_scale, v_scale]}; the source name is "
+        "removed unless it is one of them.")
+    scale = actions["scale"]
+    scale["minProperties"] = 1
+    scale["description"] = ("Elementwise scale math, in the order reciprocal, cast, reshape; "
+                            "exact or refused (exit 2, naming the tensor).")
+    dequantize = actions["dequantize"]
+    dequantize["if"] = {"required": ["block"]}
+    dequantize["then"] = {"properties": {"scheme": {"enum": list(ts.DEQUANT_BLOCK_SCHEMES)}}}
+    quantize = actions["quantize"]
+    quantize["oneOf"] = [
+        {"properties": {"scheme": {"const": scheme},
+                        "layout": {"enum": [lay for s, lay in ts.QUANT_COMBINATIONS
+                                            if s == scheme]}},
+         **({} if scheme in ts.QUANT_BLOCK_SCHEMES else {"not": {"required": ["block"]}})}
+        for scheme in ts.QUANT_SCHEMES]
+    out = strict(t.TENSOR_KEYS, "tensor", t.TENSOR_REQUIRED, **actions)
+    out["oneOf"] = exactly_one(t.TENSOR_ACTIONS)
+    return out
+
+
+# -------------------------------------------------------------------------------- values
+
+POINTER = r"^(/([^~]|~[01])*)*$"
+
+
+def _file_name() -> dict:
+    reserved = "".join(f"(?!{re.escape(d)}(/|$))" for d in checks.RESERVED_DIRS) + "".join(
+        f"(?!{re.escape(n)}$)" for n in checks.RESERVED_NAMES)
+    part = r"[^/\\\u0000]+"
+    return {"type": "string",
+            "pattern": rf"^(?![A-Za-z]:){reserved}(?!(.*/)?\.\.?(/|$)){part}(/{part})*$",
+            "description": "A relative path inside the model directory: no leading /, no .. "
+                           "or . components, no backslashes."}
+
+
+def _values() -> dict:
+    non_empty = {"type": "string", "minLength": 1}
+    return {
+        "pointer": {"type": "string", "pattern": POINTER,
+                    "description": "RFC 6901 JSON Pointer: \"\" or /key/... (~0 is ~, ~1 is /)."},
+        "innerPointer": {"type": "string", "pattern": POINTER, "minLength": 1,
+                         "description": "A JSON Pointer below the root (not \"\")."},
+        "fileName": _file_name(),
+        "scope": {"type": "string", "pattern": POINTER,
+                  "description": "A scope pointer; / (or \"\") is the document root."},
+        "scopes": {"description": "Apply/evaluate inside each of these pointers (/ is the "
+                                  "root).",
+                   "oneOf": [ref("scope"), {"type": "array", "items": ref("scope"),
+                                            "minItems": 1, "uniqueItems": True}]},
+        "nonEmptyString": {"type": "string", "pattern": r"\S"},
+        "patterns": one_or_many(non_empty),
+        "regexes": one_or_many(REGEX),
+        "dtype": {"enum": spellings(), "description": "safetensors names (canonical), short "
+                  "names (bf16, fp8) or torch's (bfloat16, torch.float8_e4m3fn)."},
+        "floatTarget": {"enum": spellings(tensor_schema.FLOAT_TARGETS),
+                        "description": f"{', '.join(tensor_schema.FLOAT_TARGETS)}, in any of "
+                        "their spellings (bf16, bfloat16, float32...)."},
+        "contentSource": {
+            "type": "string", "minLength": 1,
+            "description": "Where the content comes from: a file next to the recipe "
+            "(chat_template.jinja; read at load), hf://ORG/NAME[@REV]/PATH (a hub repository's "
+            "file; REV percent-decoded), model:PATH (a file of a local model directory) or "
+            "file:PATH (a local file). model: and file: only through a {parameter} given with "
+            "--set. #/POINTER after an hf://, model: or file: source takes the JSON value at "
+            "that pointer. Read once at plan time; the plan and manifest record where from "
+            "(the hub commit) and the sha256.",
+            "examples": ["chat_template.jinja", "hf://org/base@main/generation_config.json",
+                         "hf://org/base/tokenizer_config.json#/chat_template", "{template}"]},
+        "sha256Pin": {"type": "string",
+                      "pattern": "^(" + SHA256_RE.pattern.removesuffix("\\Z") + r")?$|\{",
+                      "description": "The sha256 (64 lowercase hex digits) the from: bytes "
+                      "must have; other bytes are refused. Empty: not pinned. May be a "
+                      "{parameter}."},
+    }
+
+
+# ------------------------------------------------------------------------------- schema
+
+def recipe_schema() -> dict:
+    """The recipe's JSON Schema (Draft 2020-12), as a dict."""
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": SCHEMA_ID,
+        "title": "modelpatch recipe",
+        "description": "A declarative patch for a Hugging Face model directory (format version "
+                       f"{', '.join(map(str, RECIPE_FORMAT_VERSIONS))}). Generated from the "
+                       "loader's tables by patcher.recipe.json_schema (modelpatch recipes "
+                       "schema); do not edit. The loader also refuses YAML anchors, aliases, "
+                       "custom tags and multiple documents, which a JSON Schema cannot express.",
+        "type": "object",
+        "additionalProperties": False,
+        "required": list(load.REQUIRED_TOP_KEYS),
+        "properties": _top_level(),
+        "$defs": {**_values(), "condition": _condition(), "configOp": _config_op(),
+                  "fileOp": _file_op(), "select": _select(), "tensorOp": _tensor_op(),
+                  "param": strict(params.PARAM_KEYS, "param", params.PARAM_REQUIRED)},
+    }
+
+
+def schema_text() -> str:
+    """The schema as ``patcher/schemas/recipe.schema.json`` holds it."""
+    return json.dumps(recipe_schema(), indent=2, ensure_ascii=False) + "\n"

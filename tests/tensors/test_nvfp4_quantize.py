@@ -196,6 +196,21 @@ def test_nvfp4a16_refuses_a_quantized_model_and_unknown_weights(dirs, tmp_path):
         api.plan("nvfp4a16", router)
 
 
+def test_nvfp4a16_refuses_a_gpt2_style_model(tmp_path):
+    """GPT-2 keeps its projections as Conv1D weights stored [in, out] (transformers
+    ``pytorch_utils.Conv1D``): NVFP4's groups of 16 would run along the output dimension."""
+    from patcher.errors import GuardRefused
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64,
+                                       n_positions=16))
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "gpt2")
+    assert tuple(model.transformer.h[0].mlp.c_fc.weight.shape) == (32, 128)   # [in, out]
+    with pytest.raises(GuardRefused, match="Conv1D"):
+        api.plan("nvfp4a16", tmp_path / "gpt2")
+
+
 # --- bad input: one line naming the tensor, exit 2, nothing written ---------------------------
 
 QUANTIZE = """

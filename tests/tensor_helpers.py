@@ -90,6 +90,13 @@ def transformers_logits(model_dir: Path) -> torch.Tensor:
         return model(torch.arange(12).reshape(1, 12)).logits
 
 
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit codes (0..15) two per byte, the even element in the low nibble: how ModelOpt and
+    compressed-tensors pack e2m1 (the kernels pack inline; this builds test inputs)."""
+    c = codes.to(torch.uint8)
+    return c[..., 0::2] | (c[..., 1::2] << 4)
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
     return t.contiguous().view(width)

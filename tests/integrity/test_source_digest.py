@@ -1,11 +1,13 @@
 """Base shards hashed while a rewrite reads them: the same sha256 as a separate pass, the pass
-itself skipped, and no digest where the reads were out of order or the file changed."""
+itself skipped, the file's digest whatever order its ranges arrive in, and no stable digest
+where the file changed."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -47,17 +49,48 @@ def test_ranges_fed_in_order_give_the_file_digest(tmp_path):
     assert result.sha256 == hashlib.sha256(data).hexdigest()
 
 
-def test_out_of_order_reads_give_no_digest(tmp_path):
+@pytest.mark.parametrize("ranges", [
+    [(1000, 2000), (500, 600)],          # behind the position: read as a gap already
+    [(1000, 2000), (1500, 3000)],        # overlapping: only the new part counts
+    [(3000, 4000), (0, 4096)],           # the whole file after its end was reached
+], ids=["behind", "overlapping", "whole-after-end"])
+def test_ranges_out_of_order_still_give_the_file_digest(tmp_path, ranges):
+    """The reader and the writer threads of a shard rewrite both feed it; whichever arrives
+    late, the digest is the file's."""
     path = _file(tmp_path, 4096)
     data = path.read_bytes()
     fd = os.open(path, os.O_RDONLY)
     try:
         digest = SourceDigest(fd)
-        digest.feed(1000, data[1000:2000])
-        digest.feed(500, data[500:600])
-        assert digest.result() is None
+        for start, end in ranges:
+            digest.feed(start, data[start:end])
+        result = digest.result()
     finally:
         os.close(fd)
+    assert result.sha256 == hashlib.sha256(data).hexdigest() and result.size == len(data)
+
+
+def test_ranges_fed_from_two_threads_give_the_file_digest(tmp_path):
+    path = _file(tmp_path, 1 << 20)
+    data = path.read_bytes()
+    pieces = [(i, min(i + 4096, len(data))) for i in range(0, len(data), 4096)]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        digest = SourceDigest(fd)
+
+        def feed(part):
+            for start, end in part:
+                digest.feed(start, data[start:end])
+
+        threads = [threading.Thread(target=feed, args=(pieces[k::2],)) for k in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        result = digest.result()
+    finally:
+        os.close(fd)
+    assert result.sha256 == hashlib.sha256(data).hexdigest()
 
 
 def test_a_file_changed_while_read_is_not_stable(tmp_path):
@@ -119,6 +152,29 @@ def test_first_time_rewrite_hashes_its_shards_as_it_reads_them(kimi_dir, tmp_pat
     back = api.revert(result.output, out=tmp_path / "back").output
     for rel in sizes:
         assert (back / rel).read_bytes() == (base / rel).read_bytes()
+
+
+def test_a_rewrite_that_only_copies_reads_each_shard_once(kimi_dir, tmp_path, monkeypatch):
+    """drop-kv-scales computes nothing: every kept range is copied in the kernel and hashed from
+    the page cache, and the base's digest takes the same mapped bytes, so it reads by itself only
+    what is not copied (the header, the dropped scales), not the shard a second time."""
+    base = copy_tree(kimi_dir, tmp_path / "base")
+    read_by_digest: list[int] = []
+    real = SourceDigest._read_to
+
+    def counting(self, end):
+        start = self.position
+        real(self, end)
+        read_by_digest.append(self.position - start)
+
+    monkeypatch.setattr(SourceDigest, "_read_to", counting)
+    recipe = tmp_path / "d.yaml"
+    recipe.write_text(DROP_KV)
+    result = api.apply(recipe, base, out=tmp_path / "v", jobs=1)
+    shard_bytes = sum((base / rel).stat().st_size for rel in KV_SHARDS)
+    assert read_by_digest and sum(read_by_digest) < shard_bytes // 20, (sum(read_by_digest),
+                                                                        shard_bytes)
+    assert api.verify(result.output).ok
 
 
 def test_in_place_rewrite_hashes_its_shards_as_it_reads_them(kimi_dir, tmp_path):

@@ -34,10 +34,10 @@ from patcher.tensors.quant import (
     dequantize_fp8_per_tensor,
     dequantize_nvfp4_compressed_tensors,
     dequantize_nvfp4_modelopt,
-    pack_fp4,
 )
 from patcher.tensors.quant.rounding import round_exact, round_via_f32
 from exact_reference import round_exact_product, round_exact_quotient
+from tensor_helpers import pack_nibbles
 
 OUT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -196,7 +196,7 @@ def _all_nvfp4_pairs():
     codes = torch.arange(16, dtype=torch.uint8).repeat(len(E4M3_BYTES), 1)
     scale = torch.from_numpy(E4M3_BYTES).view(torch.float8_e4m3fn).reshape(-1, 1)
     exact_pair = E2M1[None, :] * _decode_e4m3(E4M3_BYTES)[:, None]    # [254, 16], exact
-    return pack_fp4(codes), scale, exact_pair
+    return pack_nibbles(codes), scale, exact_pair
 
 
 def _nvfp4_sweep(kind: str, fmt: str, device: str, per_tensor: np.ndarray) -> int:

@@ -6,6 +6,10 @@ hash, once to rewrite, which on a 500 GB checkpoint that is not in the page cach
 read of the disk. A rewrite that reads its one source file front to back (dropping, renaming,
 casting or dequantizing tensors in place) instead feeds each range it reads to a
 ``SourceDigest``, which reads only the gaps itself (the header, dropped tensors) and the tail.
+A shard rewrite feeds it from two threads (the sources of computed tensors as they are read, the
+ranges it copies as they are copied; ``patcher.tensors.writing``): a range the digest has already
+passed, having read that gap from the file itself, is skipped, so the digest never depends on the
+order the two threads arrive in, only on what the file holds.
 
 The digest counts only if the file did not change while it was read (size, mtime and ctime the
 same before and after), as for ``hashing.hash_files_stat``.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 
 from ...errors import OperationFailed
 from .hashing import CHUNK_SIZE, HashResult
@@ -36,34 +41,35 @@ def single_source_in_order(task: ShardTask) -> str | None:
 
 
 class SourceDigest:
-    """sha256 of the whole file behind ``fd``, fed the ranges its reader reads, in order."""
+    """sha256 of the whole file behind ``fd``, fed ranges of it by one or two threads."""
 
     def __init__(self, fd: int):
         self.fd = fd
         self.before = os.fstat(fd)
         self.position = 0
         self.hash = hashlib.sha256()
-        self.in_order = True
         self._buf: bytearray | None = None
+        self._lock = threading.Lock()
 
     def feed(self, offset: int, data) -> None:
-        """``data`` is the file's content at ``offset``. A range behind the position already
-        hashed (reads out of order) gives the digest up; ``result`` then returns None."""
-        if not self.in_order:
-            return
-        if offset < self.position:
-            self.in_order = False
-            return
-        self._read_to(offset)
+        """``data`` is the file's content at ``offset``. The part of it the digest has already
+        passed (read from the file itself, as a gap before a later range) is skipped."""
         view = memoryview(data).cast("B")
-        self.hash.update(view)
-        self.position += view.nbytes
+        with self._lock:
+            end = offset + view.nbytes
+            if end <= self.position:
+                return
+            if offset < self.position:
+                view, offset = view[self.position - offset:], self.position
+            self._read_to(offset)
+            self.hash.update(view)
+            self.position = end
 
-    def result(self) -> HashResult | None:
-        """Hash the rest of the file and return the digest, or None if it cannot be trusted."""
-        if not self.in_order:
-            return None
-        self._read_to(None)
+    def result(self) -> HashResult:
+        """Hash the rest of the file and return the digest; ``stable`` says whether the file
+        stayed the same while it was read."""
+        with self._lock:
+            self._read_to(None)
         after = os.fstat(self.fd)
         stable = (self.position == self.before.st_size == after.st_size
                   and self.before.st_mtime_ns == after.st_mtime_ns

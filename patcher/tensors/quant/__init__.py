@@ -36,7 +36,6 @@ from patcher.tensors.quant.nvfp4 import (
     dequantize_nvfp4_compressed_tensors,
     dequantize_nvfp4_modelopt,
     nvfp4_unpacked_shape,
-    pack_fp4,
     quantize_nvfp4,
     unpack_fp4,
 )
@@ -57,7 +56,6 @@ __all__ = [
     "dequantize_nvfp4_modelopt",
     "fp8_block_scale_shape",
     "nvfp4_unpacked_shape",
-    "pack_fp4",
     "quantize_fp8_block",
     "quantize_fp8_per_tensor",
     "quantize_nvfp4",

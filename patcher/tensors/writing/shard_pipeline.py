@@ -1,10 +1,11 @@
 """The three stages of writing one shard, overlapped: read, compute, write and hash.
 
 While tensor ``i`` is computed (this thread, torch's intra-op threads), a reader thread reads the
-sources of tensor ``i + 1`` (and feeds them to the base shard's ``SourceDigest``, which hashes the
-gaps between them itself), and a writer thread writes and hashes tensor ``i - 1`` (and copies the
-unchanged ranges in the kernel, hashing them from the page cache). Each stage runs its items in
-shard order in one thread, so the output and both digests see the bytes in order. ``os.preadv``,
+sources of tensor ``i + 1``, and a writer thread writes and hashes tensor ``i - 1`` (and copies the
+unchanged ranges in the kernel, hashing them from the page cache). Both feed what they read to the
+base shard's ``SourceDigest``, which hashes the gaps itself and skips what it has passed. Each
+stage runs its items in shard order in one thread, so the output's digest sees the bytes in
+order. ``os.preadv``,
 ``os.write``, sha256 updates over 2 KiB and torch's kernels release the GIL, so the stages run on
 separate cores.
 

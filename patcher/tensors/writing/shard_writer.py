@@ -192,8 +192,9 @@ def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict
                 digest: SourceDigest | None, on_progress, target: Path,
                 stop: threading.Event | None) -> None:
     """Every tensor of ``task`` after the header: the reader thread reads the sources of the
-    computed tensors (feeding ``digest``, in order), this thread computes, the writer thread
-    copies the unchanged ranges and writes the computed bytes, in shard order."""
+    computed tensors, this thread computes, the writer thread copies the unchanged ranges and
+    writes the computed bytes, in shard order. Both the reader and the writer feed ``digest``
+    what they read, so the base shard is read once even when nothing is computed."""
     from ... import faults
 
     groups = list(_groups(task.jobs))
@@ -218,7 +219,7 @@ def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict
                 writeback(before + copied[0])
 
             hash_while_copying(_fd(sources, first.path), first.offset, expected, writer,
-                               on_progress=progress)
+                               on_progress=progress, source_digest=digest)
         else:
             if not isinstance(data, memoryview):
                 data = _as_bytes(data.wait())       # its copy from the GPU, once done

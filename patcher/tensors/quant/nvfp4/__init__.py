@@ -22,7 +22,7 @@ metadata), ``dequantize`` and ``quantize``.
 """
 
 from .dequantize import dequantize_nvfp4_compressed_tensors, dequantize_nvfp4_modelopt
-from .e2m1 import E2M1_MAX, E2M1_VALUES, pack_fp4, unpack_fp4
+from .e2m1 import E2M1_MAX, E2M1_VALUES, unpack_fp4
 from .quantize import quantize_nvfp4
 from .shapes import NVFP4_GROUP_SIZE, check_nvfp4_shapes, nvfp4_unpacked_shape
 
@@ -32,7 +32,6 @@ __all__ = [
     "E2M1_MAX",
     "nvfp4_unpacked_shape",
     "check_nvfp4_shapes",
-    "pack_fp4",
     "unpack_fp4",
     "dequantize_nvfp4_modelopt",
     "dequantize_nvfp4_compressed_tensors",

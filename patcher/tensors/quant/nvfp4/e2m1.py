@@ -53,31 +53,6 @@ def unpack_fp4(packed_u8: torch.Tensor, *, device: str = "cpu") -> torch.Tensor:
     return codes.reshape(out_shape).cpu()
 
 
-def pack_fp4(codes: torch.Tensor, *, device: str = "cpu") -> torch.Tensor:
-    """Pack 4-bit e2m1 codes two per byte, the even element in the LOW nibble.
-
-    Args:
-        codes: integer codes ``[..., n]`` in 0..15, ``n`` even.
-        device: where the arithmetic runs. The result is on the CPU.
-
-    Returns:
-        uint8 ``[..., n/2]``.
-
-    Raises:
-        ValueError: odd last dimension, non-integer dtype or a code outside 0..15.
-    """
-    if codes.is_floating_point() or codes.is_complex() or codes.dtype == torch.bool:
-        raise ValueError(f"e2m1 codes must be an integer tensor, got {codes.dtype}")
-    if codes.dim() == 0 or codes.shape[-1] % 2:
-        raise ValueError(f"e2m1 codes need an even last dimension to pack, "
-                         f"got shape {list(codes.shape)}")
-    c = codes.to(torch_device(device))
-    if c.numel() and (int(c.min()) < 0 or int(c.max()) > 15):
-        raise ValueError("e2m1 codes must lie in 0..15")
-    c = c.to(torch.uint8)
-    return (c[..., 0::2] | (c[..., 1::2] << 4)).cpu()
-
-
 _PAIR_TABLES: dict[int, np.ndarray] = {}
 
 

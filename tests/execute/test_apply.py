@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -14,6 +13,7 @@ from click.testing import CliRunner
 from patcher import api
 from patcher.cli import main
 from patcher.integrity.manifest import read_manifest
+from tensor_helpers import snapshot  # bytes, mode, inode and mtime of every entry
 
 RECIPE_DIR = Path(__file__).resolve().parents[2] / "recipes"
 
@@ -33,22 +33,6 @@ def kimi(kimi_dir, tmp_path) -> Path:
     for path in dst.rglob("*"):
         os.utime(path, (old, old), follow_symlinks=False)
     return dst
-
-
-def snapshot(root: Path) -> dict[str, tuple]:
-    """Everything that must not change: bytes, mode, symlink target, inode of every entry."""
-    out = {}
-    for path in sorted(root.rglob("*")):
-        st = path.lstat()
-        rel = path.relative_to(root).as_posix()
-        if path.is_symlink():
-            out[rel] = ("link", os.readlink(path))
-        elif path.is_file():
-            out[rel] = ("file", hashlib.sha256(path.read_bytes()).hexdigest(), st.st_mode,
-                        st.st_ino, st.st_mtime_ns)
-        else:
-            out[rel] = ("dir", st.st_mode)
-    return out
 
 
 def run(*args: str, ok: bool = True):

@@ -20,12 +20,13 @@ What it adds: the type of each key's value (``_VALUES``, by key name; a key the 
 and this table does not know makes the build fail, naming it) and the descriptions. The loader
 checks more than a JSON Schema can say (regexes that backtrack, replacement templates, the
 whole recipe's cross-checks); the schema never refuses what the loader accepts on those grounds.
+The combinators and the shared ``$defs`` are in ``json_schema_parts``; this module assembles the
+sections.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Iterable, Sequence
 
 from ..config import arrays
@@ -35,54 +36,20 @@ from ..units import SIZE_UNITS
 from . import checks, load, sections
 from .params import parse as params
 from .schema import PARAM_TYPES, PATCH_OP_OPERAND, RECIPE_FORMAT_VERSIONS, PatchOp
-from .sources import SHA256_RE
 from .tensor_ops import parse as tensor_parse
 from .tensor_ops import schema as tensor_schema
 from .tensor_ops.dtype_names import spellings
 from .tensor_ops.split_scale import RECIPROCAL_MODES, SCALE_DTYPES
+from .json_schema_parts import (ANY, BOOLEAN, REGEX, any_case, block_pair, exactly_one, fullmatch,
+                                nullable, one_or_many, ref, shared_defs)
 
 SCHEMA_ID = ("https://github.com/modelpatch/modelpatch/blob/main/patcher/schemas/"
              "recipe.schema.json")
 REGENERATE = "python -m patcher.cli recipes schema > patcher/schemas/recipe.schema.json"
 
-
-def ref(name: str) -> dict:
-    return {"$ref": f"#/$defs/{name}"}
-
-
-def one_or_many(item: dict) -> dict:
-    """``item``, or a non-empty list of them."""
-    return {"oneOf": [item, {"type": "array", "minItems": 1, "items": item}]}
-
-
-def nullable(kind: str) -> list[str]:
-    """A section that may be written empty (``tensors:`` with nothing under it)."""
-    return [kind, "null"]
-
-
-def fullmatch(regex: re.Pattern | str) -> str:
-    """A pattern the loader applies with ``fullmatch`` (or ending in ``\\Z``), anchored for
-    JSON Schema, which searches."""
-    text = regex if isinstance(regex, str) else regex.pattern
-    return "^(?:" + text.removesuffix("\\Z") + ")$"
-
-
-def any_case(word: str) -> str:
-    return "".join(f"[{c.lower()}{c.upper()}]" if c.isalpha() else re.escape(c) for c in word)
-
-
-def block_pair(description: str | None = None) -> dict:
-    out = {"type": "array", "minItems": 2, "maxItems": 2,
-           "items": {"type": "integer", "minimum": 1}}
-    return {"description": description, **out} if description else out
-
-
-BOOLEAN = {"type": "boolean"}
-ANY = True
 IN_STEP = {"type": "boolean", "description": "Also apply to the counterpart list: config.json "
            "/quantization_config/ignore <-> hf_quant_config.json /quantization/exclude_modules "
            "(skipped where missing)."}
-REGEX = {"type": "string", "format": "regex", "minLength": 1}
 
 # The value of each key, by section; ``"*"`` holds those that mean the same everywhere.
 _VALUES: dict[str, dict[str, Any]] = {
@@ -182,10 +149,6 @@ def strict(keys: Sequence[str], section: str, required: Sequence[str] = (),
     if required:
         out["required"] = list(required)
     return out
-
-
-def exactly_one(keys: Iterable[str]) -> list[dict]:
-    return [{"required": [key]} for key in keys]
 
 
 # ------------------------------------------------------------------------------ sections
@@ -389,62 +352,6 @@ def _tensor_op() -> dict:
     return out
 
 
-# -------------------------------------------------------------------------------- values
-
-POINTER = r"^(/([^~]|~[01])*)*$"
-
-
-def _file_name() -> dict:
-    reserved = "".join(f"(?!{re.escape(d)}(/|$))" for d in checks.RESERVED_DIRS) + "".join(
-        f"(?!{re.escape(n)}$)" for n in checks.RESERVED_NAMES)
-    part = r"[^/\\\u0000]+"
-    return {"type": "string",
-            "pattern": rf"^(?![A-Za-z]:){reserved}(?!(.*/)?\.\.?(/|$)){part}(/{part})*$",
-            "description": "A relative path inside the model directory: no leading /, no .. "
-                           "or . components, no backslashes."}
-
-
-def _values() -> dict:
-    non_empty = {"type": "string", "minLength": 1}
-    return {
-        "pointer": {"type": "string", "pattern": POINTER,
-                    "description": "RFC 6901 JSON Pointer: \"\" or /key/... (~0 is ~, ~1 is /)."},
-        "innerPointer": {"type": "string", "pattern": POINTER, "minLength": 1,
-                         "description": "A JSON Pointer below the root (not \"\")."},
-        "fileName": _file_name(),
-        "scope": {"type": "string", "pattern": POINTER,
-                  "description": "A scope pointer; / (or \"\") is the document root."},
-        "scopes": {"description": "Apply/evaluate inside each of these pointers (/ is the "
-                                  "root).",
-                   "oneOf": [ref("scope"), {"type": "array", "items": ref("scope"),
-                                            "minItems": 1, "uniqueItems": True}]},
-        "nonEmptyString": {"type": "string", "pattern": r"\S"},
-        "patterns": one_or_many(non_empty),
-        "regexes": one_or_many(REGEX),
-        "dtype": {"enum": spellings(), "description": "safetensors names (canonical), short "
-                  "names (bf16, fp8) or torch's (bfloat16, torch.float8_e4m3fn)."},
-        "floatTarget": {"enum": spellings(tensor_schema.FLOAT_TARGETS),
-                        "description": f"{', '.join(tensor_schema.FLOAT_TARGETS)}, in any of "
-                        "their spellings (bf16, bfloat16, float32...)."},
-        "contentSource": {
-            "type": "string", "minLength": 1,
-            "description": "Where the content comes from: a file next to the recipe "
-            "(chat_template.jinja; read at load), hf://ORG/NAME[@REV]/PATH (a hub repository's "
-            "file; REV percent-decoded), model:PATH (a file of a local model directory) or "
-            "file:PATH (a local file). model: and file: only through a {parameter} given with "
-            "--set. #/POINTER after an hf://, model: or file: source takes the JSON value at "
-            "that pointer. Read once at plan time; the plan and manifest record where from "
-            "(the hub commit) and the sha256.",
-            "examples": ["chat_template.jinja", "hf://org/base@main/generation_config.json",
-                         "hf://org/base/tokenizer_config.json#/chat_template", "{template}"]},
-        "sha256Pin": {"type": "string",
-                      "pattern": "^(" + SHA256_RE.pattern.removesuffix("\\Z") + r")?$|\{",
-                      "description": "The sha256 (64 lowercase hex digits) the from: bytes "
-                      "must have; other bytes are refused. Empty: not pinned. May be a "
-                      "{parameter}."},
-    }
-
-
 # ------------------------------------------------------------------------------- schema
 
 def recipe_schema() -> dict:
@@ -462,7 +369,7 @@ def recipe_schema() -> dict:
         "additionalProperties": False,
         "required": list(load.REQUIRED_TOP_KEYS),
         "properties": _top_level(),
-        "$defs": {**_values(), "condition": _condition(), "configOp": _config_op(),
+        "$defs": {**shared_defs(), "condition": _condition(), "configOp": _config_op(),
                   "fileOp": _file_op(), "select": _select(), "tensorOp": _tensor_op(),
                   "param": strict(params.PARAM_KEYS, "param", params.PARAM_REQUIRED)},
     }

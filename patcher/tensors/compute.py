@@ -24,10 +24,12 @@ _WIDER = {"F16": "BF16 or F32", "BF16": "F32"}
 
 
 def compute(job: TensorJob, read_inputs: Callable[[], list[torch.Tensor]], cache: dict,
-            device: str) -> torch.Tensor:
+            device: str, host_inputs: list[torch.Tensor] | None = None) -> torch.Tensor:
     """The output tensor of ``job``. ``read_inputs`` reads its source tensors, in order. A cast
     or a dequantization leaves it on ``device`` (the caller copies it back as it sees fit); a
-    quantization returns it on the CPU.
+    quantization returns it on the CPU. ``host_inputs``: the same sources in host memory when
+    ``read_inputs`` gives them on a GPU; the overflow bound reads its scales there, instead of
+    waiting for the GPU once per tensor.
 
     A quantization yields a weight and its scales from one computation: the weight job computes
     them all and leaves the scales in ``cache`` for the scale jobs that follow it in the same
@@ -45,7 +47,7 @@ def compute(job: TensorJob, read_inputs: Callable[[], list[torch.Tensor]], cache
         if job.op == "dequantize":
             inputs = read_inputs()
             out = _dequantize(job, inputs, device)
-            _check_overflow(job, out, inputs)
+            _check_overflow(job, out, inputs, host_inputs)
             return out
         if job.op == "quantize":
             return _quantize(job, read_inputs, cache, device)
@@ -58,12 +60,14 @@ def compute(job: TensorJob, read_inputs: Callable[[], list[torch.Tensor]], cache
     raise ValueError(f"unknown tensor job {job.op!r}")
 
 
-def _check_overflow(job: TensorJob, out: torch.Tensor, inputs: list[torch.Tensor]) -> None:
+def _check_overflow(job: TensorJob, out: torch.Tensor, inputs: list[torch.Tensor],
+                    host_inputs: list[torch.Tensor] | None = None) -> None:
     """Refuse an output holding inf where the source values were finite: one pass over the
-    output, chunk by chunk; the rest only when an inf turns up."""
+    output, chunk by chunk; the rest only when an inf turns up. A dequantization's bound is
+    taken from ``host_inputs`` when given (the same values, in host memory)."""
     if not out.is_floating_point():
         return
-    if job.op == "dequantize" and _cannot_overflow(job, inputs, out.dtype):
+    if job.op == "dequantize" and _cannot_overflow(job, host_inputs or inputs, out.dtype):
         return
     flat = out.reshape(-1)
     chunks = range(0, flat.numel(), CHUNK_ELEMENTS)

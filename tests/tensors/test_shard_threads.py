@@ -64,14 +64,14 @@ def test_a_failure_or_ctrl_c_stops_the_other_threads_at_their_next_tensor(tmp_pa
     computed: list[str] = []
     real_compute = compute_module.compute
 
-    def compute(job, read_inputs, cache, device):
+    def compute(job, read_inputs, cache, device, **kwargs):
         name = job.out.name
         computed.append(name)
         if name == "t00" and job.inputs[0].path.endswith("src0/base/m.safetensors"):
             assert stops[0].wait(30), "the long shard was never told to stop"
         if how == "error in another shard" and "src1" in job.inputs[0].path and name == "t02":
             raise OSError(28, "No space left on device")
-        return real_compute(job, read_inputs, cache, device)
+        return real_compute(job, read_inputs, cache, device, **kwargs)
 
     def progress(_):
         if how == "Ctrl-C":
@@ -97,9 +97,9 @@ def test_the_gil_changes_hands_often_while_threads_write_shards_and_as_before_af
     seen = []
     real_compute = compute_module.compute
 
-    def compute(*args):
+    def compute(*args, **kwargs):
         seen.append(sys.getswitchinterval())
-        return real_compute(*args)
+        return real_compute(*args, **kwargs)
 
     monkeypatch.setattr(compute_module, "compute", compute)
     before = sys.getswitchinterval()

@@ -169,3 +169,30 @@ def test_the_overflow_bound_skips_the_output_pass_only_when_no_value_can_overflo
     assert _cannot_overflow(ct, [packed, scale, torch.tensor([1.0])], torch.float16)
     assert not _cannot_overflow(ct, [packed, scale, torch.tensor([0.01])], torch.float16)
     assert not _cannot_overflow(ct, [packed, scale, torch.tensor([0.0])], torch.float16)
+
+
+@pytest.mark.parametrize("scheme, sources", [
+    ("fp8-block", lambda: [torch.randn(256, 256).to(torch.float8_e4m3fn), torch.rand(2, 2) + 0.5]),
+    ("nvfp4-compressed-tensors", lambda: [
+        torch.randint(0, 256, (64, 32), dtype=torch.uint8),
+        (torch.rand(64, 4) * 8).to(torch.float8_e4m3fn), torch.tensor([500.0])]),
+    ("nvfp4-modelopt", lambda: [
+        torch.randint(0, 256, (64, 32), dtype=torch.uint8),
+        (torch.rand(64, 4) * 8).to(torch.float8_e4m3fn), torch.tensor(0.002)]),
+])
+def test_the_overflow_bound_reads_the_host_copies_of_sources_on_a_device(scheme, sources):
+    """On CUDA the computing thread gets each job's sources on the GPU and their pinned host
+    copies; the bound reads the host ones, so it never waits for the GPU. Meta tensors stand in
+    for the GPU ones here: reading any value from them raises."""
+    from patcher.tensors.compute import compute
+
+    host = sources()
+    rows, cols = host[0].shape[0], host[0].shape[1] * (1 if scheme == "fp8-block" else 2)
+    src = TensorSource("/x", "s", "w", "U8", (1,), 0, 1)
+    job = TensorJob(OutputTensor("w", "BF16", (rows, cols)), "dequantize", (src,) * len(host),
+                    (("scheme", scheme), ("to", "BF16"), ("block", (128, 128))))
+    on_device = [t.to("meta") for t in host]
+    out = compute(job, lambda: on_device, {}, "meta", host_inputs=host)
+    assert (out.device.type, out.shape, out.dtype) == ("meta", (rows, cols), torch.bfloat16)
+    with pytest.raises((RuntimeError, NotImplementedError)):
+        compute(job, lambda: on_device, {}, "meta")     # without them it reads the device's

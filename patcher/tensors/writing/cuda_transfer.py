@@ -5,7 +5,9 @@ into a slot of page-locked (pinned) host memory and starts their copy to the GPU
 its own (``non_blocking``), recording an event. The computing thread waits for that event on its
 own stream only (``ready``), so the copy of the next tensor overlaps the kernels of this one and
 the disk writes of the previous one. Slots are reused in turn; a slot is refilled only after its
-last copy finished. Copies from pageable memory would be staged through a driver buffer in small
+last copy finished. What the computing thread needs to read from the sources (the overflow bound's
+largest scale) it reads from the pinned host copies, so it never waits for the GPU before the
+writer does. Copies from pageable memory would be staged through a driver buffer in small
 synchronous pieces instead.
 
 The way back is the same: the computing thread only enqueues the copy of a computed tensor into
@@ -56,12 +58,17 @@ class ToDevice:
             event.record(self.stream)
         self.events[self.slot] = event
         self.slot, self.used = (self.slot + 1) % SLOTS, 0
-        return _OnDevice(on_device, event)
+        return _OnDevice(on_device, event, tensors)
 
 
 class _OnDevice:
-    def __init__(self, tensors: list[torch.Tensor], event):
-        self.tensors, self.event = tensors, event
+    """A job's sources on the GPU (``ready()``), and their pinned host copies (``host``). The
+    host copies stay valid while the job is computed: their slot is refilled only ``SLOTS``
+    jobs later. Reading a value from them costs no wait for the GPU, which reading one from a
+    GPU tensor does (``float()``, ``bool()``)."""
+
+    def __init__(self, tensors: list[torch.Tensor], event, host: list[torch.Tensor]):
+        self.tensors, self.event, self.host = tensors, event, host
 
     def ready(self) -> list[torch.Tensor]:
         stream = torch.cuda.current_stream(self.tensors[0].device if self.tensors else None)

@@ -371,7 +371,7 @@ def _compute(job: TensorJob, inputs, sources: dict[str, int], cache: dict,
             return [_read(sources, s) for s in job.inputs]
         return inputs.ready() if hasattr(inputs, "ready") else inputs
 
-    out = compute(job, read_inputs, cache, device)
+    out = compute(job, read_inputs, cache, device, host_inputs=getattr(inputs, "host", None))
     return _as_bytes(out) if out.device.type == "cpu" else to_host(out)
 
 

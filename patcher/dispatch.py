@@ -1,7 +1,7 @@
 """Where shard tasks and file hashes run: the executor seam.
 
 By default (no executor in effect) they run as they always have: shard tasks in this process or
-its worker pool (``patcher.tensors.writing.shard_writer``), file hashes in threads
+its worker pool (``patcher.tensors.writing.shard_pool``), file hashes in threads
 (``patcher.integrity.digests.hashing``). Inside ``using(executor)`` those two functions hand
 their work to ``executor`` instead (``patcher.execute.ray_executor``: a Ray cluster that shares
 the model's storage). Everything else (planning, staging, linking, the manifest, the commit) stays with the

@@ -14,12 +14,11 @@ import sys
 
 import click
 
-from .. import __version__
+from .. import __version__, collector
 from .error_report import FlagWording
 from .group import (DEBUG_HELP, JSON_HELP, QUIET_HELP, ModelpatchGroup, add_shared_options,
                     base_model_option, emit_json, executor_options, quiet_option,
                     refuse_in_place, set_debug, set_json, set_quiet)
-from ..model import model_dir
 from ..tensors.writing.thread_budget import quiet_openmp
 
 
@@ -35,7 +34,7 @@ def main(ctx: click.Context) -> None:
     """Declarative, verifiable, reversible patches for model checkpoints."""
     quiet = ctx.ensure_object(dict).get("quiet")
     quiet_openmp()          # before anything imports torch (patcher.thread_budget)
-    model_dir.FREEZE_AFTER_PARSE = True     # one command per process
+    collector.ONE_COMMAND = True     # one command per process
     logging.basicConfig(level=logging.ERROR if quiet else logging.WARNING,
                         format="modelpatch: %(message)s", stream=sys.stderr)
     for handler in logging.getLogger().handlers:

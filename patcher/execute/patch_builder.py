@@ -125,7 +125,7 @@ class PatchBuilder:
     def _rewrite_shards(self, shards: list, dest: Path) -> dict[str, str]:
         """Write the rewritten shards; a base shard whose digest is not known yet is hashed as
         the rewrite reads it (``patcher.integrity.digests.source_digest``), not in a pass of its own."""
-        from ..tensors.writing.shard_writer import run_shard_tasks
+        from ..tensors.writing.shard_pool import run_shard_tasks
 
         for fp in shards:
             make_parents(dest, fp.path)

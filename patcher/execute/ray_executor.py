@@ -90,7 +90,7 @@ class RayExecutor:
     def run_shard_tasks(self, tasks: list, staging: Path, *, jobs: int | None = None,
                         on_progress: Callable[[int], None] | None = None,
                         hash_sources: frozenset[str] = frozenset()):
-        from ..tensors.writing.shard_writer import ShardResults
+        from ..tensors.writing.shard_pool import ShardResults
 
         self._connect()
         sources = [s.path for t in tasks for j in t.jobs for s in j.inputs]

@@ -7,8 +7,6 @@ loads JSON files lazily and strictly. Every other command builds on it.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
 import stat
 import time
@@ -18,6 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterator
 
+from .. import collector
 from ..errors import ModelDirError, ShardIndexError
 from ..config.jsonfile import parse_json
 from .header_cache import RACY_WINDOW_NS, HeaderCache, checked_key
@@ -316,29 +315,6 @@ def _read_headers(root: Path, names: list[str]) -> dict[str, ShardHeader]:
     # holds the GIL, so it runs here, serially (threads made it slower).
     with ThreadPoolExecutor(max_workers=min(8, max(1, len(names)))) as pool:
         raw = list(pool.map(lambda n: read_raw_header(root / n, str(root / n)), names))
-    # Parsing allocates hundreds of thousands of small objects that all stay alive: the cyclic
-    # garbage collector would only rescan them (about 40% of the time at 273k tensors).
-    with gc_paused():
+    # Parsing allocates hundreds of thousands of small objects that all stay alive.
+    with collector.paused():
         return {name: parse_header(*r, str(root / name)) for name, r in zip(names, raw)}
-
-
-#: Freeze the collector's generations after parsing headers (``gc.freeze``). Only for a
-#: short-lived process: the command line turns it on. A long-running one (a library user, the
-#: hub server) keeps it off, since a frozen cycle is never collected.
-FREEZE_AFTER_PARSE = False
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        # What was parsed lives as long as the model; freezing moves it out of the collector's
-        # generations, so the next collection does not scan it (reference counting still
-        # frees it).
-        if FREEZE_AFTER_PARSE:
-            gc.freeze()
-        if enabled:
-            gc.enable()

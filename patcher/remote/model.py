@@ -12,8 +12,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import PosixPath
 
+from .. import collector
 from ..errors import ModelDirError
-from ..model.model_dir import INDEX_NAME, SKIPPED_DIRS, ModelDir, ModelFile, gc_paused, parse_index
+from ..model.model_dir import INDEX_NAME, SKIPPED_DIRS, ModelDir, ModelFile, parse_index
 from ..model.safetensors_io import SafetensorsFormatError, header_length, parse_header
 from .hub_files import HF_SCHEME, HubFiles, parse_hf_url
 
@@ -59,7 +60,7 @@ class RemoteModel(ModelDir):
         with ThreadPoolExecutor(max_workers=MAX_PARALLEL_FETCHES) as pool:
             raw = list(pool.map(lambda rel: _raw_header(hub, root, rel), shard_names))
             fetched = dict(zip(wanted, pool.map(lambda rel: _fetch_whole(hub, root, rel), wanted)))
-        with gc_paused():
+        with collector.paused():
             shards = {rel: parse_header(root / rel, hub.sizes[rel], header, str(root / rel))
                       for rel, header in zip(shard_names, raw)}
         index = parse_index(fetched[INDEX_NAME], str(root / INDEX_NAME)) \

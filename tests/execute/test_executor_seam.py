@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from patcher import api, dispatch
 from patcher.cli import main
 from patcher.integrity.digests.hashing import hash_files_stat
-from patcher.tensors.writing.shard_writer import run_shard_tasks
+from patcher.tensors.writing.shard_pool import run_shard_tasks
 
 REPO = Path(__file__).resolve().parents[2]
 

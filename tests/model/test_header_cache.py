@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from patcher import collector
 from patcher.model import header_cache, model_dir
 from patcher.model.model_dir import ModelDir
 from patcher.model.safetensors_io import OutputTensor, encode_header
@@ -162,7 +163,7 @@ def test_reading_headers_in_a_library_process_leaves_the_collector_unfrozen(tmp_
     import gc
     root = _write_model(tmp_path / "m")
     monkeypatch.setenv("MODELPATCH_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(model_dir, "FREEZE_AFTER_PARSE", False)
+    monkeypatch.setattr(collector, "ONE_COMMAND", False)
     # A spy, not gc.get_freeze_count(): that count also falls whenever an object some earlier
     # in-process CLI test froze is freed, so comparing it is not about this call.
     freezes = []
@@ -170,7 +171,7 @@ def test_reading_headers_in_a_library_process_leaves_the_collector_unfrozen(tmp_
     ModelDir.open(root)
     assert freezes == []
     assert gc.isenabled()
-    monkeypatch.setattr(model_dir, "FREEZE_AFTER_PARSE", True)
+    monkeypatch.setattr(collector, "ONE_COMMAND", True)
     ModelDir.open(root)
     assert freezes == [1]
 

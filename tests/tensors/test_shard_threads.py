@@ -30,7 +30,7 @@ def _no_processes(*args, **kwargs):
 
 @pytest.fixture(autouse=True)
 def _cpu_threaded(monkeypatch):
-    monkeypatch.setattr(shard_writer, "THREADED_DEVICES", ("cpu",))
+    monkeypatch.setattr(shard_pool, "THREADED_DEVICES", ("cpu",))
 
 
 def test_threads_write_the_same_bytes_whatever_their_number(tmp_path, monkeypatch):
@@ -39,8 +39,8 @@ def test_threads_write_the_same_bytes_whatever_their_number(tmp_path, monkeypatc
     for jobs in (1, 2, 3):
         staging = tmp_path / f"j{jobs}"
         staging.mkdir()
-        monkeypatch.setattr(shard_writer, "ProcessPoolExecutor", _no_processes)
-        result = shard_writer.run_shard_tasks(tasks, staging, jobs=jobs)
+        monkeypatch.setattr(shard_pool, "ProcessPoolExecutor", _no_processes)
+        result = shard_pool.run_shard_tasks(tasks, staging, jobs=jobs)
         files = {p.name: p.read_bytes() for p in sorted(staging.iterdir())}
         assert result.outputs == {n: hashlib.sha256(b).hexdigest() for n, b in files.items()}
         outputs[jobs] = files
@@ -83,7 +83,7 @@ def test_a_failure_or_ctrl_c_stops_the_other_threads_at_their_next_tensor(tmp_pa
     staging.mkdir()
     expected = KeyboardInterrupt if how == "Ctrl-C" else OSError
     with pytest.raises(expected):
-        shard_writer.run_shard_tasks([long, short], staging, jobs=2, on_progress=progress)
+        shard_pool.run_shard_tasks([long, short], staging, jobs=2, on_progress=progress)
     assert stops[0] is stops[1] and stops[0].is_set()
     long_computed = [n for n in computed if n in {"t00", "t02", "t04", "t06", "t08"}]
     assert long_computed.count("t00") >= 1
@@ -104,6 +104,6 @@ def test_the_gil_changes_hands_often_while_threads_write_shards_and_as_before_af
     monkeypatch.setattr(compute_module, "compute", compute)
     before = sys.getswitchinterval()
     (tmp_path / "out").mkdir()
-    shard_writer.run_shard_tasks(_tasks(tmp_path), tmp_path / "out", jobs=2)
+    shard_pool.run_shard_tasks(_tasks(tmp_path), tmp_path / "out", jobs=2)
     assert seen and set(seen) == {shard_pool.SWITCH_INTERVAL} and before > max(seen)
     assert sys.getswitchinterval() == before

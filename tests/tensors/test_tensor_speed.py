@@ -106,7 +106,11 @@ def _interleaved(tmp_path, count=9):
     return ShardTask("out.safetensors", {"format": "pt"}, tuple(jobs)), expected, path
 
 
-def test_the_pipeline_writes_every_tensor_in_order_and_hashes_the_source(tmp_path):
+@pytest.mark.parametrize("batch_bytes", [0, 20_000, shard_writer.BATCH_BYTES])
+def test_the_pipeline_writes_every_tensor_in_order_and_hashes_the_source(tmp_path, monkeypatch,
+                                                                         batch_bytes):
+    """One tensor per hand-over between the threads, a few, and the whole shard."""
+    monkeypatch.setattr(shard_writer, "BATCH_BYTES", batch_bytes)
     task, expected, source = _interleaved(tmp_path)
     target = tmp_path / "out.safetensors"
     sha, hashed, digest = shard_writer.write_shard(task, target,
@@ -122,8 +126,24 @@ def test_the_pipeline_writes_every_tensor_in_order_and_hashes_the_source(tmp_pat
         assert torch.equal(got[name].view(torch.int16), tensor.view(torch.int16)), name
 
 
+def test_batches_end_after_the_computed_tensor_that_reaches_the_limit(tmp_path):
+    task, _, _ = _interleaved(tmp_path)        # t00 cast, t01 copy, t02 cast...
+    groups = list(shard_writer._groups(task.jobs))
+    names = lambda batches: [[g[0].out.name for g in b] for b in batches]  # noqa: E731
+    assert names(shard_writer._batches(groups, 0)) == [
+        ["t00"], ["t01", "t02"], ["t03", "t04"], ["t05", "t06"], ["t07", "t08"]]
+    # sources of t00, t02, t04: 4,736 + 14,208 + 23,680 bytes
+    assert names(shard_writer._batches(groups, 18_944)) == [
+        ["t00", "t01", "t02"], ["t03", "t04"], ["t05", "t06"], ["t07", "t08"]]
+    assert names(shard_writer._batches(groups, 1 << 30)) == [
+        ["t00", "t01", "t02", "t03", "t04", "t05", "t06", "t07", "t08"]]
+
+
+@pytest.mark.parametrize("batch_bytes", [0, shard_writer.BATCH_BYTES])
 def test_a_failed_write_in_the_writer_thread_is_raised_and_stops_the_shard(tmp_path,
-                                                                          monkeypatch):
+                                                                          monkeypatch,
+                                                                          batch_bytes):
+    monkeypatch.setattr(shard_writer, "BATCH_BYTES", batch_bytes)
     task, _, _ = _interleaved(tmp_path)
     real = HashingWriter.write
     calls = []

@@ -1,16 +1,17 @@
 """The three stages of writing one shard, overlapped: read, compute, write and hash.
 
-While tensor ``i`` is computed (this thread, torch's intra-op threads), a reader thread reads the
-sources of tensor ``i + 1``, and a writer thread writes and hashes tensor ``i - 1`` (and copies the
-unchanged ranges in the kernel, hashing them from the page cache). Both feed what they read to the
-base shard's ``SourceDigest``, which hashes the gaps itself and skips what it has passed. Each
-stage runs its items in shard order in one thread, so the output's digest sees the bytes in
-order. ``os.preadv``,
-``os.write``, sha256 updates over 2 KiB and torch's kernels release the GIL, so the stages run on
-separate cores.
+While batch ``i`` is computed (this thread, torch's intra-op threads), a reader thread reads the
+sources of batch ``i + 1``, and a writer thread writes and hashes batch ``i - 1`` (and copies the
+unchanged ranges in the kernel, hashing them from the page cache). A batch is a run of tensors
+in shard order (``shard_writer.BATCH_BYTES`` of sources on the CPU, one computed tensor on a
+GPU): handing each small tensor from thread to thread cost more than it overlapped. Both the
+reader and the writer feed what they read to the base shard's ``SourceDigest``, which hashes the
+gaps itself and skips what it has passed. Each stage runs its items in shard order in one
+thread, so the output's digest sees the bytes in order. ``os.preadv``, ``os.write``, sha256
+updates over 2 KiB and torch's kernels release the GIL, so the stages run on separate cores.
 
-Memory stays bounded: at most ``READ_AHEAD`` tensors' sources read ahead and ``WRITE_BEHIND``
-computed tensors waiting for the writer, besides the one being computed.
+Memory stays bounded: at most ``READ_AHEAD`` batches' sources read ahead and ``WRITE_BEHIND``
+computed batches waiting for the writer, besides the one being computed.
 
 On CUDA the reader also starts the host-to-device copies: it reads each source into one of a few
 reused page-locked (pinned) host buffers and copies it to the GPU with ``non_blocking`` on its own

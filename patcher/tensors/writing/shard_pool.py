@@ -1,15 +1,40 @@
-"""How ``patcher.tensors.writing.shard_writer`` runs several shards at a time: collecting them as they
+"""Running a rewrite's shard tasks: one after another, or several at a time in worker processes
+or threads (``patcher.tensors.writing.shard_writer`` writes each one); collecting them as they
 finish and stopping the rest on a failure, the GIL's turns while threads of this process write
 shards, and how worker processes start and end."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing
 import os
 import sys
 import threading
-from concurrent.futures import FIRST_COMPLETED, wait
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ... import collector, dispatch
+from ...integrity.digests.hashing import HashResult
+from ..tasks import ShardTask
+from . import shard_writer
+from .thread_budget import quiet_openmp, split, use_threads
+
+# Devices whose shards, with --jobs N, are written by N threads of this process rather than by
+# worker processes. Measured on a 16-core H200 machine (fp8-block-to-bf16 of a 2 GB model, 24
+# shards, 3,872 computed tensors; threads in this session, processes in the one before, with the
+# older CUDA kernels): on the GPU, threads -j 4 took 12.0 s and 26 CPU-s against 11.7 s and
+# 41 CPU-s for 4 spawned processes (each imports torch and starts CUDA, 4.5 s and 6.4 CPU-s).
+# On the CPU, threads -j 8 took 14.5 s and 42 CPU-s against 8.9 s and 68 CPU-s for processes:
+# the Python between the kernels of thousands of small tensors, serialized by the GIL, costs
+# more wall time than the processes' torch imports (benchmarks/report/issue20.md).
+THREADED_DEVICES = ("cuda",)
+
+# Below this many bytes of computed tensors, an unset --jobs writes in this process: a worker
+# that computes must import torch (over a second) before its first tensor.
+SMALL_COMPUTE = 256 << 20
 
 # The GIL's switch interval while threads of this process write shards. A thread coming back
 # from a call that released the GIL (a torch kernel or launch, a read, a write, sha256) waits
@@ -81,3 +106,83 @@ def die_with(parent: int) -> None:
         return
     if os.getppid() != parent:      # it ended before the request took effect
         os._exit(1)
+
+
+@dataclass(frozen=True)
+class ShardResults:
+    outputs: dict[str, str]              # output relpath -> sha256
+    sources: dict[str, HashResult]       # source path -> its digest, computed while rewriting
+
+
+def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None = None,
+                    on_progress: Callable[[int], None] | None = None,
+                    hash_sources: frozenset[str] = frozenset()) -> ShardResults:
+    """Write every task's shard under ``staging``.
+
+    A task whose one source file is in ``hash_sources`` and is read front to back also yields
+    that file's sha256 (``patcher.integrity.digests.source_digest``), so that it is not read a
+    second time.
+
+    With ``jobs`` > 1 the shards are written ``jobs`` at a time, one task each, the biggest
+    first: on a GPU (``THREADED_DEVICES``) by threads of this process, else by worker processes
+    (``pool_context``). Left unset (None), ``patcher.thread_budget.split`` chooses,
+    except that less than ``SMALL_COMPUTE`` bytes of computed tensors are written in turn. The
+    first failure (or Ctrl-C) cancels the tasks not started yet and is raised once the running
+    ones end (threads stop at their next tensor).
+
+    Inside ``patcher.dispatch.using(executor)`` the executor runs them instead.
+    """
+    remote = dispatch.current()
+    if remote is not None:
+        return remote.run_shard_tasks(tasks, staging, jobs=jobs, on_progress=on_progress,
+                                      hash_sources=hash_sources)
+    computes = any(j.op != "copy" for t in tasks for j in t.jobs)
+    if jobs is None and computes and sum(t.bytes_computed for t in tasks) < SMALL_COMPUTE:
+        jobs = 1        # starting workers (each imports torch) would cost more than it saves
+    jobs, threads = split(jobs, len(tasks), computes=computes)
+    results = ShardResults({}, {})
+    if jobs <= 1:
+        use_threads(threads)
+        return _in_turn(tasks, staging, results, on_progress, hash_sources)
+    order = sorted(tasks, key=lambda t: t.file_size, reverse=True)
+    collect = functools.partial(_collect, results)
+    if computes and all(t.device.split(":")[0] in THREADED_DEVICES for t in tasks):
+        import torch  # noqa: F401  (here, so that its thread count is set before any thread runs)
+
+        use_threads(threads)
+        stop = threading.Event()
+        with short_gil_turns(), ThreadPoolExecutor(jobs, thread_name_prefix="shard") as pool:
+            futures = {pool.submit(shard_writer.write_shard, t, staging / t.output, None, hash_sources,
+                                   stop=stop): t for t in order}
+            gather(futures, collect, on_progress, stop)
+        return results
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=pool_context(computes),
+                             initializer=_init_worker,
+                             initargs=(threads, os.getpid())) as pool:
+        futures = {pool.submit(shard_writer.write_shard, t, staging / t.output, None, hash_sources): t
+                   for t in order}
+        gather(futures, collect, on_progress, None)
+    return results
+
+
+def _init_worker(threads: int, parent: int) -> None:
+    die_with(parent)
+    quiet_openmp()
+    use_threads(threads)
+    collector.ONE_COMMAND = True        # a worker ends with the apply that started it
+
+
+def _in_turn(tasks: list[ShardTask], staging: Path, results: ShardResults, on_progress,
+             hash_sources: frozenset[str]) -> ShardResults:
+    for task in tasks:
+        _collect(results, task, shard_writer.write_shard(task, staging / task.output, on_progress,
+                                            hash_sources))
+    return results
+
+
+def _collect(results: ShardResults, task: ShardTask,
+             written: tuple[str, str | None, HashResult | None]) -> None:
+    sha256, source, digest = written
+    results.outputs[task.output] = sha256
+    if source is not None and digest is not None:
+        results.sources[source] = digest

@@ -1,37 +1,32 @@
-"""Executes ``ShardTask``s: streams output shards tensor by tensor, hashing while writing.
+"""Writes one ``ShardTask``: streams its output shard tensor by tensor, hashing while writing.
 
 The header is written first (the layout is known from the plan), then each tensor: unchanged
 tensors are copied in bulk from the source range (consecutive tensors that are contiguous in the
 same source file as one range), computed ones are produced one at a time from their source
-ranges. Peak memory is bounded by the largest tensor involved, never the shard. The sha256 comes
+ranges, handed between the pipeline's threads in batches (``BATCH_BYTES``). Peak memory is
+bounded by a few batches and the largest tensor involved, never the shard. The sha256 comes
 from the bytes as they are written; nothing is read back.
 
-``--jobs N`` writes N shards at a time, in N worker processes (``shard_pool``), or on a GPU in N
-threads of this process (``THREADED_DEVICES``), each with its share of torch's intra-op threads
-(``patcher.thread_budget``).
+``shard_pool.run_shard_tasks`` runs a rewrite's tasks, one after another or several at a time.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import sys
 import threading
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ... import dispatch
+from ... import collector
 from ...errors import OperationFailed, ShardStopped
 from ...integrity.digests.hash_writer import HashingWriter, hash_while_copying
 from ...integrity.digests.hashing import HashResult
 from ...integrity.digests.source_digest import SourceDigest, single_source_in_order
 from .shard_pipeline import Pipeline, read_ahead
-from .shard_pool import die_with, gather, pool_context, short_gil_turns
 from ..tasks import ShardTask, TensorJob
-from .thread_budget import quiet_openmp, split
+from .thread_budget import apply_threads
 
 # safetensors dtype name -> torch dtype attribute name
 _TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
@@ -44,113 +39,23 @@ _TORCH_DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": 
 # it is still in the CPU cache and no single write(2) is huge.
 WRITE_PIECE = 4 << 20
 
-# Devices whose shards, with --jobs N, are written by N threads of this process rather than by
-# worker processes. Measured on a 16-core H200 machine (fp8-block-to-bf16 of a 2 GB model, 24
-# shards, 3,872 computed tensors; threads in this session, processes in the one before, with the
-# older CUDA kernels): on the GPU, threads -j 4 took 12.0 s and 26 CPU-s against 11.7 s and
-# 41 CPU-s for 4 spawned processes (each imports torch and starts CUDA, 4.5 s and 6.4 CPU-s).
-# On the CPU, threads -j 8 took 14.5 s and 42 CPU-s against 8.9 s and 68 CPU-s for processes:
-# the Python between the kernels of thousands of small tensors, serialized by the GIL, costs
-# more wall time than the processes' torch imports (benchmarks/report/issue20.md).
-THREADED_DEVICES = ("cuda",)
+# On the CPU the reader, the computing thread and the writer hand each other runs of tensors
+# whose sources add up to this many bytes (or one bigger tensor), not single tensors. Each
+# hand-over wakes a thread, and threads that run Python between short GIL-releasing calls at the
+# same time queue for the GIL (a futex sleep per turn). fp8-block-to-bf16 on 2 cores, 3
+# alternating runs each (benchmarks/report/issue20-verdicts.md): a 0.25 GB model of 16,823 tensors (shards of
+# 10 MB) took 10.3-12.6 s and 121k context switches one tensor at a time, 7.5-9.4 s at 4 MiB,
+# 6.8-8.0 s and 1.6k switches at 16 MiB (a whole shard: no overlap); a 1 GB model of 3,917
+# tensors (shards of 125 MB) 10.9-12.3 s one at a time, 9.6-10.3 s at 16 MiB, 11.9-12.6 s at
+# 64 MiB.
+BATCH_BYTES = 16 << 20
 
-# Threads torch may use in this process (set in pool workers; None: torch's default).
-_torch_threads: int | None = None
-
-# Below this many bytes of computed tensors, an unset --jobs writes in this process: a worker
-# that computes must import torch (over a second) before its first tensor.
-SMALL_COMPUTE = 256 << 20
+# Whether the first computed tensor of this process has settled the collector (``collector``).
+_settled = False
 
 # The kernel is asked to start writing the output to disk every this many bytes, so the fsync
 # at the end of a shard finds little left to do (disk I/O overlaps hashing and computing).
 WRITEBACK_STEP = 32 << 20
-
-
-@dataclass(frozen=True)
-class ShardResults:
-    outputs: dict[str, str]              # output relpath -> sha256
-    sources: dict[str, HashResult]       # source path -> its digest, computed while rewriting
-
-
-def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None = None,
-                    on_progress: Callable[[int], None] | None = None,
-                    hash_sources: frozenset[str] = frozenset()) -> ShardResults:
-    """Write every task's shard under ``staging``.
-
-    A task whose one source file is in ``hash_sources`` and is read front to back also yields
-    that file's sha256 (``patcher.integrity.digests.source_digest``), so that it is not read a
-    second time.
-
-    With ``jobs`` > 1 the shards are written ``jobs`` at a time, one task each, the biggest
-    first: on a GPU (``THREADED_DEVICES``) by threads of this process, else by worker processes
-    (``shard_pool.pool_context``). Left unset (None), ``patcher.thread_budget.split`` chooses,
-    except that less than ``SMALL_COMPUTE`` bytes of computed tensors are written in turn. The
-    first failure (or Ctrl-C) cancels the tasks not started yet and is raised once the running
-    ones end (threads stop at their next tensor).
-
-    Inside ``patcher.dispatch.using(executor)`` the executor runs them instead.
-    """
-    remote = dispatch.current()
-    if remote is not None:
-        return remote.run_shard_tasks(tasks, staging, jobs=jobs, on_progress=on_progress,
-                                      hash_sources=hash_sources)
-    computes = any(j.op != "copy" for t in tasks for j in t.jobs)
-    if jobs is None and computes and sum(t.bytes_computed for t in tasks) < SMALL_COMPUTE:
-        jobs = 1        # starting workers (each imports torch) would cost more than it saves
-    jobs, threads = split(jobs, len(tasks), computes=computes)
-    results = ShardResults({}, {})
-    if jobs <= 1:
-        _use_threads(threads)
-        return _in_turn(tasks, staging, results, on_progress, hash_sources)
-    order = sorted(tasks, key=lambda t: t.file_size, reverse=True)
-    collect = functools.partial(_collect, results)
-    if computes and all(t.device.split(":")[0] in THREADED_DEVICES for t in tasks):
-        import torch  # noqa: F401  (here, so that its thread count is set before any thread runs)
-
-        _use_threads(threads)
-        stop = threading.Event()
-        with short_gil_turns(), ThreadPoolExecutor(jobs, thread_name_prefix="shard") as pool:
-            futures = {pool.submit(write_shard, t, staging / t.output, None, hash_sources,
-                                   stop=stop): t for t in order}
-            gather(futures, collect, on_progress, stop)
-        return results
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=pool_context(computes),
-                             initializer=_init_worker,
-                             initargs=(threads, os.getpid())) as pool:
-        futures = {pool.submit(write_shard, t, staging / t.output, None, hash_sources): t
-                   for t in order}
-        gather(futures, collect, on_progress, None)
-    return results
-
-
-def _init_worker(threads: int, parent: int) -> None:
-    die_with(parent)
-    quiet_openmp()
-    _use_threads(threads)
-
-
-def _in_turn(tasks: list[ShardTask], staging: Path, results: ShardResults, on_progress,
-             hash_sources: frozenset[str]) -> ShardResults:
-    for task in tasks:
-        _collect(results, task, write_shard(task, staging / task.output, on_progress,
-                                            hash_sources))
-    return results
-
-
-def _collect(results: ShardResults, task: ShardTask,
-             written: tuple[str, str | None, HashResult | None]) -> None:
-    sha256, source, digest = written
-    results.outputs[task.output] = sha256
-    if source is not None and digest is not None:
-        results.sources[source] = digest
-
-
-def _use_threads(threads: int) -> None:
-    """Give torch ``threads`` intra-op threads (now if it is loaded, else at its first use)."""
-    global _torch_threads
-    _torch_threads = threads
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(threads)
 
 
 def write_shard(task: ShardTask, target: Path,
@@ -191,9 +96,9 @@ def write_shard(task: ShardTask, target: Path,
 def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict[str, int],
                 digest: SourceDigest | None, on_progress, target: Path,
                 stop: threading.Event | None) -> None:
-    """Every tensor of ``task`` after the header: the reader thread reads the sources of the
-    computed tensors, this thread computes, the writer thread copies the unchanged ranges and
-    writes the computed bytes, in shard order. Both the reader and the writer feed ``digest``
+    """Every tensor of ``task`` after the header, batch by batch (``_batches``): the reader
+    thread reads the sources of the computed tensors, this thread computes, the writer thread
+    copies the unchanged ranges and writes the computed bytes, in shard order. Both the reader and the writer feed ``digest``
     what they read, so the base shard is read once even when nothing is computed."""
     from ... import faults
 
@@ -201,11 +106,15 @@ def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict
     computed = [g[0] for g in groups if g[0].op != "copy"]
     device, cache = task.device, {}
     transfer, to_host, stream = _transfers(device, computed)
+    batches = list(_batches(groups, BATCH_BYTES if device == "cpu" else 0))
 
     def read(job: TensorJob):
         if job.op == "quantize" and job.param("role") != "weight":
             return None         # a scale, usually taken from the weight job's cache: read if needed
         return transfer([_read(sources, s, digest, pinned=transfer.pinned) for s in job.inputs])
+
+    def read_batch(batch: list[list[TensorJob]]) -> list:
+        return [read(g[0]) for g in batch if g[0].op != "copy"]
 
     def store(group: list[TensorJob], data) -> None:
         before = writer.size
@@ -230,21 +139,48 @@ def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict
         if on_progress:
             on_progress(expected)
 
+    def store_batch(done: list) -> None:
+        for group, data in done:
+            store(group, data)
+
     with Pipeline() as pipeline, stream:
-        reads = read_ahead(computed, read, pipeline)
-        for group in groups:
-            if stop is not None and stop.is_set():
-                raise ShardStopped(target.name)
-            for job in group:
-                faults.point(f"tensor:{job.out.name}")
-            data = None
-            if group[0].op != "copy":
-                job, future = next(reads)
-                data = _compute(job, pipeline.take(future), sources, cache, device, to_host)
-                del future
-            pipeline.write(lambda group=group, data=data: store(group, data))
-            del data
+        reads = read_ahead(batches, read_batch, pipeline)
+        for batch, future in reads:
+            inputs = iter(pipeline.take(future))
+            del future
+            done = []
+            for group in batch:
+                if stop is not None and stop.is_set():
+                    raise ShardStopped(target.name)
+                for job in group:
+                    faults.point(f"tensor:{job.out.name}")
+                data = None
+                if group[0].op != "copy":
+                    data = _compute(group[0], next(inputs), sources, cache, device, to_host)
+                done.append((group, data))
+                del data
+            del inputs
+            pipeline.write(lambda done=done: store_batch(done))
+            del done
         pipeline.finish()
+
+
+def _batches(groups: list[list[TensorJob]], limit: int) -> Iterator[list[list[TensorJob]]]:
+    """``groups`` in order, cut into the runs the pipeline's stages hand on as one item: each run
+    ends after the computed group that brings its computed tensors' source bytes to ``limit``
+    (0: after every computed group), or with the shard. One hand-over between threads per tensor
+    cost more than its tensor on models of many small tensors (see ``BATCH_BYTES``)."""
+    batch: list[list[TensorJob]] = []
+    size = 0
+    for group in groups:
+        batch.append(group)
+        if group[0].op != "copy":
+            size += sum(s.nbytes for s in group[0].inputs)
+            if size >= limit:
+                yield batch
+                batch, size = [], 0
+    if batch:
+        yield batch
 
 
 def _groups(jobs: tuple[TensorJob, ...]) -> Iterator[list[TensorJob]]:
@@ -359,12 +295,11 @@ def _compute(job: TensorJob, inputs, sources: dict[str, int], cache: dict,
     handle on CUDA; None: read them here if the computation needs them)."""
     from ..compute import compute
 
-    global _torch_threads
-    if _torch_threads is not None:
-        import torch
-
-        torch.set_num_threads(_torch_threads)
-        _torch_threads = None
+    global _settled
+    apply_threads()
+    if not _settled:
+        collector.settle()      # torch and the plan are loaded: out of the collector's scans
+        _settled = True
 
     def read_inputs():
         if inputs is None:

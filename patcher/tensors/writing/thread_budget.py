@@ -5,7 +5,7 @@ process may run on (``hashing.default_jobs``: taskset and cpusets respected).
 
 * ``-j N`` is the number of shards written at a time (1: one after another, in this process),
   never more than there are shards to write: by N worker processes, or on a GPU by N threads of
-  this process (``patcher.tensors.writing.shard_writer.THREADED_DEVICES`` says why). Each gets
+  this process (``patcher.tensors.writing.shard_pool.THREADED_DEVICES`` says why). Each gets
   ``cores // N`` torch threads (at least one), so ``-j 1`` uses every core through torch and
   ``-j <cores>`` one each.
 * Unset, half as many workers as cores (at least one, at most one per shard), each with two
@@ -31,6 +31,7 @@ process may run on (``hashing.default_jobs``: taskset and cpusets respected).
 from __future__ import annotations
 
 import os
+import sys
 
 from ...integrity.digests.hashing import default_jobs
 
@@ -48,3 +49,24 @@ def quiet_openmp() -> None:
     """Let idle OpenMP threads sleep instead of spinning: must run before torch is imported
     (libgomp reads the variable when it loads). A value the user set is kept."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+# Threads torch should use in this process, once it is loaded (None: as it is).
+_pending: int | None = None
+
+
+def use_threads(threads: int) -> None:
+    """Give torch ``threads`` intra-op threads: now if it is loaded, else at ``apply_threads``
+    (this module does not import torch)."""
+    global _pending
+    _pending = threads
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+
+
+def apply_threads() -> None:
+    """Called once torch is loaded, before its first kernel: the count ``use_threads`` left."""
+    global _pending
+    if _pending is not None:
+        sys.modules["torch"].set_num_threads(_pending)
+        _pending = None

@@ -5,8 +5,9 @@ A full collection scans every tracked object. After torch is imported and a mode
 parsed that is millions of objects, and the tensor work that follows allocates enough to trigger
 a few full collections: 0.43 s of them in a 2-core fp8-block-to-bf16 of a 24-shard model of
 16,823 tensors (gc.callbacks), which took 5.9-7.1 CPU-s unfrozen against 5.9-6.3 frozen (four
-alternating runs each; benchmarks/report/issue20-verdicts.md). ``gc.freeze`` moves what exists
-into a generation no collection scans; reference counting still frees it. A long-running
+alternating runs each). ``gc.freeze`` moves what exists into a generation no collection scans;
+reference counting still frees it. Importing torch under ``paused`` saves its own three full
+collections (``patcher.tensors.writing.shard_pool.load_torch``). A long-running
 process (the hub server, a library user) must not freeze: a frozen cycle is never collected.
 
 Imports nothing from ``patcher``.

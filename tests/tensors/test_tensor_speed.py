@@ -216,3 +216,23 @@ def test_the_overflow_bound_reads_the_host_copies_of_sources_on_a_device(scheme,
     assert (out.device.type, out.shape, out.dtype) == ("meta", (rows, cols), torch.bfloat16)
     with pytest.raises((RuntimeError, NotImplementedError)):
         compute(job, lambda: on_device, {}, "meta")     # without them it reads the device's
+
+
+@pytest.mark.parametrize("one_command", [True, False])
+def test_torch_is_loaded_with_the_collector_paused_and_frozen_only_in_a_one_command_process(
+        tmp_path, monkeypatch, one_command):
+    """The command line freezes what importing torch made, so the tensor work's full collections
+    do not rescan it; a library process (the hub server) never freezes."""
+    import gc
+
+    from patcher import collector
+    from patcher.tensors.writing import shard_pool
+
+    monkeypatch.setattr(collector, "ONE_COMMAND", one_command)
+    seen = []
+    monkeypatch.setattr(gc, "freeze", lambda: seen.append(gc.isenabled()))
+    task, _, _ = _interleaved(tmp_path)
+    (tmp_path / "out").mkdir()
+    shard_pool.run_shard_tasks([task], tmp_path / "out", jobs=1)
+    assert seen == ([False] if one_command else [])      # frozen while still paused
+    assert gc.isenabled()

@@ -141,42 +141,54 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
         jobs = 1        # starting workers (each imports torch) would cost more than it saves
     jobs, threads = split(jobs, len(tasks), computes=computes)
     results = ShardResults({}, {})
+    threaded = computes and all(t.device.split(":")[0] in THREADED_DEVICES for t in tasks)
+    if computes and (jobs <= 1 or threaded):
+        load_torch()        # here, so that its thread count is set before any thread runs
     if jobs <= 1:
         use_threads(threads)
         return _in_turn(tasks, staging, results, on_progress, hash_sources)
     order = sorted(tasks, key=lambda t: t.file_size, reverse=True)
     collect = functools.partial(_collect, results)
-    if computes and all(t.device.split(":")[0] in THREADED_DEVICES for t in tasks):
-        import torch  # noqa: F401  (here, so that its thread count is set before any thread runs)
-
+    if threaded:
         use_threads(threads)
         stop = threading.Event()
         with short_gil_turns(), ThreadPoolExecutor(jobs, thread_name_prefix="shard") as pool:
-            futures = {pool.submit(shard_writer.write_shard, t, staging / t.output, None, hash_sources,
-                                   stop=stop): t for t in order}
+            futures = {pool.submit(shard_writer.write_shard, t, staging / t.output, None,
+                                   hash_sources, stop=stop): t for t in order}
             gather(futures, collect, on_progress, stop)
         return results
     with ProcessPoolExecutor(max_workers=jobs, mp_context=pool_context(computes),
                              initializer=_init_worker,
-                             initargs=(threads, os.getpid())) as pool:
-        futures = {pool.submit(shard_writer.write_shard, t, staging / t.output, None, hash_sources): t
-                   for t in order}
+                             initargs=(threads, os.getpid(), computes)) as pool:
+        futures = {pool.submit(shard_writer.write_shard, t, staging / t.output, None,
+                               hash_sources): t for t in order}
         gather(futures, collect, on_progress, None)
     return results
 
 
-def _init_worker(threads: int, parent: int) -> None:
+def _init_worker(threads: int, parent: int, computes: bool) -> None:
     die_with(parent)
     quiet_openmp()
-    use_threads(threads)
     collector.ONE_COMMAND = True        # a worker ends with the apply that started it
+    if computes:
+        load_torch()
+    use_threads(threads)
+
+
+def load_torch() -> None:
+    """Import torch and the tensor computations with the garbage collector paused, then (in a
+    one-command process) frozen: importing torch makes enough objects to trigger full
+    collections (three, 0.23 s, in a 2-core apply; ``gc.callbacks``), and the tensor work after
+    it would rescan them all at each of its own."""
+    with collector.paused():
+        from ..compute import compute  # noqa: F401  (torch, the schemes and their kernels)
 
 
 def _in_turn(tasks: list[ShardTask], staging: Path, results: ShardResults, on_progress,
              hash_sources: frozenset[str]) -> ShardResults:
     for task in tasks:
-        _collect(results, task, shard_writer.write_shard(task, staging / task.output, on_progress,
-                                            hash_sources))
+        _collect(results, task, shard_writer.write_shard(task, staging / task.output,
+                                                         on_progress, hash_sources))
     return results
 
 

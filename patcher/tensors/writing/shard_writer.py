@@ -19,7 +19,6 @@ import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ... import collector
 from ...errors import OperationFailed, ShardStopped
 from ...integrity.digests.hash_writer import HashingWriter, hash_while_copying
 from ...integrity.digests.hashing import HashResult
@@ -49,9 +48,6 @@ WRITE_PIECE = 4 << 20
 # tensors (shards of 125 MB) 10.9-12.3 s one at a time, 9.6-10.3 s at 16 MiB, 11.9-12.6 s at
 # 64 MiB.
 BATCH_BYTES = 16 << 20
-
-# Whether the first computed tensor of this process has settled the collector (``collector``).
-_settled = False
 
 # The kernel is asked to start writing the output to disk every this many bytes, so the fsync
 # at the end of a shard finds little left to do (disk I/O overlaps hashing and computing).
@@ -295,11 +291,7 @@ def _compute(job: TensorJob, inputs, sources: dict[str, int], cache: dict,
     handle on CUDA; None: read them here if the computation needs them)."""
     from ..compute import compute
 
-    global _settled
     apply_threads()
-    if not _settled:
-        collector.settle()      # torch and the plan are loaded: out of the collector's scans
-        _settled = True
 
     def read_inputs():
         if inputs is None:

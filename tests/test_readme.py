@@ -90,3 +90,17 @@ def test_no_install_from_an_index_that_has_no_modelpatch(needle):
     texts = [(REPO / "README.md").read_text()]
     texts += [p.read_text() for p in (REPO / "patcher").rglob("*.py")]
     assert not any(needle in t for t in texts)
+
+
+def test_the_readme_recipe_example_loads(tmp_path):
+    """"Writing a recipe" opens with a recipe that shows every section: a reader who copies it
+    (with the file it reads next to it) gets a recipe the loader accepts, not an error."""
+    from patcher.recipe.load import load_recipe
+
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Writing a recipe"):]
+    example = re.search(r"^```yaml\n(.*?)^```$", section, re.M | re.S).group(1)
+    (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
+    (tmp_path / "recipe.yaml").write_text(example)
+    recipe = load_recipe(tmp_path / "recipe.yaml")
+    assert recipe.name == "my-fix" and recipe.tensors and recipe.files and recipe.config

@@ -5,8 +5,14 @@ calls Python once per object (273k times for a Kimi-K2.5-sized checkpoint's head
 text every key is followed by exactly one structural colon, and any other colon byte lies inside
 a string (an escape cannot make one). So ``raw.count(b":")`` is at least the number of keys
 written, which is at least the number of keys the parsed document kept; when the first equals
-the last, no key was lost. ``keys_all_distinct`` answers True only then; False means "parse
-again with the hook" (a colon inside a string, or a real duplicate).
+the last, no key was lost.
+
+Colons inside strings (timestamps, recipe text: every provenance manifest has some) are counted
+too: the colons in the parsed document's keys and string values. Without a ``\\u003a`` escape in
+the text, each of those is a colon byte of a string that was kept, so keys kept plus colons in
+strings kept equals the colon bytes only when no key, and no string inside a lost value, was
+dropped. ``keys_all_distinct`` answers True only when one of the two counts matches; False means
+"parse again with the hook" (an escaped colon, or a real duplicate).
 """
 
 from __future__ import annotations
@@ -18,7 +24,29 @@ from typing import Any
 
 def keys_all_distinct(raw: bytes, doc: Any) -> bool:
     """Whether ``doc`` (``json.loads`` of ``raw``) provably kept every key of ``raw``."""
-    return raw.count(b":") == key_count(doc)
+    colons = raw.count(b":")
+    keys, in_strings = _keys_and_string_colons(doc)
+    if colons == keys:
+        return True
+    if b"\\u003a" in raw or b"\\u003A" in raw:
+        return False            # a colon in the document that is no colon byte of the text
+    return colons == keys + in_strings
+
+
+def _keys_and_string_colons(doc: Any) -> tuple[int, int]:
+    """``key_count(doc)``, and the colons in every key and string value of ``doc``."""
+    keys, colons, level = 0, 0, [doc]
+    count_colons = repeat(":")
+    while level:
+        kinds = list(map(type, level))
+        dicts = list(compress(level, map(is_, kinds, repeat(dict))))
+        lists = compress(level, map(is_, kinds, repeat(list)))
+        strings = compress(level, map(is_, kinds, repeat(str)))
+        keys += sum(map(len, dicts))
+        colons += sum(map(str.count, chain(strings, chain.from_iterable(dicts)), count_colons))
+        level = list(chain(chain.from_iterable(map(dict.values, dicts)),
+                           chain.from_iterable(lists)))
+    return keys, colons
 
 
 def key_count(doc: Any) -> int:

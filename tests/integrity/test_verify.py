@@ -263,3 +263,25 @@ def test_a_symlink_out_of_the_directory_is_not_a_match(kimi_dir, tmp_path):
     report = verify_dir(variant)
     assert [(m.path, m.reason) for m in report.modified] == [
         ("tiktoken.model", "not a regular file inside the directory")]
+
+
+def test_the_change_log_is_encoded_again_only_for_a_manifest_no_patch_record_noted(
+        kimi_dir, tmp_path, monkeypatch):
+    """A manifest whose sha256 the last patch record noted was written by modelpatch with its
+    change log and that log's digest together: verify does not encode the log again. Without
+    that note (the records removed, or the manifest edited) it does, and finds an edit."""
+    import shutil
+
+    from patcher.integrity import manifest as manifest_module
+
+    variant = _variant(kimi_dir, tmp_path)
+    encoded = []
+    real = manifest_module.canonical_json
+    monkeypatch.setattr(manifest_module, "canonical_json",
+                        lambda obj: encoded.append(1) or real(obj))
+    assert verify_dir(variant).ok and encoded == []
+    shutil.rmtree(variant / ".modelpatch")
+    assert verify_dir(variant).ok and encoded == [1]
+    _edit_manifest(variant, '"kind": "set"', '"kind": "sxt"')
+    report = verify_dir(variant)
+    assert [p for p in report.manifest_problems if "change log does not match" in p], report

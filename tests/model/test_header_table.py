@@ -125,8 +125,8 @@ def test_unique_keys_proof():
     assert key_count({"a": [{"b": 1}, {"c": {"d": 1}}], "e": "x"}) == 5
     # a duplicate: json.loads kept one key of two
     assert not keys_all_distinct(b'{"a":1,"a":2}', json.loads('{"a":1,"a":2}'))
-    # a colon inside a string cannot be told from a key: not proven, the hook decides
-    assert not keys_all_distinct(b'{"a":"x:y"}', {"a": "x:y"})
+    # a colon inside a string is counted as one (test_colons_inside_strings_are_accounted_for)
+    assert keys_all_distinct(b'{"a":"x:y"}', {"a": "x:y"})
 
 
 def test_a_real_file_reads_the_same(tmp_path):
@@ -139,3 +139,15 @@ def test_a_real_file_reads_the_same(tmp_path):
     assert read.tensors["w"] == sio.TensorInfo("w", "BF16", (3, 4), 0, 24)
     assert "s" in read.tensors and "x" not in read.tensors and len(read.tensors) == 2
     assert struct.unpack("<Q", header[:8])[0] == read.header_len
+
+
+@pytest.mark.parametrize(("raw", "proven"), [
+    (b'{"t":"2026-12-03T22:37:01Z","r":{"text":"a: b"}}', True),   # colons in strings, kept
+    (b'{"k:x":1}', True),                                          # a colon in a key
+    (b'{"a":"x:y","a":"z"}', False),               # a duplicate whose value held a colon
+    (b'{"a":1,"a":2,"b":"\\u003a"}', False),       # an escaped colon hides the lost key
+    (b'{"a":1,"a":2,"b":"\\u003A:"}', False),
+    (b'{"a":"\\u003a"}', True),                    # no colon byte but the key's
+])
+def test_colons_inside_strings_are_accounted_for(raw, proven):
+    assert keys_all_distinct(raw, json.loads(raw)) is proven

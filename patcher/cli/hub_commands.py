@@ -93,4 +93,7 @@ def hub_serve(root, host, port):
                                    f"in the modelpatch checkout ({exc.name} is missing)") from None
     from pathlib import Path
 
+    from .. import collector
+
+    collector.ONE_COMMAND = False       # a long-running process: never freeze the collector
     serve(Path(root), host=host, port=port)

@@ -17,6 +17,7 @@ dropped. ``keys_all_distinct`` answers True only when one of the two counts matc
 
 from __future__ import annotations
 
+import re
 from itertools import chain, compress, repeat
 from operator import is_
 from typing import Any
@@ -28,9 +29,14 @@ def keys_all_distinct(raw: bytes, doc: Any) -> bool:
     keys, in_strings = _keys_and_string_colons(doc)
     if colons == keys:
         return True
-    if b"\\u003a" in raw or b"\\u003A" in raw:
+    if _MAY_DECODE_TO_A_COLON.search(raw):
         return False            # a colon in the document that is no colon byte of the text
     return colons == keys + in_strings
+
+
+# ``\u003a`` in either case, and any ``\u`` not followed by four hex digits: CPython's C scanner
+# refuses those, but its pure-Python fallback decodes ``\u+03a`` or ``\u 03a`` with ``int(x, 16)``.
+_MAY_DECODE_TO_A_COLON = re.compile(rb"\\u(?:003[aA]|(?![0-9a-fA-F]{4}))")
 
 
 def _keys_and_string_colons(doc: Any) -> tuple[int, int]:

@@ -47,7 +47,7 @@ def check_device(device: str | None) -> str:
         raise InputError(f"device={device!r} is not a device torch knows",
                          hint="use cpu, cuda or cuda:N") from None
     if dev.type == "cpu":
-        return device
+        return "cpu"            # cpu:0 is the same device; the shard writer tests for "cpu"
     if dev.type == "meta":
         raise InputError(f"--device {device}: a meta tensor holds no data, so nothing can be "
                          f"computed on it", hint="use cpu, cuda or cuda:N")

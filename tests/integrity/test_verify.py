@@ -265,23 +265,23 @@ def test_a_symlink_out_of_the_directory_is_not_a_match(kimi_dir, tmp_path):
         ("tiktoken.model", "not a regular file inside the directory")]
 
 
-def test_the_change_log_is_encoded_again_only_for_a_manifest_no_patch_record_noted(
-        kimi_dir, tmp_path, monkeypatch):
-    """A manifest whose sha256 the last patch record noted was written by modelpatch with its
-    change log and that log's digest together: verify does not encode the log again. Without
-    that note (the records removed, or the manifest edited) it does, and finds an edit."""
-    import shutil
+def test_an_edited_change_log_is_caught_even_when_the_patch_record_notes_the_new_manifest(
+        kimi_dir, tmp_path):
+    """The record's note is an ordinary file: an edit of the manifest's change log plus a new
+    note still leaves the log's own digest to tell (a review found a shortcut that trusted
+    the note)."""
+    import hashlib
+    import json
 
-    from patcher.integrity import manifest as manifest_module
+    from patcher.integrity.patch_record import RECORD_NAME, patch_dirs
 
     variant = _variant(kimi_dir, tmp_path)
-    encoded = []
-    real = manifest_module.canonical_json
-    monkeypatch.setattr(manifest_module, "canonical_json",
-                        lambda obj: encoded.append(1) or real(obj))
-    assert verify_dir(variant).ok and encoded == []
-    shutil.rmtree(variant / ".modelpatch")
-    assert verify_dir(variant).ok and encoded == [1]
     _edit_manifest(variant, '"kind": "set"', '"kind": "sxt"')
+    record = patch_dirs(variant)[-1] / RECORD_NAME
+    data = json.loads(record.read_text())
+    data["manifest_sha256"] = hashlib.sha256((variant / MANIFEST_NAME).read_bytes()).hexdigest()
+    os.chmod(record, 0o644)
+    record.write_text(json.dumps(data))
     report = verify_dir(variant)
+    assert not report.ok
     assert [p for p in report.manifest_problems if "change log does not match" in p], report

@@ -151,3 +151,9 @@ def test_a_real_file_reads_the_same(tmp_path):
 ])
 def test_colons_inside_strings_are_accounted_for(raw, proven):
     assert keys_all_distinct(raw, json.loads(raw)) is proven
+
+
+def test_a_u_escape_that_only_the_pure_python_scanner_decodes_is_not_trusted():
+    """json's pure-Python fallback decodes ``\\u+03a`` to a colon with int(x, 16); where it
+    parses, the lost key would hide behind that colon."""
+    assert not keys_all_distinct(b'{"a":1,"a":"\\u+03a"}', {"a": ":"})

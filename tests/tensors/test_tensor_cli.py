@@ -215,6 +215,19 @@ def test_device_cuda_without_cuda_is_refused_at_plan_time(deepseek_fp8_dir, tmp_
     assert "--device gpu0 is not a device" in result.stderr
 
 
+def test_device_cpu_0_is_the_cpu(deepseek_fp8_dir, tmp_path):
+    """torch accepts cpu:0 for the CPU; the shard writer took any name but "cpu" for a GPU and
+    failed in torch.cuda.Stream."""
+    outs = []
+    for device in ("cpu", "cpu:0"):
+        out = tmp_path / device.replace(":", "")
+        result = run("apply", "fp8-block-to-bf16", deepseek_fp8_dir, "-o", out, "--device", device,
+                     "-q")
+        assert result.exit_code == 0, result.output
+        outs.append(sorted((p.name, p.read_bytes()) for p in out.glob("*.safetensors")))
+    assert outs[0] == outs[1]
+
+
 # --- drop-kv-scales on top of sm120-fp16-kv --------------------------------------------------
 
 def test_drop_kv_scales_on_top_of_sm120_variant(kimi_dir, tmp_path):

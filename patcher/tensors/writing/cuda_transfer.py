@@ -24,7 +24,10 @@ import torch
 
 from .shard_pipeline import READ_AHEAD, WRITE_BEHIND
 
-# Slots: the tensor being computed, those read ahead, and the one being read.
+# Slots: the tensor being computed, those read ahead, and the one being read. This counts one
+# tensor per pipeline item: on a GPU the shard writer's batches hold one computed tensor each
+# (``shard_writer._batches`` with limit 0); a batch of several would refill a slot whose copy or
+# whose job is still in use.
 SLOTS = READ_AHEAD + 2
 
 

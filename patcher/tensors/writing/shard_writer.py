@@ -16,6 +16,7 @@ import contextlib
 import os
 import sys
 import threading
+from collections import deque
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -105,7 +106,7 @@ def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict
     batches = list(_batches(groups, BATCH_BYTES if device == "cpu" else 0))
 
     def read(job: TensorJob):
-        if job.op == "quantize" and job.param("role") != "weight":
+        if not _reads_sources(job):
             return None         # a scale, usually taken from the weight job's cache: read if needed
         return transfer([_read(sources, s, digest, pinned=transfer.pinned) for s in job.inputs])
 
@@ -142,7 +143,7 @@ def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict
     with Pipeline() as pipeline, stream:
         reads = read_ahead(batches, read_batch, pipeline)
         for batch, future in reads:
-            inputs = iter(pipeline.take(future))
+            inputs = deque(pipeline.take(future))     # popped as computed: freed early
             del future
             done = []
             for group in batch:
@@ -152,7 +153,8 @@ def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict
                     faults.point(f"tensor:{job.out.name}")
                 data = None
                 if group[0].op != "copy":
-                    data = _compute(group[0], next(inputs), sources, cache, device, to_host)
+                    data = _compute(group[0], inputs.popleft(), sources, cache, device,
+                                    to_host)
                 done.append((group, data))
                 del data
             del inputs
@@ -171,12 +173,19 @@ def _batches(groups: list[list[TensorJob]], limit: int) -> Iterator[list[list[Te
     for group in groups:
         batch.append(group)
         if group[0].op != "copy":
-            size += sum(s.nbytes for s in group[0].inputs)
+            if _reads_sources(group[0]):
+                size += sum(s.nbytes for s in group[0].inputs)
             if size >= limit:
                 yield batch
                 batch, size = [], 0
     if batch:
         yield batch
+
+
+def _reads_sources(job: TensorJob) -> bool:
+    """Whether the reader reads ``job``'s sources: a quantization's scale jobs take what the
+    weight job computed (``compute._quantize``)."""
+    return not (job.op == "quantize" and job.param("role") != "weight")
 
 
 def _groups(jobs: tuple[TensorJob, ...]) -> Iterator[list[TensorJob]]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from . import collector
 from .changes import FileAdded, FileDropped, changes_json
 from .config.ops import apply_config_ops
 from .errors import InputError, NothingToChange, PlanError
@@ -195,8 +196,11 @@ def plan(recipe: Recipe, model: ModelDir, *,
     if recipe.tensors or max_shard_size:
         from .tensors.planning import plan_tensor_ops
 
-        tensors = plan_tensor_ops(recipe, model, changes, device=options.device or "cpu",
-                                  max_shard_size=max_shard_size)
+        # Several objects per tensor, all kept in the plan: collections would only rescan
+        # them (4.3 of 22.6 s planning nvfp4-to-bf16 at 497k tensors).
+        with collector.paused():
+            tensors = plan_tensor_ops(recipe, model, changes, device=options.device or "cpu",
+                                      max_shard_size=max_shard_size)
         replaced.update(tensors.files)
         warnings.extend(_quantization_warnings(model, replaced, tensors.dtypes, changes))
     files = [replaced.pop(rel, None) or _link(model, rel)

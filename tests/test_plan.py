@@ -55,3 +55,22 @@ def test_apply_and_apply_in_place_record_their_options(kimi_dir, tmp_path):
     recorded = json.loads((here / "modelpatch.provenance.json").read_text())
     options = recorded["predicate"]["buildDefinition"]["externalParameters"]["options"]
     assert options == {"jobs": None, "device": "cpu", "in_place": True, "max_shard_size": None}
+
+
+def test_tensor_planning_runs_with_the_collector_paused(deepseek_fp8_dir, monkeypatch):
+    """Planning makes several objects per tensor, all kept in the plan: automatic collections
+    would only rescan them (4.3 of 22.6 s at 497k tensors). Enabled again afterwards."""
+    import gc
+
+    from patcher.tensors import planning
+
+    seen = []
+    real = planning.plan_tensor_ops
+
+    def spy(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planning, "plan_tensor_ops", spy)
+    api.plan("fp8-block-to-bf16", deepseek_fp8_dir)
+    assert seen == [False] and gc.isenabled()

@@ -82,7 +82,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -296,20 +295,18 @@ def test_tensor_names_are_not_paths(tmp_path):
     assert api.verify(out).ok
 
 
-def test_many_tiny_tensors_inspect_quickly(tmp_path):
-    """200k zero-sized tensors in one header (about 12 MB of JSON): inspect reads it in a few
-    seconds (a performance sanity bound, generous for a loaded CI machine)."""
+def test_many_tiny_tensors_are_inspected(tmp_path):
+    """200k zero-sized tensors in one header (about 12 MB of JSON): inspect reads them (the
+    timeout only guards against a hang; speed is benchmarks/' business)."""
     header = {f"model.layers.{i // 1000}.experts.{i % 1000}.w": entry("F32", [0], 0, 0)
               for i in range(200_000)}
     model = tmp_path / "m"
     model.mkdir()
     (model / "model.safetensors").write_bytes(st_bytes(header))
     (model / "config.json").write_text("{}")
-    start = time.monotonic()
-    r = run_cli("inspect", model, "--json", timeout=60)
-    elapsed = time.monotonic() - start
+    r = run_cli("inspect", model, "--json", timeout=120)
     assert r.returncode == 0, r.stderr
-    assert elapsed < 30, elapsed
+    assert json.loads(r.stdout)["tensors"]["totals"]["tensors"] == 200_000
 
 
 # --------------------------------------------------------------------------- recipes
@@ -338,10 +335,8 @@ def test_yaml_alias_bomb(tmp_path):
     lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)]
     recipe = write_recipe(tmp_path / "r" / "bomb.yaml", "\n".join(lines) + "\n")
-    start = time.monotonic()
     refuse_apply(make_model(tmp_path / "m"), tmp_path, "bomb.yaml:", "not allowed",
-                 recipe=recipe, subprocess_=True, timeout=30)
-    assert time.monotonic() - start < 20
+                 recipe=recipe, subprocess_=True, timeout=60)     # a hang guard, not a speed test
 
 
 def test_huge_recipe_is_refused_unread(tmp_path):
@@ -349,10 +344,8 @@ def test_huge_recipe_is_refused_unread(tmp_path):
     recipe.parent.mkdir()
     with open(recipe, "wb") as f:         # sparse: 4 GiB claimed, nothing to read in time
         f.truncate(4 << 30)
-    start = time.monotonic()
     refuse_apply(make_model(tmp_path / "m"), tmp_path, "limit", recipe=recipe, subprocess_=True,
-                 watch_recipe=False)          # (hashing 4 GiB of holes proves nothing)
-    assert time.monotonic() - start < 20
+                 watch_recipe=False, timeout=60)   # (hashing 4 GiB of holes proves nothing)
 
 
 def test_deeply_nested_recipe(tmp_path):
@@ -406,10 +399,8 @@ def test_catastrophic_regex_is_refused_at_load(tmp_path, pattern):
     names = {"a" * 60 + "!": ("F32", [], 4), "ab" * 30 + "!": ("F32", [], 4),
              ("word " * 20) + "!": ("F32", [], 4), "1" * 60: ("F32", [], 4), "x" * 60: ("F32", [], 4)}
     model = make_model(tmp_path / "m", shards={S1: names}, config={"model_type": "t"})
-    start = time.monotonic()
-    refuse_apply(model, tmp_path, "r.yaml:", "backtrack", recipe=recipe, timeout=30,
+    refuse_apply(model, tmp_path, "r.yaml:", "backtrack", recipe=recipe, timeout=60,
                  subprocess_=pattern == r"(a+)+$")       # one through a real process
-    assert time.monotonic() - start < 20
 
 
 LONG_NAME = "model." + "x" * 90 + ".weight"

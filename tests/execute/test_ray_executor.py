@@ -134,32 +134,37 @@ def test_a_path_a_node_does_not_see_is_refused(cluster, deepseek_fp8_dir, tmp_pa
 
 
 def test_ctrl_c_cancels_the_cluster_tasks(cluster, tmp_path):
+    """Ctrl-C while a long task runs on the cluster cancels it (and every task in flight) and
+    waits until none runs. The interrupt comes once the long task has started, whatever order
+    Ray starts tasks in: CI once ran the short task after the long one, on a loaded machine."""
     executor = RayExecutor()
     executor._connect()
 
-    def nap(seconds: float, mark: str) -> None:     # nested: pickled by value for the workers
+    def nap(seconds: float, started: str, mark: str) -> None:   # nested: pickled by value
+        Path(started).touch()
         time.sleep(seconds)
         Path(mark).touch()
 
     nap = ray.remote(num_cpus=1, max_retries=0)(nap)
+    started = [tmp_path / f"started-{i}" for i in range(3)]
     marks = [tmp_path / f"done-{i}" for i in range(3)]
-    seconds = [0.0, 30.0, 30.0]
-
-    def interrupt(_item, _value):
-        raise KeyboardInterrupt
-
+    seconds = [0.0, 60.0, 60.0]
     refs = []
 
     def submit(i):
-        refs.append(nap.remote(seconds[i], str(marks[i])))
+        refs.append(nap.remote(seconds[i], str(started[i]), str(marks[i])))
         return refs[-1]
 
-    started = time.monotonic()          # two in flight: Ray need not start tasks in order
+    def interrupt_once_the_long_task_runs(_in_flight):
+        if started[1].exists():
+            raise KeyboardInterrupt
+
     with pytest.raises(KeyboardInterrupt):
-        executor._run(list(range(3)), submit, interrupt, 2, str)
-    assert time.monotonic() - started < 25 and len(refs) == 2     # the third never submitted
-    ready, _ = ray.wait([refs[1]], timeout=0)
-    assert ready, "the running task was not cancelled"
-    with pytest.raises(ray.exceptions.TaskCancelledError):
-        ray.get(refs[1])
-    assert [m.exists() for m in marks] == [True, False, False]
+        executor._run(list(range(3)), submit, lambda _item, _value: None, 2, str,
+                      interrupt_once_the_long_task_runs)
+    for ref in refs[1:]:                # the long ones: ended (cancelled) before _run returned
+        ready, _ = ray.wait([ref], timeout=0)
+        assert ready, "a running task was not cancelled"
+        with pytest.raises(ray.exceptions.TaskCancelledError):
+            ray.get(ref)
+    assert not marks[1].exists() and not marks[2].exists()

@@ -20,26 +20,21 @@ import gc
 from typing import Iterator
 
 #: True in a process that runs one command and ends (the command line sets it; shard workers
-#: do too): only there does ``settle`` freeze.
+#: do too): only there does ``paused`` freeze on its way out.
 ONE_COMMAND = False
-
-
-def settle() -> None:
-    """Take what exists now out of the collector's scans, in a one-command process only."""
-    if ONE_COMMAND:
-        gc.freeze()
 
 
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
     """No automatic collection inside: what is made here (parsed headers) lives as long as the
-    model, so a collection would only rescan it (about 40% of the time at 273k tensors). Settles
-    on the way out."""
+    model, so a collection would only rescan it (about 40% of the time at 273k tensors). In a
+    one-command process it is then frozen: taken out of every later collection's scan."""
     enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        settle()
+        if ONE_COMMAND:
+            gc.freeze()
         if enabled:
             gc.enable()

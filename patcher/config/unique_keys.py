@@ -39,30 +39,27 @@ def keys_all_distinct(raw: bytes, doc: Any) -> bool:
 _MAY_DECODE_TO_A_COLON = re.compile(rb"\\u(?:003[aA]|(?![0-9a-fA-F]{4}))")
 
 
+def key_count(doc: Any) -> int:
+    """Keys of every object in ``doc``, counted a level at a time with C-level passes."""
+    return _walk(doc, count_colons=False)[0]
+
+
 def _keys_and_string_colons(doc: Any) -> tuple[int, int]:
     """``key_count(doc)``, and the colons in every key and string value of ``doc``."""
+    return _walk(doc, count_colons=True)
+
+
+def _walk(doc: Any, *, count_colons: bool) -> tuple[int, int]:
     keys, colons, level = 0, 0, [doc]
-    count_colons = repeat(":")
     while level:
         kinds = list(map(type, level))
         dicts = list(compress(level, map(is_, kinds, repeat(dict))))
         lists = compress(level, map(is_, kinds, repeat(list)))
-        strings = compress(level, map(is_, kinds, repeat(str)))
         keys += sum(map(len, dicts))
-        colons += sum(map(str.count, chain(strings, chain.from_iterable(dicts)), count_colons))
+        if count_colons:
+            strings = compress(level, map(is_, kinds, repeat(str)))
+            colons += sum(map(str.count, chain(strings, chain.from_iterable(dicts)),
+                              repeat(":")))
         level = list(chain(chain.from_iterable(map(dict.values, dicts)),
                            chain.from_iterable(lists)))
     return keys, colons
-
-
-def key_count(doc: Any) -> int:
-    """Keys of every object in ``doc``, counted a level at a time with C-level passes."""
-    count, level = 0, [doc]
-    while level:
-        kinds = list(map(type, level))
-        dicts = list(compress(level, map(is_, kinds, repeat(dict))))
-        lists = compress(level, map(is_, kinds, repeat(list)))
-        count += sum(map(len, dicts))
-        level = list(chain(chain.from_iterable(map(dict.values, dicts)),
-                           chain.from_iterable(lists)))
-    return count

@@ -43,11 +43,11 @@ WRITE_PIECE = 4 << 20
 # whose sources add up to this many bytes (or one bigger tensor), not single tensors. Each
 # hand-over wakes a thread, and threads that run Python between short GIL-releasing calls at the
 # same time queue for the GIL (a futex sleep per turn). fp8-block-to-bf16 on 2 cores, 3
-# alternating runs each (benchmarks/report/issue20-verdicts.md): a 0.25 GB model of 16,823 tensors (shards of
-# 10 MB) took 10.3-12.6 s and 121k context switches one tensor at a time, 7.5-9.4 s at 4 MiB,
-# 6.8-8.0 s and 1.6k switches at 16 MiB (a whole shard: no overlap); a 1 GB model of 3,917
-# tensors (shards of 125 MB) 10.9-12.3 s one at a time, 9.6-10.3 s at 16 MiB, 11.9-12.6 s at
-# 64 MiB; its peak RSS 290 MB one at a time, 414 MB at 16 MiB.
+# alternating runs each (benchmarks/report/issue20-verdicts.md): a 0.25 GB model of 16,823
+# tensors (shards of 10 MB) took 10.3-12.6 s and 121k context switches one tensor at a time,
+# 7.5-9.4 s at 4 MiB, 6.8-8.0 s and 1.6k switches at 16 MiB (a whole shard: no overlap); a 1 GB
+# model of 3,917 tensors (shards of 125 MB) 10.9-12.3 s one at a time, 9.6-10.3 s at 16 MiB,
+# 11.9-12.6 s at 64 MiB; its peak RSS 290 MB one at a time, 414 MB at 16 MiB.
 BATCH_BYTES = 16 << 20
 
 # The kernel is asked to start writing the output to disk every this many bytes, so the fsync
@@ -95,8 +95,9 @@ def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict
                 stop: threading.Event | None) -> None:
     """Every tensor of ``task`` after the header, batch by batch (``_batches``): the reader
     thread reads the sources of the computed tensors, this thread computes, the writer thread
-    copies the unchanged ranges and writes the computed bytes, in shard order. Both the reader and the writer feed ``digest``
-    what they read, so the base shard is read once even when nothing is computed."""
+    copies the unchanged ranges and writes the computed bytes, in shard order. Both the reader
+    and the writer feed ``digest`` what they read, so the base shard is read once even when
+    nothing is computed."""
     from ... import faults
 
     groups = list(_groups(task.jobs))

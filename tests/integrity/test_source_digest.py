@@ -122,6 +122,32 @@ def test_which_tasks_can_hash_their_source():
     assert single_source_in_order(task(_job("a", 30, 5), _job("a", 8, 10))) is None
     assert single_source_in_order(task(_job("a", 8, 10), _job("a", 12, 5))) is None   # overlap
     assert single_source_in_order(task(_job("a", 8, 10), _job("b", 30, 5))) is None
+    # a weight's scale may lie anywhere in the file (safetensors groups tensors by dtype)
+    scaled = TensorJob(out=_job("a", 30, 5).out, op="dequantize",
+                       inputs=(_job("a", 30, 5).inputs[0], _job("a", 0, 4).inputs[0]))
+    assert single_source_in_order(task(_job("a", 8, 10), scaled)) == "a"
+    elsewhere = TensorJob(out=scaled.out, op="dequantize",
+                          inputs=(scaled.inputs[0], _job("b", 0, 4).inputs[0]))
+    assert single_source_in_order(task(_job("a", 8, 10), elsewhere)) is None
+
+
+def test_a_range_ahead_fed_as_a_companion_reads_no_gap(tmp_path):
+    """A scale past the digest's position is ignored (it is read as part of a later gap), not a
+    reason to read the file up to it now; the digest is the file's all the same."""
+    path = _file(tmp_path, 1 << 20)
+    data = path.read_bytes()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        digest = SourceDigest(fd)
+        digest.feed(0, data[:1000])
+        digest.feed(900_000, data[900_000:900_016], ahead=False)
+        assert digest.position == 1000
+        digest.feed(1000, data[1000:2000], ahead=False)      # adjacent: taken
+        assert digest.position == 2000
+        result = digest.result()
+    finally:
+        os.close(fd)
+    assert result.sha256 == hashlib.sha256(data).hexdigest()
 
 
 DROP_KV = ("modelpatch: 1\nname: d\ndescription: x\ntensors:\n"
@@ -152,6 +178,32 @@ def test_first_time_rewrite_hashes_its_shards_as_it_reads_them(kimi_dir, tmp_pat
     back = api.revert(result.output, out=tmp_path / "back").output
     for rel in sizes:
         assert (back / rel).read_bytes() == (base / rel).read_bytes()
+
+
+def test_a_dequantizing_rewrite_hashes_its_shard_though_scales_sit_before_weights(
+        deepseek_fp8_dir, tmp_path):
+    """save_file writes float32 scales before the float8 weights they scale, so a dequantize
+    job reads behind the position its weight reached; a shard whose scales are all in it is
+    still hashed as it is rewritten, not in a pass of its own."""
+    base = copy_tree(deepseek_fp8_dir, tmp_path / "base")
+    plan = api.plan("fp8-block-to-bf16", base)
+    tasks = {fp.path: fp.shard_task for fp in plan.files if fp.shard_task is not None}
+    hashed_inline = {rel for rel, t in tasks.items() if single_source_in_order(t)}
+    assert hashed_inline
+    for rel in hashed_inline:
+        jobs = [j for j in tasks[rel].jobs if j.op == "dequantize"]
+        assert any(j.inputs[1].offset < j.inputs[0].offset for j in jobs), rel
+    result = api.apply("fp8-block-to-bf16", base, out=tmp_path / "v", jobs=1)
+    sizes = {f.relpath: f.size for f in ModelDir.open(base).files.values()}
+    assert result.bytes_hashed == sum(size for rel, size in sizes.items()
+                                      if rel not in hashed_inline)
+    statement = json.loads((result.output / "modelpatch.provenance.json").read_text())
+    recorded = {d["name"]: d["digest"]["sha256"]
+                for d in statement["predicate"]["buildDefinition"]["resolvedDependencies"]
+                if d.get("name") in sizes}
+    for rel in sizes:
+        assert recorded[rel] == hashlib.sha256((base / rel).read_bytes()).hexdigest(), rel
+    assert api.verify(result.output).ok
 
 
 def test_a_rewrite_that_only_copies_reads_each_shard_once(kimi_dir, tmp_path, monkeypatch):

@@ -4,8 +4,9 @@ A first-time apply needs the digest of every base shard it replaces (the provena
 the revert data record them). Hashing them in a pass of their own reads every byte twice: once to
 hash, once to rewrite, which on a 500 GB checkpoint that is not in the page cache is a second full
 read of the disk. A rewrite that reads its one source file front to back (dropping, renaming,
-casting or dequantizing tensors in place) instead feeds each range it reads to a
-``SourceDigest``, which reads only the gaps itself (the header, dropped tensors) and the tail.
+casting or dequantizing tensors in place; the scales a dequantization also reads may lie
+anywhere in the file) instead feeds each range it reads to a ``SourceDigest``, which reads only
+the gaps itself (the header, dropped tensors, the scales not yet passed) and the tail.
 A shard rewrite feeds it from two threads (the sources of computed tensors as they are read, the
 ranges it copies as they are copied; ``patcher.tensors.writing``): a range the digest has already
 passed, having read that gap from the file itself, is skipped, so the digest never depends on the
@@ -27,16 +28,24 @@ from ...tensors.tasks import ShardTask
 
 
 def single_source_in_order(task: ShardTask) -> str | None:
-    """The one file ``task`` reads, if it reads it in ascending, non-overlapping ranges (so a
-    ``SourceDigest`` can follow along); else None."""
+    """The one file ``task`` reads, if the first source of each job comes in ascending,
+    non-overlapping ranges (so a ``SourceDigest`` can follow along); else None.
+
+    A job's other sources (a weight's scales) may lie anywhere in that file: safetensors writes
+    tensors grouped by dtype, so a checkpoint's float32 scales sit far from their float8 or
+    uint8 weights (before them, in every file ``save_file`` wrote). They are fed with
+    ``ahead=False``: never a reason to read a gap."""
     path, end = None, 0
     for job in task.jobs:
-        for src in job.inputs:
+        for i, src in enumerate(job.inputs):
             if path is None:
                 path = src.path
-            if src.path != path or src.offset < end:
+            if src.path != path:
                 return None
-            end = src.offset + src.nbytes
+            if i == 0:
+                if src.offset < end:
+                    return None
+                end = src.offset + src.nbytes
     return path
 
 
@@ -51,13 +60,15 @@ class SourceDigest:
         self._buf: bytearray | None = None
         self._lock = threading.Lock()
 
-    def feed(self, offset: int, data) -> None:
+    def feed(self, offset: int, data, ahead: bool = True) -> None:
         """``data`` is the file's content at ``offset``. The part of it the digest has already
-        passed (read from the file itself, as a gap before a later range) is skipped."""
+        passed (read from the file itself, as a gap before a later range) is skipped. With
+        ``ahead=False`` a range that starts past the digest's position is ignored instead of
+        reading the gap up to it: the digest reads those bytes itself when it gets there."""
         view = memoryview(data).cast("B")
         with self._lock:
             end = offset + view.nbytes
-            if end <= self.position:
+            if end <= self.position or (not ahead and offset > self.position):
                 return
             if offset < self.position:
                 view, offset = view[self.position - offset:], self.position

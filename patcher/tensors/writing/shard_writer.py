@@ -109,7 +109,8 @@ def _write_jobs(task: ShardTask, writer: HashingWriter, writeback, sources: dict
     def read(job: TensorJob):
         if not _reads_sources(job):
             return None         # a scale, usually taken from the weight job's cache: read if needed
-        return transfer([_read(sources, s, digest, pinned=transfer.pinned) for s in job.inputs])
+        return transfer([_read(sources, s, digest, pinned=transfer.pinned, first=i == 0)
+                         for i, s in enumerate(job.inputs)])
 
     def read_batch(batch: list[list[TensorJob]]) -> list:
         return [read(g[0]) for g in batch if g[0].op != "copy"]
@@ -254,9 +255,12 @@ def _fd(sources: dict[str, int], path: str) -> int:
     return sources[path]
 
 
-def _read(sources: dict[str, int], src, digest: SourceDigest | None = None, pinned=None):
+def _read(sources: dict[str, int], src, digest: SourceDigest | None = None, pinned=None,
+          first: bool = True):
     """A source tensor as a CPU torch tensor (one read of its bytes, no mmap of the shard), fed
-    to ``digest`` too; read into ``pinned(nbytes)`` (page-locked memory) when given."""
+    to ``digest`` too (a job's ``first`` source only may make it read a gap:
+    ``single_source_in_order``); read into ``pinned(nbytes)`` (page-locked memory) when
+    given."""
     import torch
 
     buf = pinned(src.nbytes) if pinned is not None else bytearray(src.nbytes)
@@ -267,7 +271,7 @@ def _read(sources: dict[str, int], src, digest: SourceDigest | None = None, pinn
             raise OperationFailed("unexpected end of file", where=src.path, tensor=src.name)
         view, offset = view[n:], offset + n
     if digest is not None:
-        digest.feed(src.offset, buf)
+        digest.feed(src.offset, buf, ahead=first)
     dtype = getattr(torch, _TORCH_DTYPES[src.dtype])
     if not src.nbytes:
         return torch.empty(src.shape, dtype=dtype)

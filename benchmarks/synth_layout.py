@@ -32,6 +32,10 @@ class Dims:
 
 
 TIERS = (   # largest first; the first whose decoder layer fits half a shard is used
+    # DeepSeek-V3's own matrix shapes (8 of its 256 experts, a quarter of its vocabulary): a
+    # decoder layer is 0.58 GB in FP8, so shards of 1.2 GB or more (e.g. 6 GB in 5 shards)
+    Dims(hidden=7168, heads=128, q_rank=1536, kv_rank=512, nope=128, rope=64, v_dim=128,
+         inter=18432, moe_inter=2048, experts=8, vocab=32768),
     Dims(hidden=2048, heads=16, q_rank=768, kv_rank=256, nope=128, rope=64, v_dim=128,
          inter=4096, moe_inter=1024, experts=24, vocab=32768),
     Dims(hidden=1024, heads=8, q_rank=384, kv_rank=128, nope=64, rope=32, v_dim=64,

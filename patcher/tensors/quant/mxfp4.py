@@ -95,7 +95,7 @@ def dequantize_mxfp4_gpt_oss(blocks: torch.Tensor, scales: torch.Tensor,
     for e in range(experts):
         for r0, r1 in row_chunks(rows, k, dev=dev):
             values = _values(blocks[e, r0:r1], scales[e, r0:r1], dev)
-            out[e, :, r0:r1].copy_(round_exact(values, out_dtype).T)
+            round_exact(values, out_dtype, out=out[e, :, r0:r1].T)
     return out if on_device else out.cpu()
 
 

@@ -52,18 +52,20 @@ import torch
 ROUND_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def round_exact(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def round_exact(values: torch.Tensor, dtype: torch.dtype,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """Round float64 ``values`` once, half to even, to ``dtype``.
 
     Args:
         values: float64 tensor (on any device) holding the exact results, or float64-rounded
             quotients as described in the module docstring.
         dtype: bfloat16, float16 or float32.
+        out: where to write the result (``values``' shape, of ``dtype``); a new tensor if None.
 
     Returns:
-        A tensor of ``dtype`` on the device of ``values``: each element is the ``dtype`` value
-        nearest to the input, ties to the even significand; inf beyond the largest finite value
-        plus half an ulp. The sign of zero is kept.
+        A tensor of ``dtype`` on the device of ``values`` (``out`` when given): each element
+        is the ``dtype`` value nearest to the input, ties to the even significand; inf beyond
+        the largest finite value plus half an ulp. The sign of zero is kept.
 
     Raises:
         ValueError: ``values`` is not float64, or ``dtype`` is not one of ``ROUND_DTYPES``.
@@ -72,31 +74,30 @@ def round_exact(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         raise ValueError(f"round_exact takes float64 values, got {values.dtype}")
     if dtype not in ROUND_DTYPES:
         raise ValueError(f"round_exact rounds to bfloat16, float16 or float32, got {dtype}")
-    if dtype == torch.float32:
-        return values.to(torch.float32)       # float64 -> float32 is one rounding, half to even
-    return round_to_odd_f32(values).to(dtype)
+    if out is None:
+        out = torch.empty(values.shape, dtype=dtype, device=values.device)
+    # float64 -> float32 is one rounding, half to even; float32 -> dtype after round-to-odd too
+    return out.copy_(values if dtype == torch.float32 else round_to_odd_f32(values))
 
 
 def round_to_odd_f32(values: torch.Tensor) -> torch.Tensor:
     """Round float64 ``values`` to float32 with round-to-odd: the float32 value nearest in the
     direction of zero, with its last significand bit set when the conversion was inexact.
 
-    Computed from torch's round-half-even conversion: where that is inexact and its result has
-    an even last bit, the result moves one ulp (one step of its bit pattern) towards the input,
-    onto the neighbour with an odd last bit. A float64 value beyond float32's range becomes the
-    largest finite float32 (odd), not inf, so the following rounding decides overflow.
+    Computed from torch's round-half-even conversion ``near``: where that is inexact, the
+    round-to-odd result is the truncation with its last bit set, and the truncation is ``near``
+    itself, or one step of its bit pattern towards zero where ``near`` lies farther out than the
+    input (float32 bit patterns are sign-magnitude, so subtracting one moves towards zero
+    whatever the sign). A float64 value beyond float32's range (``near`` is inf) becomes the
+    largest finite float32 (odd), not inf, so the following rounding decides overflow. A NaN
+    stays a NaN (its last bit set).
     """
     near = values.to(torch.float32)
     back = near.to(torch.float64)
+    inexact = back != values
+    farther = back.abs_() > values.abs()
     bits = near.view(torch.int32)
-    # Inexact with an even last bit. A NaN compares unequal and may move by one step: it stays
-    # a NaN (torch's conversions give quiet NaNs, whose significand is not 0 or 1).
-    fix = (back != values).logical_and_((bits & 1) == 0)
-    # One step away from zero where the input lies farther out than ``near``, else towards it
-    # (sign-magnitude bits: the step direction flips with the sign bit).
-    away = (values > back).logical_xor_(bits < 0)
-    step = away.to(torch.int32).mul_(2).sub_(1).mul_(fix)
-    return bits.add_(step).view(torch.float32)
+    return bits.sub_(farther.to(torch.int32)).bitwise_or_(inexact).view(torch.float32)
 
 
 def round_via_f32(nearest: torch.Tensor, dtype: torch.dtype,

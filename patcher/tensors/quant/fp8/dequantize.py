@@ -83,20 +83,20 @@ def dequantize_fp8_per_tensor(weight_fp8: torch.Tensor, scale: torch.Tensor,
     out = torch.empty(shape, dtype=out_dtype, device=dev)
     out2 = out.view(-1, cols)
     s64 = scale_f64(scale.reshape(-1, 1), "FP8 scale", dev)
-    s32 = s64.to(torch.float32)                         # exact: the scale was float32 or less
+    s32 = s64.to(torch.float32) if dev.type == "cpu" else None   # exact: float32 or less
     for r0, r1 in row_chunks(w2.shape[0], cols, dev=dev):
         w = w2[r0:r1]
-        s, s_exact = (s32, s64) if kind == "tensor" else (s32[r0:r1], s64[r0:r1])
+        s_exact = s64 if kind == "tensor" else s64[r0:r1]
         if dev.type != "cpu":
-            out2[r0:r1].copy_(round_exact(fp8_decode(w, dev, torch.float64).mul_(s_exact),
-                                          out_dtype))
+            round_exact(fp8_decode(w, dev, torch.float64).mul_(s_exact), out_dtype,
+                        out=out2[r0:r1])
             continue
 
         def exact_rows(rows, w=w, s_exact=s_exact):
             return fp8_decode(w[rows.to(w.device)], dev, torch.float64).mul_(
                 s_exact if kind == "tensor" else s_exact[rows])
 
-        y = fp8_decode(w, dev, torch.float32).mul_(s)
+        y = fp8_decode(w, dev, torch.float32).mul_(s32 if kind == "tensor" else s32[r0:r1])
         round_via_f32(y, out_dtype, exact_rows, out=out2[r0:r1])
     return out if on_device else out.cpu()
 
@@ -140,13 +140,13 @@ def dequantize_fp8_block(weight_fp8: torch.Tensor, scale_inv: torch.Tensor,
     m, n = weight_fp8.shape
     out = torch.empty((m, n), dtype=out_dtype, device=dev)
     s64 = scale_f64(scale_inv, "block scale", dev)
-    s32 = s64.to(torch.float32)                         # exact: the scale was float32 or less
+    s32 = s64.to(torch.float32) if dev.type == "cpu" else None   # exact: float32 or less
     for r0, r1 in row_chunks(m, n, align=bm, dev=dev):
         w = weight_fp8[r0:r1]
         if dev.type != "cpu":
             y = fp8_decode(w, dev, torch.float64)
             _mul_by_block_scales_(y, s64[r0 // bm: (r1 + bm - 1) // bm], (bm, bn))
-            out[r0:r1].copy_(round_exact(y, out_dtype))
+            round_exact(y, out_dtype, out=out[r0:r1])
             continue
 
         def exact_rows(rows, w=w, r0=r0):

@@ -145,7 +145,7 @@ def _dequantize(packed: torch.Tensor, scale: torch.Tensor, full: tuple[int, ...]
     for r0, r1 in row_chunks(packed.shape[0], k, dev=dev):
         p, s = packed[r0:r1], scale[r0:r1]
         if dev.type != "cpu":
-            out2[r0:r1].copy_(round_exact(values(p, s, luts[1]), out_dtype))
+            round_exact(values(p, s, luts[1]), out_dtype, out=out2[r0:r1])
             continue
 
         def exact_rows(rows, p=p, s=s):

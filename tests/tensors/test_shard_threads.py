@@ -107,3 +107,49 @@ def test_the_gil_changes_hands_often_while_threads_write_shards_and_as_before_af
     shard_pool.run_shard_tasks(_tasks(tmp_path), tmp_path / "out", jobs=2)
     assert seen and set(seen) == {shard_pool.SWITCH_INTERVAL} and before > max(seen)
     assert sys.getswitchinterval() == before
+
+
+def test_shards_written_in_turn_are_each_fsynced_beside_the_next_one(tmp_path, monkeypatch):
+    """-j 1: a shard's fsync runs in a thread of its own while the next shard is written (here
+    each fsync waits until the next shard has started: done in the writing thread, it would
+    never see that), and every shard is durable and read-only before run_shard_tasks returns."""
+    tasks = _tasks(tmp_path)
+    staging = tmp_path / "out"
+    staging.mkdir()
+    started = {t.output: threading.Event() for t in tasks}
+    following = {a.output: b.output for a, b in zip(tasks, tasks[1:])}
+    synced = []
+    real_write = shard_writer.write_shard
+
+    def recording_write(task, target, *args, **kwargs):
+        started[target.name].set()
+        return real_write(task, target, *args, **kwargs)
+
+    def recording_fsync(path):
+        nxt = following.get(path.name)
+        overlapped = started[nxt].wait(timeout=30) if nxt else True     # a hang guard only
+        synced.append((path.name, threading.current_thread().name, overlapped))
+
+    monkeypatch.setattr(shard_writer, "write_shard", recording_write)
+    monkeypatch.setattr(shard_pool, "fsync_path", recording_fsync)
+    result = shard_pool.run_shard_tasks(tasks, staging, jobs=1)
+    assert sorted(name for name, _, _ in synced) == sorted(result.outputs) and len(synced) == 3
+    assert all(thread.startswith("shard-fsync") and overlapped for _, thread, overlapped in synced)
+    assert all(not (staging / name).stat().st_mode & 0o222 for name in result.outputs)
+
+
+def test_a_failed_fsync_of_a_shard_written_in_turn_is_raised(tmp_path, monkeypatch):
+    import errno
+
+    tasks = _tasks(tmp_path)
+    staging = tmp_path / "out"
+    staging.mkdir()
+
+    def failing(path):
+        if path.name == "s1.safetensors":
+            raise OSError(errno.EIO, "Input/output error", str(path))
+
+    monkeypatch.setattr(shard_pool, "fsync_path", failing)
+    with pytest.raises(OSError) as info:
+        shard_pool.run_shard_tasks(tasks, staging, jobs=1)
+    assert info.value.errno == errno.EIO

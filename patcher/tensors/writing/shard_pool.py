@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from ... import collector, dispatch
+from ...fsops import fsync_path
 from ...integrity.digests.hashing import HashResult
 from ..tasks import ShardTask
 from . import shard_writer
@@ -186,9 +187,19 @@ def load_torch() -> None:
 
 def _in_turn(tasks: list[ShardTask], staging: Path, results: ShardResults, on_progress,
              hash_sources: frozenset[str]) -> ShardResults:
-    for task in tasks:
-        _collect(results, task, shard_writer.write_shard(task, staging / task.output,
-                                                         on_progress, hash_sources))
+    """Write the shards one after another, each one's fsync in a thread of its own while the
+    next is written: an fsync waits for the disk (and its cache flush) however little is left
+    to write, and nothing else would run meanwhile. Returns once every shard is durable; a
+    failed fsync is raised then."""
+    with ThreadPoolExecutor(1, thread_name_prefix="shard-fsync") as syncer:
+        synced = []
+        for task in tasks:
+            target = staging / task.output
+            _collect(results, task, shard_writer.write_shard(task, target, on_progress,
+                                                             hash_sources, fsync=False))
+            synced.append(syncer.submit(fsync_path, target))
+        for future in synced:
+            future.result()
     return results
 
 

@@ -58,11 +58,12 @@ WRITEBACK_STEP = 32 << 20
 def write_shard(task: ShardTask, target: Path,
                 on_progress: Callable[[int], None] | None = None,
                 hash_sources: frozenset[str] = frozenset(), *,
-                stop: threading.Event | None = None
+                stop: threading.Event | None = None, fsync: bool = True
                 ) -> tuple[str, str | None, HashResult | None]:
     """Write ``task``'s shard to ``target`` (which must not exist), reading, computing and
     writing in a pipeline (``patcher.tensors.writing.shard_pipeline``); ``ShardStopped`` is raised at
-    the next tensor once ``stop`` is set (another shard failed, or Ctrl-C).
+    the next tensor once ``stop`` is set (another shard failed, or Ctrl-C). The file is made
+    read-only and fsynced, unless ``fsync`` is False: then the caller makes it durable.
 
     Returns its sha256, and the task's source file with that file's digest if it is in
     ``hash_sources`` and could be hashed along the way (else None, None)."""
@@ -85,7 +86,8 @@ def write_shard(task: ShardTask, target: Path,
         finally:
             for src_fd in sources.values():
                 os.close(src_fd)
-        os.fsync(raw.fileno())
+        if fsync:
+            os.fsync(raw.fileno())
         os.fchmod(raw.fileno(), 0o444)
     return writer.sha256, source if source_result else None, source_result
 

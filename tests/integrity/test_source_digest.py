@@ -154,6 +154,18 @@ DROP_KV = ("modelpatch: 1\nname: d\ndescription: x\ntensors:\n"
            "  - select: {glob: ['*.k_proj.k_scale', '*.v_proj.v_scale']}\n    drop: true\n")
 
 
+def _recorded_base_digests(output: Path, base: Path, sizes: dict[str, int]) -> dict[str, str]:
+    """The base files' sha256 as the variant's manifest records them, each checked against the
+    file's true sha256."""
+    statement = json.loads((output / "modelpatch.provenance.json").read_text())
+    recorded = {d["name"]: d["digest"]["sha256"]
+                for d in statement["predicate"]["buildDefinition"]["resolvedDependencies"]
+                if d.get("name") in sizes}
+    for rel in sizes:
+        assert recorded[rel] == hashlib.sha256((base / rel).read_bytes()).hexdigest(), rel
+    return recorded
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_first_time_rewrite_hashes_its_shards_as_it_reads_them(kimi_dir, tmp_path, jobs):
     """Nothing known about the base (no manifest, empty digest cache, not an HF snapshot): only
@@ -165,12 +177,7 @@ def test_first_time_rewrite_hashes_its_shards_as_it_reads_them(kimi_dir, tmp_pat
     result = api.apply(recipe, base, out=tmp_path / "v", jobs=jobs)
     sizes = {f.relpath: f.size for f in ModelDir.open(base).files.values()}
     assert result.bytes_hashed == sum(size for rel, size in sizes.items() if rel not in KV_SHARDS)
-    statement = json.loads((result.output / "modelpatch.provenance.json").read_text())
-    recorded = {d["name"]: d["digest"]["sha256"]
-                for d in statement["predicate"]["buildDefinition"]["resolvedDependencies"]
-                if d.get("name") in sizes}
-    for rel in sizes:
-        assert recorded[rel] == hashlib.sha256((base / rel).read_bytes()).hexdigest(), rel
+    recorded = _recorded_base_digests(result.output, base, sizes)
     cached = KnownDigests()
     for rel in KV_SHARDS:
         assert cached.sha256(base / rel) in (None, recorded[rel])     # None: too new to cache
@@ -197,12 +204,7 @@ def test_a_dequantizing_rewrite_hashes_its_shard_though_scales_sit_before_weight
     sizes = {f.relpath: f.size for f in ModelDir.open(base).files.values()}
     assert result.bytes_hashed == sum(size for rel, size in sizes.items()
                                       if rel not in hashed_inline)
-    statement = json.loads((result.output / "modelpatch.provenance.json").read_text())
-    recorded = {d["name"]: d["digest"]["sha256"]
-                for d in statement["predicate"]["buildDefinition"]["resolvedDependencies"]
-                if d.get("name") in sizes}
-    for rel in sizes:
-        assert recorded[rel] == hashlib.sha256((base / rel).read_bytes()).hexdigest(), rel
+    _recorded_base_digests(result.output, base, sizes)
     assert api.verify(result.output).ok
 
 

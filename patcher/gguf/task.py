@@ -43,8 +43,10 @@ class GGUFTask:
                 "bytes_computed": 0, "changed": list(self.changed)}
 
     def write(self, target: Path, on_progress: Callable[[int], None] | None = None,
-              hash_sources: frozenset[str] = frozenset()) -> tuple[str, str | None, object]:
-        """Write the file to ``target`` (which must not exist). Returns its sha256 and, when all
+              hash_sources: frozenset[str] = frozenset(), *,
+              fsync: bool = True) -> tuple[str, str | None, object]:
+        """Write the file to ``target`` (which must not exist) and fsync it (unless ``fsync`` is
+        False: then the caller makes it durable). Returns its sha256 and, when all
         tensors come from one source that is in ``hash_sources`` and are read in ascending
         order, the source path with its digest, computed from the same reads
         (``patcher.integrity.digests.source_digest``)."""
@@ -77,7 +79,8 @@ class GGUFTask:
             if writer.size != self.file_size:
                 raise OperationFailed(f"wrote {writer.size} bytes, expected {self.file_size}",
                                       where=target)
-            os.fsync(raw.fileno())
+            if fsync:
+                os.fsync(raw.fileno())
             os.fchmod(raw.fileno(), 0o444)
         if source_result is None:
             return writer.sha256, None, None

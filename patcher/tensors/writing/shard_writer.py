@@ -68,7 +68,7 @@ def write_shard(task: ShardTask, target: Path,
     Returns its sha256, and the task's source file with that file's digest if it is in
     ``hash_sources`` and could be hashed along the way (else None, None)."""
     if hasattr(task, "write"):          # a patcher.gguf.task.GGUFTask writes itself
-        return task.write(target, on_progress, hash_sources)
+        return task.write(target, on_progress, hash_sources, fsync=fsync)
     header = task.header
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb", buffering=0) as raw:

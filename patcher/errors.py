@@ -66,6 +66,11 @@ class RecipeError(InputError):
     """A recipe that is malformed. ``where`` is ``recipe.yaml:LINE:COL``."""
 
 
+class UnsafeName(InputError):
+    """A name from outside (a hub's listing, ETag or oid, a revision, a recipe or rule path) that
+    is not a plain relative name: absolute, ``..``, NUL, a dot-directory, over-long."""
+
+
 class PlanError(InputError):
     """A recipe that is well formed but cannot be applied to this model as written
     (an operation on a missing path, an empty tensor selection, a rename collision...)."""

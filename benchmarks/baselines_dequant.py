@@ -1,4 +1,4 @@
-"""The hand-written dequantization scripts issue 20's targets compare against: DeepSeek's
+"""The hand-written dequantization scripts the dequantization targets compare against: DeepSeek's
 ``fp8_cast_bf16.py`` (from bench_tensor.py, here also on a GPU) and the same script shape for
 ModelOpt NVFP4. Each takes ``SRC DST [DEVICE]``: load_file per shard, dequantize on DEVICE
 (default cpu), save_file, index rewritten; no hashing, no fsync."""

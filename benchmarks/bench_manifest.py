@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Manifest and change-log encoding at a real tensor count (issue 20).
+"""Manifest and change-log encoding at a real tensor count.
 
 Builds the provenance statement of an apply that converts ``--tensors`` tensors (273k: the
 Kimi-K2.5-NVFP4 count; each converted weight drops its scales, as nvfp4-to-bf16 does) and writes

@@ -1,4 +1,4 @@
-"""Metadata at Kimi-K2.5-NVFP4 scale (issue #16, section 4): config-only apply and plan of a
+"""Metadata at Kimi-K2.5-NVFP4 scale: config-only apply and plan of a
 273k-tensor, 119-shard checkpoint, first-time apply and verify, each against its floor, side by
 side in alternating rounds.
 
@@ -147,7 +147,7 @@ def _result(runs: dict, info: dict, args) -> dict:
 def _markdown(r: dict) -> str:
     m, t = r["model"], r["targets"]
     lines = [
-        "# Metadata at Kimi-K2.5-NVFP4 scale (issue #16)", "",
+        "# Metadata at Kimi-K2.5-NVFP4 scale", "",
         f"{m['tensors']} tensors in {m['shards']} shards, {m['file_bytes'] / 1e9:.2f} GB; "
         f"first-time apply and verify: {r['bytes_model']['file_bytes'] / 1e9:.2f} GB in "
         f"{r['bytes_model']['shards']} shards ({r['bytes_model']['tensors']} tensors). "

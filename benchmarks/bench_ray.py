@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 18: ``--executor ray`` on a local Ray cluster of 1..N worker processes against the local
+"""``--executor ray`` on a local Ray cluster of 1..N worker processes against the local
 executor at the same parallelism, the per-task figures, and from them a projection (labelled as
 one) for a 540 GB -> 2 TB dequantization across k nodes.
 

@@ -6,7 +6,7 @@ huggingface_hub's ``get_safetensors_metadata``, on the embedded hub, side by sid
 The repository has the real one's shape where it matters here (119 shards, ~273k tensors named as
 in a DeepSeek-V3/Kimi export, so headers of ~300 KB each) but tiny tensors, so it builds in
 seconds. Both readers fetch every header of every shard plus the index; modelpatch also
-validates each header strictly and checks the index against them. Target (issue #16): modelpatch
+validates each header strictly and checks the index against them. Target: modelpatch
 within 1.5x of ``get_safetensors_metadata``. Rounds alternate the two; medians are reported.
 """
 

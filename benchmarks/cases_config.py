@@ -43,7 +43,7 @@ def _apply_again(b: Bench, base: Path, out: Path, cache: Path) -> Callable[[], d
     ``out``, with that apply's digest cache: what a user who applies again does. modelpatch
     replaces the variant itself and keeps the base's digests. (Deleting a variant by hand
     removes hard links to the base's shards, which moves their ctime, a key of the digest
-    cache since issue 11: the next apply hashes them again.)"""
+    cache: the next apply hashes them again.)"""
     def run():
         os.sync()
         r = b.measure(b.mp + ["apply", "sm120-fp16-kv", base, "-o", out, "--force", "-q",

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Where the threads of one in-process ``modelpatch`` command spend their time: a sampling
-profiler for the threaded shard writer (issue 20), Python frames only.
+profiler for the threaded shard writer, Python frames only.
 
 Every ``--interval`` seconds a sampling thread reads every thread's current frame and counts its
 innermost frame from ``patcher/`` (or the innermost one when none is ours), per role: ``main``,

@@ -1,4 +1,4 @@
-"""Packaging: the distribution's metadata declares ranges, never exact pins (issue 13, item 1).
+"""Packaging: the distribution's metadata declares ranges, never exact pins.
 
 An exact ``torch==X`` made ``pip install -e .`` replace a user's CUDA torch with the CPU build.
 The tested torch lives in ``constraints/cpu.txt`` instead, which only the README and CI use.

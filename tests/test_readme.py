@@ -1,4 +1,4 @@
-"""The README's runnable blocks run as written after its first command (issue 13, item 2).
+"""The README's runnable blocks run as written after its first command.
 
 A fenced block whose info string is ``bash runnable`` or ``python runnable`` is run, in README
 order, in one temporary clone-like directory: ``examples/out/kimi-k25-nvfp4`` as the first command

@@ -1,4 +1,4 @@
-"""Element operations on JSON arrays in recipe ``config:`` sections (issue #15)::
+"""Element operations on JSON arrays in recipe ``config:`` sections::
 
     - each: /quantization_config/ignore          # map: rewrite matching string elements
       match: {regex: '^language_model\\.'}

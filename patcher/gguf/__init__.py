@@ -1,4 +1,4 @@
-"""GGUF as a model format: strict reading, recipe ``gguf:`` sections, writing (issue #19).
+"""GGUF as a model format: strict reading, recipe ``gguf:`` sections, writing.
 
 gguf-py (the ``gguf`` package, ``pip install -e '.[gguf]'``) supplies the format's constants:
 value types, ggml tensor types and their block sizes, key names. The header itself is parsed here

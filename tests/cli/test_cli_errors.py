@@ -1,4 +1,4 @@
-"""The command line a new user meets (issue 13): errors with their did-you-mean and no traceback,
+"""The command line a new user meets: errors with their did-you-mean and no traceback,
 --debug/-q/--json on either side of the subcommand, JSON errors, a folder that is no model,
 library errors worded as parameters and shown as flags, help for every option, readable lists."""
 

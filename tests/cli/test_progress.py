@@ -1,4 +1,4 @@
-"""Progress of modelpatch's own long steps (issue 13 item 10): tqdm bars with totals and ETA on
+"""Progress of modelpatch's own long steps: tqdm bars with totals and ETA on
 a terminal, a plain line at most every few seconds elsewhere, nothing with -q."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""apply / plan / verify end to end on the Kimi-shaped example (issue 3's done-means)."""
+"""apply / plan / verify end to end on the Kimi-shaped example."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""How a variant carries the base's files (issue 13 item 8): ``plan`` predicts the method for
+"""How a variant carries the base's files: ``plan`` predicts the method for
 the actual output path, ``apply`` warns before a large copy, ``--link`` chooses, and the
 ``--json`` byte counts say what was linked and what was copied."""
 

@@ -3,7 +3,7 @@
 Replacing an output (``--force``) unlinks the old variant's hardlinks to the base, which moves the
 base files' ctime (a key of the cache) after the variant's own links did: the digests are recorded
 again once the new output is committed. A same-size edit that puts the mtime back is still a
-miss (issue #11)."""
+miss."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GGUF models (issue #19): the built-in recipes on tiny GGUFs written by gguf-py's GGUFWriter,
+"""GGUF models: the built-in recipes on tiny GGUFs written by gguf-py's GGUFWriter,
 read back by gguf-py's GGUFReader; plan, manifest, verify, in place and revert."""
 
 from __future__ import annotations

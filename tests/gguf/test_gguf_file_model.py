@@ -1,4 +1,4 @@
-"""A .gguf file given as MODEL to plan, apply, verify and revert (issue #19): the variant is a
+"""A .gguf file given as MODEL to plan, apply, verify and revert: the variant is a
 directory holding the new file and its manifest; the files beside the base are left alone."""
 
 from __future__ import annotations

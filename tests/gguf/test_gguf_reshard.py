@@ -1,4 +1,4 @@
-"""Resharding GGUF models with --max-shard-size (issue #19): the files gguf-py's own
+"""Resharding GGUF models with --max-shard-size: the files gguf-py's own
 GGUFWriter writes for the same model and limit, byte for byte; merging a split set into one
 file; verify and revert."""
 

@@ -1,6 +1,6 @@
-"""publish / pull / hub serve facing bad input and hostile repositories (issue 11 items 5 and 11,
-issue 13 items 3, 10 and 13): one-line errors without tracebacks, no remote state directories,
-card metadata that names cannot inject, and hub output fit for a log."""
+"""publish / pull / hub serve facing bad input and hostile repositories: one-line errors
+without tracebacks, no remote state directories, card metadata that names cannot inject, and
+hub output fit for a log."""
 # ruff: noqa: F811  (the `hub` fixture is imported, then named as a test argument)
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ BAD_REPO_IDS = ["bad repo", "a/b/c", "a--b/x", "../x", "alice/x.git", "", "a/" +
                 "alice/\nx"]
 
 
-# -- issue 13 item 3: invalid ids, paths and options ------------------------------------------
+# -- invalid ids, paths and options ------------------------------------------
 
 
 def test_publish_refuses_malformed_input_in_one_line(variant, tmp_path, monkeypatch):
@@ -110,7 +110,7 @@ def test_hub_serve_refuses_malformed_input_in_one_line(tmp_path):
         assert_one_line_error(cli("hub", "serve", *args), 2)
 
 
-# -- issue 13 item 13: help ----------------------------------------------------------------------
+# -- help ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("command", [["publish"], ["pull"], ["hub", "serve"]])
@@ -124,7 +124,7 @@ def test_every_hub_option_has_help(command):
     assert missing == []
 
 
-# -- issue 11 item 5: no remote state directories ------------------------------------------------
+# -- no remote state directories ------------------------------------------------
 
 
 @pytest.mark.parametrize("hostile", [".modelpatch/journal.json", ".git/config",
@@ -164,7 +164,7 @@ def test_pull_still_keeps_the_hub_card_in_its_own_state_directory(hub, variant, 
     assert api.verify(out).ok
 
 
-# -- issue 11 item 11: card metadata ---------------------------------------------------------------
+# -- card metadata ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["evil: yes", "kimi\nlicense: evil\ntags: [pwned]",
@@ -208,7 +208,7 @@ def test_publish_of_a_base_whose_name_holds_a_newline(hub, kimi_dir, tmp_path, m
     assert "`kimi license: evil`" in card.text          # named once, on one line, in the body
 
 
-# -- issue 13 item 10: hub output fit for a log -------------------------------------------------
+# -- hub output fit for a log -------------------------------------------------
 
 
 def test_publish_and_pull_print_no_bars_to_a_non_terminal(hub, variant, tmp_path, monkeypatch,

@@ -1,4 +1,4 @@
-"""Hostile requests to the embedded hub (issue 11 items 3, 4 and 12): hashed token keys, request
+"""Hostile requests to the embedded hub: hashed token keys, request
 caps and a free event loop, malformed requests answered 4xx, log lines that cannot be forged,
 and crash leftovers removed at start-up. Raw HTTP (http.client) against one server per module."""
 

@@ -1,4 +1,4 @@
-"""A hardlinked variant and its base are the same files (issue 13 item 9): ``verify`` of either
+"""A hardlinked variant and its base are the same files: ``verify`` of either
 side names the other path that changed with a modified file, when it can tell: the variant from
 its patch record, the base from the variants log beside the digest cache or a ``<base>-*``
 directory beside it. A Hugging Face snapshot without a manifest is verified against its blob

@@ -1,4 +1,4 @@
-"""``base_model`` of a variant (issue 13 item 14): read from what the base says it is (a Hugging
+"""``base_model`` of a variant: read from what the base says it is (a Hugging
 Face cache path, the base's manifest), or given with ``--base-model``; never the directory's
 name. A ``huggingface_hub --local-dir`` download records its commit but not its repository."""
 # ruff: noqa: F811  (the `hub` fixture is imported, then named as a test argument)

@@ -1,4 +1,4 @@
-"""One dtype vocabulary (issue 13, item 12): every common spelling in select/cast/dequantize,
+"""One dtype vocabulary: every common spelling in select/cast/dequantize,
 one canonical form out, did-you-mean for near misses; ``set`` with ``create_parents: false``."""
 
 from __future__ import annotations

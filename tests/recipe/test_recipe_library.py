@@ -1,4 +1,4 @@
-"""The built-in recipe library (issue #15): each recipe on a fixture saved by transformers'
+"""The built-in recipe library: each recipe on a fixture saved by transformers'
 save_pretrained, loaded back by transformers with no missing or unexpected keys, with
 identical logits where the recipe must not change the math."""
 

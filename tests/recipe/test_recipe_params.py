@@ -1,5 +1,5 @@
 """Recipe language v2: params, {reference} templates and expressions, include, several recipes
-as one, layer selectors, tensor copy (issue #15)."""
+as one, layer selectors, tensor copy."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Content from another model (``from: hf://...``, ``model:``, ``file:``), pinned by sha256; the
-``chat-template`` recipe; ``--set RECIPE.NAME`` scoping (issue #15, items 7 and the library)."""
+``chat-template`` recipe; ``--set RECIPE.NAME`` scoping."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hub errors of ``hf://`` models and ``from: hf://`` sources (review item 15): a missing
+"""Hub errors of ``hf://`` models and ``from: hf://`` sources: a missing
 revision is named (exit 2), ``doctor``'s errors say doctor."""
 
 from __future__ import annotations

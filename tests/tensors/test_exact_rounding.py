@@ -1,5 +1,5 @@
 """Every dequantizer, into every output dtype, equals round-half-to-even of the exact value of
-its format's formula (issue #12 part 2), checked against ``tests/exact_reference.py``: float64
+its format's formula, checked against ``tests/exact_reference.py``: float64
 products (exact for these formats) or integer quotients, rounded with integer arithmetic.
 
 Exhaustive where the space allows:

@@ -1,4 +1,4 @@
-"""FP8 block scales saved squeezed (issue #12 part 5): transformers 5.x wrote the
+"""FP8 block scales saved squeezed: transformers 5.x wrote the
 ``weight_scale_inv`` of MoE expert weights as ``[2]`` for a ``[256, 128]`` weight in 128 x 128
 blocks, not ``[2, 1]``. ``fp8-block`` reads such a scale as its grid when that is unambiguous
 (the grid has at most one dimension above 1) and refuses any other 1-D scale, clearly.

@@ -1,5 +1,4 @@
-"""ModelOpt NVFP4 <-> compressed-tensors NVFP4 (issue #15, library recipes
-`modelopt-to-compressed-tensors` and `compressed-tensors-to-modelopt`), on the real ModelOpt 0.47
+"""ModelOpt NVFP4 <-> compressed-tensors NVFP4, on the real ModelOpt 0.47
 exports in tests/fixtures/modelopt.
 
 References, none of them modelpatch: compressed-tensors' own ModelOpt converter

@@ -1,4 +1,4 @@
-"""Issue 20: ``round_via_f32`` on the CPU tests for rounding boundaries in numpy (fewer passes
+"""``round_via_f32`` on the CPU tests for rounding boundaries in numpy (fewer passes
 than torch's integer ops) and writes straight into the caller's output. The numpy bit test must
 agree with the torch one on every bit pattern that matters, and the output slice must hold the
 single rounding of the exact values, nothing written outside it."""

@@ -1,4 +1,4 @@
-"""Issue 20: on a GPU, shards are written by threads of the apply's own process (``--jobs``);
+"""on a GPU, shards are written by threads of the apply's own process (``--jobs``);
 the bytes do not depend on how many, and a failure or Ctrl-C in one stops the others at their
 next tensor. Here on the CPU, with the CPU made a threaded device (the CUDA comparison in
 test_tensor_cli runs the same path on a GPU)."""

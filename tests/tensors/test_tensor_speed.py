@@ -1,4 +1,4 @@
-"""Issue 20: the thread budget, the pipelined shard writer, the overflow bound; outputs byte for
+"""the thread budget, the pipelined shard writer, the overflow bound; outputs byte for
 byte the same whatever the number of workers."""
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from .thread_budget import quiet_openmp, split, use_threads
 # 41 CPU-s for 4 spawned processes (each imports torch and starts CUDA, 4.5 s and 6.4 CPU-s).
 # On the CPU, threads -j 8 took 14.5 s and 42 CPU-s against 8.9 s and 68 CPU-s for processes:
 # the Python between the kernels of thousands of small tensors, serialized by the GIL, costs
-# more wall time than the processes' torch imports (benchmarks/report/issue20.md).
+# more wall time than the processes' torch imports.
 THREADED_DEVICES = ("cuda",)
 
 # Below this many bytes of computed tensors, an unset --jobs writes in this process: a worker
@@ -44,7 +44,7 @@ SMALL_COMPUTE = 256 << 20
 # fp8-block-to-bf16 --device cuda -j 8 of a 2 GB model took 27.9 s at Python's default 5 ms and
 # 15.1 s at 0.5 ms under benchmarks/sample_stacks.py (one run each, the first one the machine's
 # first CUDA run); without the profiler, 14.4-16.0 s at 5 ms before the float64 kernels and
-# 13.4 s at 0.5 ms after them (benchmarks/report/issue20.md).
+# 13.4 s at 0.5 ms after them.
 SWITCH_INTERVAL = 0.0005
 
 

@@ -43,7 +43,7 @@ WRITE_PIECE = 4 << 20
 # whose sources add up to this many bytes (or one bigger tensor), not single tensors. Each
 # hand-over wakes a thread, and threads that run Python between short GIL-releasing calls at the
 # same time queue for the GIL (a futex sleep per turn). fp8-block-to-bf16 on 2 cores, 3
-# alternating runs each (benchmarks/report/issue20-verdicts.md): a 0.25 GB model of 16,823
+# alternating runs each: a 0.25 GB model of 16,823
 # tensors (shards of 10 MB) took 10.3-12.6 s and 121k context switches one tensor at a time,
 # 7.5-9.4 s at 4 MiB, 6.8-8.0 s and 1.6k switches at 16 MiB (a whole shard: no overlap); a 1 GB
 # model of 3,917 tensors (shards of 125 MB) 10.9-12.3 s one at a time, 9.6-10.3 s at 16 MiB,

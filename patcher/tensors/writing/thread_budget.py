@@ -1,6 +1,6 @@
 """How a tensor rewrite shares the machine's cores: shard workers x torch threads.
 
-The rule (issue 20): ``workers x torch intra-op threads <= cores``, where cores are the CPUs this
+The rule: ``workers x torch intra-op threads <= cores``, where cores are the CPUs this
 process may run on (``hashing.default_jobs``: taskset and cpusets respected).
 
 * ``-j N`` is the number of shards written at a time (1: one after another, in this process),

@@ -1,4 +1,4 @@
-"""CLI output after the fresh-eyes review (session 4, item 18): the path apply prints, the bytes
+"""CLI output: the path apply prints, the bytes
 the plan says it links, and what inspect accepts."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The doctor rules added for issue #16's remaining list, each with a model that triggers it and
+"""The doctor's model rules, each with a model that triggers it and
 one that does not, and the fixes their findings carry (params taken from the model)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Review fixes of the tensor transforms: the text plan lists every touched tensor, fp8-block
+"""Guards of the tensor transforms: the text plan lists every touched tensor, fp8-block
 dequantization takes its block size from the recipe or the config, the dequantize warning reads
 the ignore/exclude lists, and casts/quantizations refuse to damage values silently."""
 

@@ -1,5 +1,5 @@
-"""issue20.md and issue20_scaling.png from every ``issue20-<label>.json`` in the report
-directory (bench_issue20.py): one section per machine, the targets with their verdicts."""
+"""dequant-scaling.md and dequant_scaling.png from every ``dequant-scaling-<label>.json`` in the report
+directory (bench_dequant_scaling.py): one section per machine, the targets with their verdicts."""
 
 from __future__ import annotations
 
@@ -133,21 +133,21 @@ def _plot(reports: list[dict], out: Path) -> None:
         ax.set_title(recipe)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out / "issue20_scaling.png", dpi=90)
+    fig.savefig(out / "dequant_scaling.png", dpi=90)
 
 
 def render(out: Path) -> None:
-    reports = [json.loads(p.read_text()) for p in sorted(out.glob("issue20-*.json"))]
-    L = ["# Issue 20: tensor work at the hardware's speed\n",
-         "Rendered by `benchmarks/bench_issue20.py --render` from every "
-         "`issue20-<machine>.json` here (each written by a run on that machine). Ratios are "
+    reports = [json.loads(p.read_text()) for p in sorted(out.glob("dequant-scaling-*.json"))]
+    L = ["# Dequantization at the hardware's speed\n",
+         "Rendered by `benchmarks/bench_dequant_scaling.py --render` from every "
+         "`dequant-scaling-<machine>.json` here (each written by a run on that machine). Ratios are "
          "modelpatch / baseline of the medians of rounds run side by side; the CUDA rows "
          "compare with the best CPU run (target: at most 0.5x) and the fsync write bandwidth "
          "(target: at least 0.8x).\n"]
-    verdicts = out / "issue20-verdicts.md"     # hand-written: each target, MET or MISSED, why
+    verdicts = out / "dequant-scaling-verdicts.md"     # hand-written: each target, MET or MISSED, why
     if verdicts.exists():
         L.append(verdicts.read_text())
     for r in reports:
         L += _machine(r)
-    (out / "issue20.md").write_text("\n".join(L) + "\n")
+    (out / "dequant-scaling.md").write_text("\n".join(L) + "\n")
     _plot(reports, out)

@@ -1,15 +1,15 @@
 #!/usr/bin/env python
-"""Issue 20 on one machine, side by side: the -j scaling curve of fp8-block-to-bf16 and
+"""Dequantization at the hardware's speed on one machine, side by side: the -j scaling curve of fp8-block-to-bf16 and
 nvfp4-to-bf16 on the CPU against the hand-written torch scripts, the CUDA path against the best
 CPU run and the fsync write bandwidth, verify against hashlib Pool(cores), and the manifest
 encoding at 273k tensors.
 
 Every command is a subprocess; wall time, and CPU seconds from ``wait4`` (its whole tree).
-Rounds alternate their order. Results go to ``--out/issue20-<label>.json`` (one file per machine,
-committed), and ``issue20.md`` plus ``issue20_scaling.png`` are rendered from every such file
+Rounds alternate their order. Results go to ``--out/dequant-scaling-<label>.json`` (one file per machine,
+committed), and ``dequant-scaling.md`` plus ``dequant_scaling.png`` are rendered from every such file
 there, so rerunning on one machine keeps the figures of the others (``--render`` only renders).
 
-Usage: python benchmarks/bench_issue20.py --label LABEL [--fp8-gb 2] [--nvfp4-gb 2]
+Usage: python benchmarks/bench_dequant_scaling.py --label LABEL [--fp8-gb 2] [--nvfp4-gb 2]
        [--shards 24] [--rounds 2] [--jobs 1,2,4,8,16] [--cuda] [--cuda-jobs 1,4,8] [--workdir DIR]
        [--budget-s 520] [--recipes fp8-block-to-bf16,nvfp4-to-bf16]
 """
@@ -211,7 +211,7 @@ def main() -> None:
     p.add_argument("--jobs", default="1,2,4,8,16")
     p.add_argument("--cuda", action="store_true")
     p.add_argument("--cuda-jobs", default=",".join(CUDA_JOBS))
-    p.add_argument("--workdir", type=Path, default=Path("/var/tmp/mp-issue20"))
+    p.add_argument("--workdir", type=Path, default=Path("/var/tmp/mp-dequant-scaling"))
     p.add_argument("--out", type=Path, default=BENCH / "report")
     p.add_argument("--budget-s", type=float, default=520)
     p.add_argument("--manifest-tensors", type=int, default=273_000)
@@ -223,7 +223,7 @@ def main() -> None:
     args = p.parse_args()
     if not args.render:
         measure(args)
-    from issue20_report import render
+    from dequant_scaling_report import render
     render(args.out)
 
 
@@ -236,7 +236,7 @@ def measure(args) -> None:
     cores = len(os.sched_getaffinity(0))
     jobs = [j for j in args.jobs.split(",") if int(j) <= cores]
     CUDA_JOBS[:] = args.cuda_jobs.split(",")
-    out_path = args.out / f"issue20-{args.label}.json"
+    out_path = args.out / f"dequant-scaling-{args.label}.json"
     parts = set(args.parts.split(","))
     result = json.loads(out_path.read_text()) if out_path.exists() else {}
     result.update({"label": args.label, "cores": cores, "date": time.strftime("%Y-%m-%d %H:%M UTC",

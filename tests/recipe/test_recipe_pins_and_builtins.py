@@ -1,4 +1,5 @@
-"""Fixes from the session-4 CLI review (recipes, params, ``from:`` sources, built-ins)."""
+"""Recipe pins, parameters, ``from:`` sources and built-ins as a user meets them: one-line errors
+blamed on the right line."""
 
 from __future__ import annotations
 

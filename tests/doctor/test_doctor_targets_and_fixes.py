@@ -1,4 +1,4 @@
-"""Doctor, after the fresh-eyes review (session 4): --gpu validated, rule text kept whole,
+"""Doctor's targets and fixes: --gpu validated, rule text kept whole,
 fix commands a shell can run, info fixes, GGUF models, stale quantization configs."""
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def test_evidence_versions_are_the_whole_text_of_the_rule_file():
             assert shown == evidence["versions"], (rule.id, line)
 
 
-# --- the fix command, info fixes, --fix output (review items 4, 5, 6) -----------------------
+# --- the fix command, info fixes, --fix output -----------------------
 
 def _model(path: Path, tensors: dict, **files) -> Path:
     from patcher.model.safetensors_io import OutputTensor, encode_header
@@ -176,7 +176,7 @@ def test_fix_twice_needs_force_and_writes_model_doctor(tmp_path):
     assert CliRunner().invoke(main, ["doctor", str(model), "--force"]).exit_code == 2
 
 
-# --- a stale hf_quant_config.json (review item 16) -------------------------------------------
+# --- a stale hf_quant_config.json -------------------------------------------
 
 def test_compressed_tensors_config_beside_a_modelopt_hf_quant_config_disagrees(tmp_path):
     """The pair modelopt-to-compressed-tensors left before it dropped hf_quant_config.json:
@@ -201,7 +201,7 @@ def test_compressed_tensors_config_beside_a_modelopt_hf_quant_config_disagrees(t
     assert quantization_summary(ModelDir.open(base))["disagreements"] == []
 
 
-# --- GGUF models (review item 8) --------------------------------------------------------------
+# --- GGUF models --------------------------------------------------------------
 
 def test_gguf_with_nextn_blocks_is_reported_and_gguf_strip_mtp_clears_it(tmp_path):
     pytest.importorskip("gguf")

@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import logging
 import os
 import secrets
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -150,11 +153,21 @@ class RayExecutor:
 
         if not ray.is_initialized():
             address = self.address or os.environ.get("RAY_ADDRESS") or "auto"
-            try:
-                ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-            except (ConnectionError, RuntimeError, ValueError) as exc:
+            with _native_stderr_kept() as native:
+                try:
+                    ray.init(address=address, logging_level=logging.WARNING,
+                             log_to_driver=False)
+                except (ConnectionError, RuntimeError, ValueError) as exc:
+                    failure = exc
+                else:
+                    failure = None
+            if failure is not None:
+                if _refused_token(failure, native.getvalue()):
+                    raise OperationFailed(
+                        f"the Ray cluster at {address} uses token authentication and refused "
+                        "this client: its token is missing or wrong", hint=AUTH_HINT) from None
                 raise OperationFailed(f"cannot connect to the Ray cluster at {address}: "
-                                      f"{_first_line(exc)}",
+                                      f"{_first_line(failure)}",
                                       hint="start one (`ray start --head`) or pass "
                                            "--ray-address") from None
             self._initialized_here = True
@@ -321,6 +334,46 @@ def _size(path) -> int:
         return os.stat(path).st_size
     except OSError:
         return 0
+
+
+AUTH_HINT = ("give this machine the cluster's token: `ray get-auth-token` on the head node prints "
+             "it; put it in ~/.ray/auth_token, or set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH, with "
+             "RAY_AUTH_MODE=token")
+# what Ray's GCS client logs when the cluster refuses a connection's token (Ray 2.5x: the Python
+# side then raises a plain ConnectionError after its retries)
+_TOKEN_REFUSED = ("InvalidAuthToken", "Unauthenticated")
+
+
+def _refused_token(exc: BaseException, native_log: str) -> bool:
+    if type(exc).__name__ == "AuthenticationError":
+        return True
+    return any(mark in native_log or mark in str(exc) for mark in _TOKEN_REFUSED)
+
+
+@contextlib.contextmanager
+def _native_stderr_kept() -> Iterator[io.StringIO]:
+    """While connecting, file descriptor 2 goes to a temporary file: Ray's native client logs
+    each refused attempt there (a screenful of retries), and the reason a connection failed is
+    only in those lines. The yielded buffer holds them afterwards; nothing reaches the terminal."""
+    kept = io.StringIO()
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield kept
+        finally:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            os.dup2(saved, 2)
+            os.close(saved)
+            log.seek(0)
+            kept.write(log.read(1 << 20).decode("utf-8", "replace"))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -61,6 +61,8 @@ def test_the_readme_marks_its_runnable_blocks():
 def test_the_readme_runs_as_written(kimi_dir, tmp_path):
     text = (REPO / "README.md").read_text()
     root = tmp_path / "clone"
+    shutil.copytree(REPO / "examples", root / "examples",
+                    ignore=shutil.ignore_patterns("out", "__pycache__"))
     shutil.copytree(kimi_dir, root / "examples" / "out" / "kimi-k25-nvfp4")
     _fake_venv(root)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(

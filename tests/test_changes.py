@@ -3,13 +3,14 @@ here, because the plan's ``--json`` and the provenance manifest's bytes come fro
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
 
 from patcher.changes import (ABSENT, ContentSource, FileAdded, FileDropped, GgufMetadata,
                              GgufResharded, Resharded, TensorAdded, TensorConverted,
-                             TensorDropped, TensorRenamed, changes_json)
+                             TensorDropped, TensorRenamed, changes_json, grouped)
 from patcher.integrity.canonical_json import canonical_json
 
 B = {"dtype": "F8_E4M3", "shape": [4, 4]}
@@ -103,3 +104,55 @@ def test_a_null_value_is_written_and_an_absent_one_is_not():
     assert GgufMetadata("set", "k", "r", before=None, after=1).to_json()["before"] is None
     assert "before" not in GgufMetadata("rename", "k", "r", to="x").to_json()
     assert repr(ABSENT) == "ABSENT"
+
+
+def _kimi_scale_log(layers: int = 61, experts: int = 384) -> list[dict]:
+    """The per-tensor log of nvfp4-to-bf16 at Kimi-K2.5's scale: every expert projection
+    converted, its three scales dropped beside it, across 119 shards (~273k records)."""
+    log, shard = [], 0
+    for layer in range(layers):
+        for expert in range(experts):
+            shard = (shard + 1) % 119
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                w = f"model.layers.{layer}.mlp.experts.{expert}.{proj}.weight"
+                s = f"model-{shard + 1:05d}-of-00119.safetensors"
+                log.append(TensorConverted(w, "dequantize:nvfp4-modelopt", s,
+                                           {"dtype": "U8", "shape": [2048, 3584]},
+                                           {"dtype": "BF16", "shape": [2048, 7168]},
+                                           "nvfp4-to-bf16:12:5", removed=[]).to_json())
+                for scale, dtype in (("weight_scale", "F8_E4M3"), ("weight_scale_2", "F32"),
+                                     ("input_scale", "F32")):
+                    log.append(TensorDropped(w[:-len("weight")] + scale, s, {"dtype": dtype},
+                                             "nvfp4-to-bf16:12:5", companion_of=w,
+                                             reason="dequantize:nvfp4-modelopt").to_json())
+    return log
+
+
+def test_the_manifest_records_tensor_changes_per_rule_in_under_a_megabyte():
+    log = _kimi_scale_log()
+    assert len(log) > 270_000
+    config_edit = {"kind": "config", "file": "config.json", "op": "remove",
+                   "path": "/quantization_config"}
+    records = grouped([config_edit, *log])
+    assert records[0] == config_edit
+    assert [(r["change"], r["count"]) for r in records[1:]] == [
+        ("tensor_converted", len(log) // 4), ("tensor_dropped", len(log) // 4),
+        ("tensor_dropped", len(log) // 2)]
+    assert len(canonical_json(records)) < 10_000   # the per-tensor log was ~100 MB
+    # the digest of a group is sha256 over its sorted member names, one per line
+    converted = sorted(e["tensor"] for e in log if e["kind"] == "tensor_converted")
+    assert records[1]["members_sha256"] == hashlib.sha256(
+        "".join(f"{n}\n" for n in converted).encode()).hexdigest()
+    assert records[1]["examples"] == converted[:3]
+
+
+def test_rules_that_differ_in_line_dtype_or_kind_are_separate_groups():
+    a = TensorDropped("a", "s", B, "r:1:2").to_json()
+    b = TensorDropped("b", "s", A, "r:1:2").to_json()
+    c = TensorDropped("c", "s", B, "r:3:2").to_json()
+    d = TensorRenamed("d", "e", "s", A, A, "r:1:2").to_json()
+    groups = grouped([a, b, c, d, TensorDropped("f", "s", B, "r:1:2").to_json()])
+    assert [(g["count"], g["examples"]) for g in groups] == [
+        (2, ["a", "f"]), (1, ["b"]), (1, ["c"]), (1, ["d"])]
+    # a rename's target is part of what the digest proves
+    assert groups[3]["members_sha256"] == hashlib.sha256(b"d\te\n").hexdigest()

@@ -23,10 +23,13 @@ It is an in-toto Statement v1 whose predicate is SLSA Provenance v1 (docs/archit
         metadata    {"invocationId", "startedOn", "finishedOn"}   (RFC 3339, UTC)
         byproducts  [{"name": "modelpatch.changes", "mediaType": "application/json",
                       "digest": {"sha256": <of the change list's canonical JSON>},
-                      "annotations": {"changes": [<the caller's change-log entries>]}}]
+                      "annotations": {"changes": [<the change log, per rule>]}}]
 
 SLSA requires every byproduct to be a ResourceDescriptor (one of uri, digest or content), so the
 change log travels as the ``changes`` annotation of one descriptor rather than as bare entries.
+The log records tensor changes per rule (``patcher.changes.grouped``: kind, recipe line, dtypes,
+count, digest of the sorted names), so the manifest grows with files and rules, not tensors;
+manifests written before that list every tensor, and read the same way.
 
 Subjects and base files exclude the manifest itself and everything under ``.modelpatch/``.
 The file is canonical JSON (sorted keys, indent 2, UTF-8, final newline), written atomically,
@@ -46,6 +49,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Mapping
 
 from .. import __version__
+from ..changes import grouped
 from ..errors import InputError, OperationFailed
 from .digests.hashing import is_sha256_hex
 from ..fsops import NotRegularFile, TooLarge, read_capped, replace_file
@@ -171,7 +175,8 @@ def build_statement(*, subjects: Mapping[Any, tuple[str, int]],
         base_files: the same for the base model's files.
         recipe: ``{"name", "sha256", "text"}`` (extra keys are kept).
         options: the apply options that shaped the output (JSON values).
-        changes: the change log, plain JSON dicts, embedded as given.
+        changes: the change log, plain JSON dicts; tensor changes are recorded per rule
+            (``patcher.changes.grouped``), everything else as given.
         started, finished: aware datetimes, epoch seconds or ISO strings; written as RFC 3339 UTC.
         base_statement: when the base is itself a variant, its :class:`Manifest` (preferred: the
             link then records the sha256 of its file as read) or its statement dict (the link
@@ -243,7 +248,7 @@ def _base_provenance_link(base_statement: dict | Manifest) -> tuple[dict, dict]:
 def _changes_byproduct(changes: list[dict]) -> dict:
     """The change log as a ResourceDescriptor: digest of its canonical JSON, entries as the
     ``changes`` annotation."""
-    changes, data = encode_array(changes)
+    changes, data = encode_array(grouped(changes))
     changes_sha = hashlib.sha256(data).hexdigest()
     return {
         "name": CHANGES_BYPRODUCT,

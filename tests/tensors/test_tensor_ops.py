@@ -27,6 +27,7 @@ from safetensors import safe_open
 
 from patcher import api
 from patcher.cli import main
+from patcher.changes import TENSOR_KINDS, changes_json, grouped
 from patcher.errors import PlanError
 from patcher.integrity.manifest import read_manifest
 from tensor_helpers import (INDEX, OUT_DTYPES, assert_bits_equal, ct_fp8, nbytes, random_fp8,
@@ -266,8 +267,9 @@ def test_compressed_tensors_packed_data_equals_its_own_decompression(tmp_path):
         assert theirs.dtype == torch.bfloat16
         assert_bits_equal(result[name], theirs, name)
     changes = read_manifest(out).changes
-    schemes = {c["tensor"]: c["how"] for c in changes if c["kind"] == "tensor_converted"}
-    assert sorted(set(schemes.values())) == ["dequantize:fp8-block", "dequantize:fp8-tensor",
+    schemes = {c["how"] for c in changes
+               if c["kind"] == "tensor_group" and c["change"] == "tensor_converted"}
+    assert sorted(schemes) == ["dequantize:fp8-block", "dequantize:fp8-tensor",
                                              "dequantize:nvfp4-compressed-tensors"]
 
 
@@ -500,13 +502,18 @@ def test_rename_drop_cast_and_change_log(tmp_path):
     assert_bits_equal(result["vision_tower.p.weight"], base["vision_tower.p.weight"].float())
     # renamed tensors stay in their shard
     assert tensor_shards(out)["lm_head.weight"] == "model-00002-of-00002.safetensors"
-    assert_change_log_covers(model, out)
+    assert_change_log_covers(model, out, recipe)
 
 
-def assert_change_log_covers(base_dir: Path, out: Path) -> list[dict]:
-    """Every tensor that disappeared, appeared or changed dtype/shape/bytes has a change-log
-    entry stating its dtype and shape before and after."""
-    changes = [c for c in read_manifest(out).changes if c["kind"].startswith("tensor_")]
+def assert_change_log_covers(base_dir: Path, out: Path, recipe) -> list[dict]:
+    """Every tensor that disappeared, appeared or changed dtype/shape/bytes has an entry in the
+    plan's change log stating its dtype and shape before and after, and the manifest records
+    that log per rule (each group's count and names digest from those entries)."""
+    logged = changes_json(api.plan(recipe, base_dir).changes)
+    assert read_manifest(out).changes == grouped(logged)
+    groups = [c for c in read_manifest(out).changes if c["kind"] == "tensor_group"]
+    assert sum(g["count"] for g in groups) == sum(c["kind"] in TENSOR_KINDS for c in logged)
+    changes = [c for c in logged if c["kind"].startswith("tensor_")]
     before = {}
     for shard in shard_files(base_dir):
         with safe_open(shard, "pt") as f:
@@ -538,7 +545,7 @@ def assert_change_log_covers(base_dir: Path, out: Path) -> list[dict]:
 
 def test_change_log_of_nvfp4_to_bf16_lists_every_tensor(kimi_dir, tmp_path):
     out = api.apply("nvfp4-to-bf16", kimi_dir, out=tmp_path / "out").output
-    changes = assert_change_log_covers(kimi_dir, out)
+    changes = assert_change_log_covers(kimi_dir, out, "nvfp4-to-bf16")
     companions = [c for c in changes if c["kind"] == "tensor_dropped" and c.get("companion_of")]
     assert len(companions) == 48 * 3              # weight_scale, weight_scale_2, input_scale
     converted = [c for c in changes if c["kind"] == "tensor_converted"]
@@ -556,7 +563,7 @@ def test_change_log_of_quantize_lists_added_scales(tmp_path):
           quantize: {scheme: fp8-block, layout: deepseek}
         """)
     out = api.apply(recipe, model, out=tmp_path / "out").output
-    changes = assert_change_log_covers(model, out)
+    changes = assert_change_log_covers(model, out, recipe)
     added = [c for c in changes if c["kind"] == "tensor_added"]
     assert sorted(c["tensor"] for c in added) == [
         "language_model.model.layers.0.w.weight_scale_inv",

@@ -17,6 +17,7 @@ import json
 import re
 from typing import Any
 
+from ...changes import TENSOR_GROUP
 from ...errors import InputError
 from ...integrity.manifest import CHANGES_BYPRODUCT, Manifest
 
@@ -63,6 +64,8 @@ def change_lines(changes: list[dict], limit: int = 40) -> list[str]:
         elif kind in ("tensor_dropped", "tensor_renamed"):
             extra = f" -> `{c['to']}`" if kind == "tensor_renamed" else ""
             lines.append(f"- tensor `{c['tensor']}`: {kind.split('_')[1]}{extra}")
+        elif kind == TENSOR_GROUP:
+            lines.append(_group_line(c))
         elif kind in ("file_dropped", "file_added"):
             lines.append(f"- file `{c['file']}`: {kind.split('_')[1]}")
         elif kind == "gguf_metadata":
@@ -76,6 +79,20 @@ def change_lines(changes: list[dict], limit: int = 40) -> list[str]:
         lines = lines[:limit] + [f"- ... and {len(lines) - limit} more (see "
                                  f"`modelpatch.provenance.json`)"]
     return lines
+
+
+def _group_line(c: dict) -> str:
+    """One rule's tensor changes: ``- 7,688 tensors converted (dequantize:fp8-block,
+    float8_e4m3fn -> bfloat16), e.g. `a`, `b`, `c```."""
+    count = c.get("count", 0)
+    what = c.get("change", "").removeprefix("tensor_")
+    detail = ", ".join(str(x) for x in (
+        c.get("how"), f"{c.get('before_dtype')} -> {c.get('after_dtype')}"
+        if c.get("before_dtype") and c.get("after_dtype") else None) if x)
+    examples = ", ".join(f"`{n}`" for n in c.get("examples", []))
+    noun = "tensor" if count == 1 else "tensors"
+    return (f"- {count:,} {noun} {what}" + (f" ({detail})" if detail else "")
+            + (f", e.g. {examples}" if examples else ""))
 
 
 def _gguf_metadata_line(c: dict) -> str:

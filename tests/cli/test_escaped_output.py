@@ -108,7 +108,8 @@ def test_every_command_escapes_the_names_it_prints(evil_model, tmp_path):
 
     guarded = tmp_path / "guarded.yaml"
     guarded.write_text(RECIPE.replace("config:\n", f"""requires:
-  - {{file: config.json, path: /missing, exists: true, message: "needs {YAML_EVIL}\\nmodelpatch: fine"}}
+  - {{file: config.json, path: /missing, exists: true,
+     message: "needs {YAML_EVIL}\\nmodelpatch: fine"}}
 config:
 """, 1))
     _, err = run("apply", guarded, evil_model, "-o", tmp_path / "refused", code=1)
@@ -165,7 +166,8 @@ def test_log_lines_are_escaped(monkeypatch):
     logging.getLogger("modelpatch.test").warning("cannot read %s: %s", TENSOR, "x\ny")
     line = stream.getvalue()
     _clean(line, "log line")
-    assert line.count("\n") == 1 and line.startswith("modelpatch: cannot read model.layers.0.mlp\\x1b")
+    assert line.count("\n") == 1
+    assert line.startswith("modelpatch: cannot read model.layers.0.mlp\\x1b")
 
 
 def test_json_output_escapes_every_control_as_json():

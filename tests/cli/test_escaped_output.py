@@ -31,7 +31,8 @@ EVIL = ("\x1b]52;c;cm0gLXJmIH4=\x07\x1b]8;;https://evil.example/\x1b\\click\x1b]
         "\x1b[2J\x1b[H\x9b2J\x9d0;title\x9c\x7f")
 YAML_EVIL = EVIL.encode("unicode_escape").decode().replace("\\x1b", "\\e")  # a YAML "..." escape
 RAW_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-TENSOR = f"model.layers.0.mlp{EVIL}.weight"
+TENSOR = f"model.layers.0.mlp{EVIL}\nOK  a fake line.weight"
+FAKE = "OK  a fake line"
 
 
 def _clean(text: str, what: str) -> None:
@@ -42,6 +43,7 @@ def _clean(text: str, what: str) -> None:
 def run(*args, code: int | None = 0) -> tuple[str, str]:
     result = CliRunner().invoke(main, [str(a) for a in args])
     assert "Traceback" not in result.output, result.output
+    assert not any(line.startswith(FAKE) for line in result.output.splitlines()), result.output
     if code is not None:
         assert result.exit_code == code, (args, result.exit_code, result.output)
     _clean(result.stdout, f"{args[0]} stdout")

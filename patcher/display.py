@@ -25,3 +25,17 @@ def printable(text: object, *, keep_lines: bool = False) -> str:
     ``keep_lines`` newlines and tabs stay as they are (multi-line output of our own layout)."""
     pattern = _CONTROLS_KEEP_LINES if keep_lines else _CONTROLS
     return pattern.sub(_escaped, str(text))
+
+
+def printable_fields(data):
+    """A copy of JSON-like ``data`` (a report as ``--json`` gives it) with every string, keys
+    included, passed through ``printable``: what a renderer lays out on lines of its own then
+    holds no newline or control character that came from outside."""
+    if isinstance(data, str):
+        return printable(data)
+    if isinstance(data, dict):
+        return {printable(k) if isinstance(k, str) else k: printable_fields(v)
+                for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [printable_fields(v) for v in data]
+    return data

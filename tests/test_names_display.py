@@ -61,3 +61,11 @@ def test_printable_escapes_every_control():
 def test_printable_can_keep_line_structure():
     assert printable("a\nb\tc\x1b", keep_lines=True) == "a\nb\tc\\x1b"
     assert printable(3) == "3"
+
+
+def test_printable_fields_escapes_every_string_of_a_report():
+    from patcher.display import printable_fields
+
+    report = {"name\x1b": ["a\nb", {"k": "\x9b2J", "n": 3, "ok": True, "none": None}]}
+    assert printable_fields(report) == {
+        "name\\x1b": ["a\\x0ab", {"k": "\\x9b2J", "n": 3, "ok": True, "none": None}]}

@@ -7,7 +7,6 @@ Results go to stdout (``--json`` for machines); progress and logs go to stderr. 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -19,7 +18,10 @@ from .error_report import FlagWording
 from .group import (DEBUG_HELP, JSON_HELP, QUIET_HELP, ModelpatchGroup, add_shared_options,
                     base_model_option, emit_json, executor_options, quiet_option,
                     refuse_in_place, set_debug, set_json, set_quiet)
+from .output import echo, echo_json, escape_log_lines
 from ..tensors.writing.thread_budget import quiet_openmp
+
+LOG_FORMAT = "modelpatch: %(message)s"
 
 
 @click.group(cls=ModelpatchGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -36,7 +38,8 @@ def main(ctx: click.Context) -> None:
     quiet_openmp()          # before anything imports torch (patcher.thread_budget)
     collector.ONE_COMMAND = True     # one command per process
     logging.basicConfig(level=logging.ERROR if quiet else logging.WARNING,
-                        format="modelpatch: %(message)s", stream=sys.stderr)
+                        format=LOG_FORMAT, stream=sys.stderr)
+    escape_log_lines(LOG_FORMAT)
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, FlagWording) for f in handler.filters):
             handler.addFilter(FlagWording())
@@ -65,9 +68,9 @@ def inspect(model: str, as_json: bool, endpoint: str | None) -> None:
     elif report.get("format") == "gguf" or report.get("gguf"):
         from .render import render_gguf_report
 
-        click.echo(render_gguf_report(report))
+        echo(render_gguf_report(report))
     else:
-        click.echo(render_inspect(report))
+        echo(render_inspect(report))
         _echo_transfer(report.get("remote"))
 
 
@@ -75,7 +78,7 @@ def _echo_transfer(remote: dict | None) -> None:
     if remote is not None:
         from ..remote.model import describe_transfer
 
-        click.echo(describe_transfer(remote))
+        echo(describe_transfer(remote))
 
 
 def _plan_options(in_place: bool, link: str, jobs: int | None, device: str,
@@ -149,7 +152,10 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
     remote = the_plan.transfer
     if remote is not None and as_json:
         data["remote"] = remote
-    click.echo(json.dumps(data, indent=2) if as_json else render_plan(data))
+    if as_json:
+        echo_json(data)
+    else:
+        echo(render_plan(data))
     if not as_json:
         _echo_transfer(remote)
     require_change(the_plan, allow_noop)
@@ -244,7 +250,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                    as_json, allow_noop)
         return
     if not ctx.obj.get("quiet") and sys.stderr.isatty():   # like the progress bars
-        click.echo(recipe_source(recipe.identity()), err=True)
+        echo(recipe_source(recipe.identity()), err=True)
     from .progress import Meters
 
     with Meters(bool(ctx.obj.get("quiet"))) as meters:
@@ -268,7 +274,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                     "bytes_written": result.bytes_written, "bytes_hashed": result.bytes_hashed,
                     "link_method": result.link_method})
     else:
-        click.echo(os.path.abspath(result.output))      # in place too: the path as given
+        echo(os.path.abspath(result.output))      # in place too: the path as given
 
 
 def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, base_model,
@@ -288,8 +294,8 @@ def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, ba
                     "fetched": r.fetched, "copied_bytes": r.plan.copy_bytes,
                     "uploaded_bytes": r.plan.upload_bytes})
     else:
-        click.echo(f"fetched: {', '.join(r.fetched) or 'nothing'}")
-        click.echo(f"{r.repo_id}@{r.revision} {r.commit}")
+        echo(f"fetched: {', '.join(r.fetched) or 'nothing'}")
+        echo(f"{r.repo_id}@{r.revision} {r.commit}")
 
 
 @main.command()
@@ -317,7 +323,10 @@ def verify(ctx, directory, jobs, fast, as_json, executor, ray_address):
                             on_total=meter.set_total, executor=executor,
                             ray_address=ray_address)
     data = report.as_dict()
-    click.echo(json.dumps(data, indent=2) if as_json else render_verify(data))
+    if as_json:
+        echo_json(data)
+    else:
+        echo(render_verify(data))
     if not report.ok:
         ctx.exit(1)
 
@@ -342,7 +351,7 @@ def revert(directory, out, all_patches, force, jobs, as_json, executor, ray_addr
     if as_json:
         emit_json({"output": str(result.output), "reverted": result.reverted})
     else:
-        click.echo(f"reverted {', '.join(result.reverted)}: {result.output}")
+        echo(f"reverted {', '.join(result.reverted)}: {result.output}")
 
 
 from ..doctor.command import doctor  # noqa: E402  (its own module; click only)

@@ -11,7 +11,6 @@ those to the command-line flags (``--force``), in errors and in log lines alike.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -20,7 +19,9 @@ from dataclasses import dataclass, field
 
 import click
 
+from ..display import printable
 from ..errors import PatchError
+from .output import echo, echo_json
 
 # library parameter -> command-line flag; a value other than True follows the flag
 PARAMETER_FLAGS = {"force": "--force", "force_copy": "--copy", "all_patches": "--all",
@@ -124,10 +125,10 @@ def emit(exc: BaseException, obj: dict | None, *, text: bool = True,
     report = describe(exc, exit_code)
     debug = int(obj.get("debug") or 0)
     if wants_traceback(debug):
-        click.echo("".join(traceback.format_exception(exc)).rstrip("\n"), err=True)
+        echo("".join(traceback.format_exception(exc)).rstrip("\n"), err=True)
     if text:
         for line in text_lines(report, debug):
-            click.echo(line, err=True)
+            echo(printable(line), err=True)
     if obj.get("json"):
-        click.echo(json.dumps(report.as_json(), indent=2))
+        echo_json(report.as_json())
     return report

@@ -9,13 +9,13 @@ also set by the group's.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 
 import click
 
 from .error_report import emit
+from .output import echo, echo_json
 from ..errors import PatchError
 
 
@@ -117,7 +117,7 @@ class ModelpatchGroup(click.Group):
             # cleanup runs): 128 + N, as a shell reports a process that signal ended.
             signum = str(exc).removeprefix("signal ")
             code = 128 + int(signum) if signum.isdigit() else 130
-            click.echo("modelpatch: interrupted", err=True)
+            echo("modelpatch: interrupted", err=True)
             if (ctx.obj or {}).get("json"):
                 emit(exc, ctx.obj, text=False, exit_code=code)
             ctx.exit(code)
@@ -153,4 +153,4 @@ def refuse_in_place(in_place: bool, executor: str) -> None:
 
 def emit_json(data) -> None:
     """A command's ``--json`` result on stdout."""
-    click.echo(json.dumps(data, indent=2, sort_keys=False))
+    echo_json(data)

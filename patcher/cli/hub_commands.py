@@ -7,6 +7,7 @@ from __future__ import annotations
 import click
 
 from .group import base_model_option, emit_json, quiet_option
+from .output import echo
 
 
 @click.command()
@@ -42,13 +43,13 @@ def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_js
                     "files": r.files, "copied_bytes": r.plan.copy_bytes,
                     "uploaded_bytes": r.plan.upload_bytes})
     elif plan_only:
-        click.echo(f"plan: {r.plan.summary()}")
+        echo(f"plan: {r.plan.summary()}")
         for name, (src, size) in sorted(r.plan.copies.items()):
-            click.echo(f"  copy    {name} ({render.human_bytes(size)}) <- {src}")
+            echo(f"  copy    {name} ({render.human_bytes(size)}) <- {src}")
         for name, size in sorted(r.plan.uploads.items()):
-            click.echo(f"  upload  {name} ({render.human_bytes(size)})")
+            echo(f"  upload  {name} ({render.human_bytes(size)})")
     else:
-        click.echo(f"{r.repo_id}@{r.revision} {r.commit}")
+        echo(f"{r.repo_id}@{r.revision} {r.commit}")
 
 
 @click.command()
@@ -69,7 +70,7 @@ def pull(ctx, repo_id, out, endpoint, revision, reuse):
 
     result = api.pull(repo_id, out, endpoint=endpoint, revision=revision,
                       progress=not ctx.obj.get("quiet"), reuse=reuse)
-    click.echo(str(result.output))
+    echo(str(result.output))
 
 
 @click.group()

@@ -17,6 +17,7 @@ import threading
 import time
 from typing import TextIO
 
+from ..display import printable
 from ..units import human_bytes
 
 INTERVAL_ENV = "MODELPATCH_PROGRESS_INTERVAL"
@@ -80,8 +81,9 @@ class LineMeter(Meter):
         if self.total:
             amount = f"{min(100, 100 * self.done // self.total):3d}% {amount} of " \
                      f"{human_bytes(self.total)}"
-        print(f"modelpatch: {self.desc} {amount}, {human_bytes(rate)}/s{end}",
-              file=self.stream, flush=True)
+        line = f"modelpatch: {self.desc} {amount}, {human_bytes(rate)}/s{end}"
+        self.stream.write(printable(line) + "\n")
+        self.stream.flush()
         self.printed = True
 
     def close(self) -> None:
@@ -106,7 +108,7 @@ class BarMeter(Meter):
 
             # A terminal that reports no size (a bare pseudo-terminal) would hide the bar.
             width = {} if _columns(self.stream) else {"ncols": 80, "nrows": 24}
-            self.bar = tqdm(total=self.total, initial=0, desc=self.desc, unit="B",
+            self.bar = tqdm(total=self.total, initial=0, desc=printable(self.desc), unit="B",
                             unit_scale=True, unit_divisor=1024, file=self.stream, leave=False,
                             dynamic_ncols=not width, **width)
         if self.total is not None and self.bar.total != self.total:

@@ -7,6 +7,8 @@ import json
 
 import click
 
+from .output import echo
+
 
 @click.group()
 def recipes() -> None:
@@ -25,10 +27,10 @@ def recipes_list() -> None:
     found = [load_recipe(path) for path in sorted(builtin_recipe_dir().glob("*.yaml"))]
     pad = max([22] + [len(r.name) for r in found]) + 1
     for recipe in found:
-        click.echo(f"{recipe.name:<{pad - 1}} {shorten(recipe.description, width - pad)}")
+        echo(f"{recipe.name:<{pad - 1}} {shorten(recipe.description, width - pad)}")
         if recipe.params:
             params = " ".join(f"{p.name}={_param_default(p)}" for p in recipe.params)
-            click.echo(" " * pad + shorten(f"--set {params}", width - pad))
+            echo(" " * pad + shorten(f"--set {params}", width - pad))
 
 
 def _param_default(param) -> str:
@@ -44,12 +46,12 @@ def recipes_show(name: str) -> None:
     from ..recipe.load import load_recipe, resolve_recipe
 
     path = resolve_recipe(name)
-    click.echo(path.read_text(encoding="utf-8"), nl=False)
+    echo(path.read_text(encoding="utf-8"), nl=False)
     params = load_recipe(path).params
     if params:
-        click.echo("\n# Parameters (apply/plan --set NAME=VALUE):")
+        echo("\n# Parameters (apply/plan --set NAME=VALUE):")
     for p in params:
-        click.echo(f"#   {p.name} ({p.type}, default {_param_default(p)}): {p.description}")
+        echo(f"#   {p.name} ({p.type}, default {_param_default(p)}): {p.description}")
 
 
 @recipes.command("schema")
@@ -58,4 +60,4 @@ def recipes_schema() -> None:
     built from the checks the loader makes (patcher/schemas/recipe.schema.json is a copy)."""
     from ..recipe.json_schema import schema_text
 
-    click.echo(schema_text(), nl=False)
+    echo(schema_text(), nl=False)

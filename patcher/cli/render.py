@@ -1,9 +1,14 @@
-"""Human-readable renderings of reports. Machines get the same data through ``--json``."""
+"""Human-readable renderings of reports. Machines get the same data through ``--json``.
+
+Each ``render_*`` first passes its report through ``printable_fields``: a tensor name, an
+architecture or a GGUF key holding a newline or a control character is shown escaped on its
+one line, never as a line of its own (``cli.output.echo`` escapes controls once more)."""
 
 from __future__ import annotations
 
 import re
 
+from ..display import printable_fields
 from ..units import human_bytes, human_count  # noqa: F401  (renderings use them)
 
 
@@ -24,6 +29,7 @@ def table(rows: list[list[str]], header: list[str]) -> list[str]:
 
 
 def render_inspect(report: dict) -> str:
+    report = printable_fields(report)
     lines = [f"model      {report['path']}" + ("  (HF cache snapshot)" if report["hf_cache_snapshot"] else "")]
     for arch in report["architectures"]:
         names = ", ".join(arch["architectures"] or []) or "-"
@@ -99,12 +105,14 @@ def content_sources(changes: list[dict]) -> list[str]:
 
 def render_plan(plan_json: dict) -> str:
     """A plan as ``terraform plan`` would show it: diffs, then a table of files."""
+    plan_json = printable_fields({**plan_json, "files": [
+        {**f, "diff": f["diff"].splitlines()} if f.get("diff") else f
+        for f in plan_json["files"]]})                  # a diff's own lines stay lines
     lines = [f"recipe {plan_json['recipe']['name']} on {plan_json['base']}",
              recipe_source(plan_json["recipe"]), *content_sources(plan_json["changes"]), ""]
     for f in plan_json["files"]:
         if f.get("diff"):
-            lines.append(f["diff"].rstrip("\n"))
-            lines.append("")
+            lines += [*f["diff"], ""]
     lines += render_tensor_changes(plan_json["changes"])
     marks = {"link": " ", "write-json": "~", "rewrite-shard": "~", "drop": "-", "add": "+"}
     rows = [[f"{marks[f['action']]} {f['path']}", f["action"],
@@ -235,6 +243,7 @@ def _shared_text(shared: list[str] | None) -> str:
 
 
 def render_verify(report: dict) -> str:
+    report = printable_fields(report)
     if report["ok"]:
         cached = f" ({report['cached_files']} from the digest cache)" if report["cached_files"] else ""
         against = report.get("against", "the manifest")
@@ -252,6 +261,7 @@ def render_verify(report: dict) -> str:
 
 def render_gguf_report(report: dict) -> str:
     """The text of an inspect report that has GGUF models (alone, or beside safetensors)."""
+    report = printable_fields(report)
     if report.get("format") == "gguf":
         return "\n".join([f"model      {report['path']}", *render_gguf(report["models"])])
     return "\n".join([render_inspect(report), "", *render_gguf(report["gguf"])])

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 
@@ -31,6 +29,7 @@ def doctor(ctx, model, engine, gpu, rules_dirs, fix, out, in_place, force, endpo
     """Check MODEL (a directory or hf://ORG/NAME[@REV], read without its tensor data) against
     an engine version and GPU. Exit 1 when a blocker is found (after --fix: when one remains)."""
     from .. import api
+    from ..cli.output import echo, echo_json
     from .diagnose import render
     from .fix import apply_fixes, fixing_params, fixing_recipes, nothing_to_fix
 
@@ -51,16 +50,16 @@ def doctor(ctx, model, engine, gpu, rules_dirs, fix, out, in_place, force, endpo
         final = api.doctor(fixed, engine=engine, gpu=gpu, rules=rules_dirs)
         report["fix"] = {"recipes": recipes, "output": str(fixed), "after": final}
     if as_json:
-        click.echo(json.dumps(report, indent=2))
+        echo_json(report)
     else:
-        click.echo(render(report))
+        echo(render(report))
         if "remote" in report:
             from ..remote.model import describe_transfer
 
-            click.echo(describe_transfer(report["remote"]))
+            echo(describe_transfer(report["remote"]))
         if recipes:
-            click.echo(f"\nfixed with {', '.join(recipes)}: {final['model']}")
-            click.echo(render(final))
+            echo(f"\nfixed with {', '.join(recipes)}: {final['model']}")
+            echo(render(final))
         elif fix:
-            click.echo(nothing_to_fix(report))
+            echo(nothing_to_fix(report))
     ctx.exit(1 if final["blockers"] else 0)

@@ -11,6 +11,7 @@ import shlex
 from typing import Any
 
 from ..config.json_pointer import MISSING, resolve
+from ..display import printable_fields
 from ..model.model_dir import ModelDir
 from .rules import Rule, evaluate
 from .target import Target
@@ -150,6 +151,7 @@ def _fix(fix: dict | None, read) -> dict | None:
 
 
 def render(report: dict) -> str:
+    report = printable_fields(report)
     t = report["target"]
     engine = f"{t['engine']}=={t['engine_version']}" if t["engine"] else "no engine given"
     lines = [f"model      {report['model']}",

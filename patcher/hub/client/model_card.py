@@ -8,6 +8,13 @@ gains (or has replaced) one section between markers that lists what the patch ch
 front matter is read and written with ruamel.yaml (round-trip: the card's own keys keep their
 order and comments), never assembled from strings, so no name (a directory called ``a: b`` or
 holding a newline) can add metadata.
+
+Every name in the body (a file, JSON pointer, tensor, GGUF key or value, recipe, source) is
+written by ``code`` as an inline code span, its control characters escaped by
+``patcher.display.printable``: no name can start a line of its own (a fake end marker, a
+``---`` block, a heading) or leave the span (HTML such as ``<img onerror>``, a
+``javascript:`` link), since Markdown shows a code span's text as it is. The markers are
+found only as whole lines, so a marker inside a name is text.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import re
 from typing import Any
 
 from ...changes import TENSOR_GROUP
+from ...display import printable
 from ...errors import InputError
 from ...integrity.manifest import CHANGES_BYPRODUCT, Manifest
 
@@ -29,7 +37,8 @@ ORIGINAL_README = "modelpatch-original-README.md"
 HUB_FILES = ".modelpatch/hub"                  # what pull sets aside: the hub's, not the variant's
 HUB_CARD_COPY = f"{HUB_FILES}/README.md"
 BEGIN, END = "<!-- modelpatch:begin -->", "<!-- modelpatch:end -->"
-_SECTION = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END) + r"\n?", re.S)
+_SECTION = re.compile(r"^" + re.escape(BEGIN) + r"[ \t]*\n.*?^" + re.escape(END) + r"[ \t]*(\n|\Z)",
+                      re.S | re.M)
 # Front matter as huggingface_hub's ModelCard finds it: a leading ``---`` line, then up to the
 # next ``---`` line.
 _FRONT_MATTER = re.compile(r"^(\s*---[\r\n]+)([\S\s]*?)([\r\n]+---(\r\n|\n|$))")
@@ -50,31 +59,43 @@ def recipe_chain(manifest: Manifest) -> list[tuple[dict, list[dict]]]:
     return chain[::-1]
 
 
+def code(text: object) -> str:
+    """``text`` as one inline code span of one line: controls (newlines too) escaped, and
+    fenced with more backticks than any run it holds (CommonMark), padded when it starts or
+    ends with one."""
+    shown = printable(text)
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", shown)), default=0) + 1)
+    pad = " " if shown.startswith("`") or shown.endswith("`") or not shown.strip() else ""
+    return f"{fence}{pad}{shown}{pad}{fence}"
+
+
 def change_lines(changes: list[dict], limit: int = 40) -> list[str]:
     lines = []
     for c in changes:
         kind = c.get("kind")
         if kind in ("removed", "set", "renamed", "copied"):
-            target = f"`{c['path']}`" + (f" from `{c['from']}`" if c.get("from") else "")
-            lines.append(f"- `{c['file']}`: {kind} {target}")
+            target = code(c["path"]) + (f" from {code(c['from'])}" if c.get("from") else "")
+            lines.append(f"- {code(c['file'])}: {kind} {target}")
         elif kind == "tensor_converted":
             b, a = c["before"], c["after"]
-            lines.append(f"- tensor `{c['tensor']}`: {c['how']} {b['dtype']}{b['shape']} -> "
-                         f"{a['dtype']}{a['shape']}")
+            lines.append(f"- tensor {code(c['tensor'])}: {printable(c['how'])} "
+                         f"{printable(b['dtype'])}{b['shape']} -> "
+                         f"{printable(a['dtype'])}{a['shape']}")
         elif kind in ("tensor_dropped", "tensor_renamed"):
-            extra = f" -> `{c['to']}`" if kind == "tensor_renamed" else ""
-            lines.append(f"- tensor `{c['tensor']}`: {kind.split('_')[1]}{extra}")
+            extra = f" -> {code(c['to'])}" if kind == "tensor_renamed" else ""
+            lines.append(f"- tensor {code(c['tensor'])}: {kind.split('_')[1]}{extra}")
         elif kind == TENSOR_GROUP:
             lines.append(_group_line(c))
         elif kind in ("file_dropped", "file_added"):
-            lines.append(f"- file `{c['file']}`: {kind.split('_')[1]}")
+            lines.append(f"- file {code(c['file'])}: {kind.split('_')[1]}")
         elif kind == "gguf_metadata":
             lines.append(_gguf_metadata_line(c))
         elif kind == "content_source":
-            where = c["resolved"] if c.get("resolved", "").startswith("hf://") else (
-                "a local file" if c.get("resolved") else f"`{c['from']}` beside the recipe")
-            where = f"`{where}`" if where.startswith("hf://") else where
-            lines.append(f"- `{c['target']}`: content from {where} (sha256 `{c['sha256']}`)")
+            resolved = str(c.get("resolved") or "")
+            where = code(resolved) if resolved.startswith("hf://") else (
+                "a local file" if resolved else f"{code(c['from'])} beside the recipe")
+            lines.append(f"- {code(c['target'])}: content from {where} "
+                         f"(sha256 {code(c['sha256'])})")
     if len(lines) > limit:
         lines = lines[:limit] + [f"- ... and {len(lines) - limit} more (see "
                                  f"`modelpatch.provenance.json`)"]
@@ -83,13 +104,13 @@ def change_lines(changes: list[dict], limit: int = 40) -> list[str]:
 
 def _group_line(c: dict) -> str:
     """One rule's tensor changes: ``- 7,688 tensors converted (dequantize:fp8-block,
-    float8_e4m3fn -> bfloat16), e.g. `a`, `b`, `c```."""
-    count = c.get("count", 0)
-    what = c.get("change", "").removeprefix("tensor_")
-    detail = ", ".join(str(x) for x in (
-        c.get("how"), f"{c.get('before_dtype')} -> {c.get('after_dtype')}"
-        if c.get("before_dtype") and c.get("after_dtype") else None) if x)
-    examples = ", ".join(f"`{n}`" for n in c.get("examples", []))
+    F8_E4M3 -> BF16), e.g. `a`, `b`, `c```."""
+    count = c.get("count") if isinstance(c.get("count"), int) else 0
+    what = printable(str(c.get("change", "")).removeprefix("tensor_"))
+    dtypes = (f"{c['before_dtype']} -> {c['after_dtype']}"
+              if c.get("before_dtype") and c.get("after_dtype") else None)
+    detail = printable(", ".join(str(x) for x in (c.get("how"), dtypes) if x))
+    examples = ", ".join(code(n) for n in c.get("examples", []))
     noun = "tensor" if count == 1 else "tensors"
     return (f"- {count:,} {noun} {what}" + (f" ({detail})" if detail else "")
             + (f", e.g. {examples}" if examples else ""))
@@ -98,12 +119,12 @@ def _group_line(c: dict) -> str:
 def _gguf_metadata_line(c: dict) -> str:
     """A GGUF metadata change (``patcher.gguf.metadata``); long values cut to one short line."""
     if c["op"] == "rename":
-        return f"- GGUF metadata `{c['key']}`: renamed -> `{c['to']}`"
+        return f"- GGUF metadata {code(c['key'])}: renamed -> {code(c['to'])}"
     if c["op"] == "drop":
-        return f"- GGUF metadata `{c['key']}`: dropped"
-    value = json.dumps(c.get("after"), ensure_ascii=False).replace("`", "'")
+        return f"- GGUF metadata {code(c['key'])}: dropped"
+    value = json.dumps(c.get("after"), ensure_ascii=False)
     value = value if len(value) <= 60 else value[:50] + "..."
-    return f"- GGUF metadata `{c['key']}`: set to `{value}`"
+    return f"- GGUF metadata {code(c['key'])}: set to {code(value)}"
 
 
 def _yaml():
@@ -166,7 +187,8 @@ def render_card(existing: str | None, manifest: Manifest, base_model: str | None
         "",
         f"This is {_base_text(base_model, base)} with the modelpatch "
         f"{'recipe' if len(chain) == 1 else 'recipes'} "
-        + ", then ".join(f"`{r['name']}` (sha256 `{r['sha256'][:16]}...`)" for r, _ in chain)
+        + ", then ".join(f"{code(r['name'])} (sha256 {code(str(r['sha256'])[:16] + '...')})"
+                         for r, _ in chain)
         + " applied. Every file is listed with its sha256 in `modelpatch.provenance.json`; "
           "`modelpatch verify` checks a download against it.",
         "",
@@ -182,9 +204,9 @@ def render_card(existing: str | None, manifest: Manifest, base_model: str | None
 def _base_text(base_model: str | None, base: str) -> str:
     """The base as the card's body names it, on one line whatever the name holds."""
     if base_model:
-        return f"`{base_model}`"
-    name = " ".join(base.rstrip("/").rsplit("/", 1)[-1].split()).replace("`", "'")
-    return f"the model from `{name}` (hub repository not recorded)"
+        return code(base_model)
+    name = " ".join(base.rstrip("/").rsplit("/", 1)[-1].split())
+    return f"the model from {code(name)} (hub repository not recorded)"
 
 
 def _changes_section(chain: list[tuple[dict, list[dict]]]) -> list[str]:
@@ -192,5 +214,6 @@ def _changes_section(chain: list[tuple[dict, list[dict]]]) -> list[str]:
         return change_lines(chain[0][1]) or ["- no changes"]
     lines: list[str] = []
     for recipe, changes in chain:
-        lines += [f"### `{recipe['name']}`", "", *(change_lines(changes) or ["- no changes"]), ""]
+        lines += [f"### {code(recipe['name'])}", "",
+                  *(change_lines(changes) or ["- no changes"]), ""]
     return lines[:-1]

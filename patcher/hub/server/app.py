@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 from urllib.parse import unquote
 
+from ...display import printable
 from ...errors import HubError, InputError
 from ...fsops import write_file
 
@@ -59,7 +60,7 @@ from ..request_errors import BadRequest, HubRequestError
 from ..store.storage import Store
 from .tokens import TokenTable
 from .traffic import CountBytes, Traffic
-from .web import Hub, UrlSigner, error_response, escape_controls, new_signing_key
+from .web import Hub, UrlSigner, error_response, new_signing_key
 
 log = logging.getLogger("modelpatch.hub")
 
@@ -133,7 +134,7 @@ async def _dispatch(request: Request) -> Response:
             return Response(status_code=400)
         except Exception:
             log.exception("internal error on %s %s", request.method,
-                          escape_controls(request.url.path))
+                          printable(request.url.path))
             return error_response(HubRequestError("internal server error", status=500))
     if allowed:
         return error_response(HubRequestError(f"method {request.method} not allowed", status=405,
@@ -174,8 +175,8 @@ class _AccessLog:
         try:
             await self.app(scope, receive, _send)
         finally:
-            log.info("%s %s %d %.0fms", escape_controls(scope["method"]),
-                     escape_controls(scope["path"]), status,
+            log.info("%s %s %d %.0fms", printable(scope["method"]),
+                     printable(scope["path"]), status,
                      (time.monotonic() - start) * 1000)
 
 

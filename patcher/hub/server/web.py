@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from ...display import printable
 from ..store.records import RepoMeta
 from ..request_errors import (BadRequest, Forbidden, HubRequestError, PayloadTooLarge,
                               RepoNotFound, Unauthorized)
@@ -117,17 +117,8 @@ def new_signing_key() -> bytes:
 # -- responses ---------------------------------------------------------------------------------
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def escape_controls(text: str) -> str:
-    """``text`` with every control character written as ``\\xNN``: safe in one log line or
-    header, whatever a request put in it."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
-
-
 def error_response(err: HubRequestError) -> JSONResponse:
-    message = escape_controls(err.message).strip()      # a header value: no edge spaces
+    message = printable(err.message).strip()      # a header value: no edge spaces
     headers = {"X-Error-Message": message.encode("latin-1", "replace").decode("latin-1")}
     if err.code:
         headers["X-Error-Code"] = err.code

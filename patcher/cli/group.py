@@ -16,6 +16,7 @@ import click
 
 from .error_report import emit
 from .output import echo, echo_json
+from .. import interrupts
 from ..errors import PatchError
 
 
@@ -91,12 +92,37 @@ def add_shared_options(group: click.Group) -> None:
 
 
 class ModelpatchGroup(click.Group):
-    """Turns modelpatch errors into their messages and the documented exit codes."""
+    """Turns modelpatch errors into their messages and the documented exit codes, under the
+    interrupt policy (``patcher.interrupts``): any error after a Ctrl-C is the interruption."""
+
+    def main(self, args=None, *rest, **kwargs):
+        took = interrupts.install()
+        try:
+            return super().main(args, *rest, **kwargs)
+        finally:
+            if args is None:            # the program: its result is out, it only exits now
+                interrupts.finish()
+            elif took:                  # called with arguments (a test, a program): hand back
+                interrupts.restore()
+
+    def make_context(self, *args, **kwargs) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt:   # a Ctrl-C during start-up, raised once the imports ended
+            echo("modelpatch: interrupted", err=True)
+            interrupts.finish()
+            raise click.exceptions.Exit(130) from None
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except click.exceptions.Exit:
+            raise
+        except KeyboardInterrupt as exc:
+            _interrupted(ctx, exc)
         except PatchError as exc:
+            if interrupts.interrupted():
+                _interrupted(ctx, KeyboardInterrupt())
             ctx.exit(emit(exc, ctx.obj).exit_code)
         except click.ClickException as exc:
             if (ctx.obj or {}).get("json"):
@@ -111,16 +137,25 @@ class ModelpatchGroup(click.Group):
             # An I/O error no layer below turned into an OperationFailed: still one line and
             # exit code 3, never a traceback (the commands leave their directories consistent
             # or journaled whatever raises).
+            if interrupts.interrupted():
+                _interrupted(ctx, KeyboardInterrupt())
             ctx.exit(emit(exc, ctx.obj).exit_code)
-        except KeyboardInterrupt as exc:
-            # Ctrl-C: 130; SIGTERM/SIGHUP (turned into KeyboardInterrupt("signal N") so that
-            # cleanup runs): 128 + N, as a shell reports a process that signal ended.
-            signum = str(exc).removeprefix("signal ")
-            code = 128 + int(signum) if signum.isdigit() else 130
-            echo("modelpatch: interrupted", err=True)
-            if (ctx.obj or {}).get("json"):
-                emit(exc, ctx.obj, text=False, exit_code=code)
-            ctx.exit(code)
+        except Exception:
+            if interrupts.interrupted():    # a half-finished step the interrupt broke
+                _interrupted(ctx, KeyboardInterrupt())
+            raise
+
+
+def _interrupted(ctx: click.Context, exc: KeyboardInterrupt) -> None:
+    """Ctrl-C: 130; SIGTERM/SIGHUP (``KeyboardInterrupt("signal N")``): 128 + N, as a shell
+    reports a process that signal ended."""
+    interrupts.finish()         # the cleanup is done; a second Ctrl-C changes nothing now
+    signum = str(exc).removeprefix("signal ")
+    code = 128 + int(signum) if signum.isdigit() else 130
+    echo("modelpatch: interrupted", err=True)
+    if (ctx.obj or {}).get("json"):
+        emit(exc, ctx.obj, text=False, exit_code=code)
+    ctx.exit(code)
 
 
 quiet_option = click.option("-q", "--quiet", is_flag=True, expose_value=False,

@@ -9,15 +9,13 @@ directory is removed and nothing appears at the output. The base is only read.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
-from .. import faults
+from .. import faults, interrupts
 from ..errors import InputError, OperationFailed
 from ..model import header_cache
 from ..integrity.shared_inodes import remember_variant
@@ -95,10 +93,11 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
             remove_stale_staging(out)
             staging = make_staging_dir(out)
             try:
-                with _signals_raise_interrupt():
+                with interrupts.policy():
                     result, builder = _build(plan, model, staging, link, jobs,
                                              progress or Progress(), base_model)
-                    commit(staging, out)
+                    with interrupts.deferred():     # renamed whole, or not at all
+                        commit(staging, out)
                 _refresh_caches(builder, result.pop("base_digests"))
             finally:
                 remove_tree(staging)        # gone already after a successful commit
@@ -113,23 +112,6 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
     if "hardlink" in (result["link_method"] or ""):
         remember_variant(model.root, out)      # so that a verify of the base can name it
     return ApplyResult(output=out, **{k: v for k, v in result.items()})
-
-
-@contextlib.contextmanager
-def _signals_raise_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP unwind like Ctrl-C, so cleanup runs."""
-    def handler(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        with contextlib.suppress(ValueError):   # not the main thread: leave handlers alone
-            previous[sig] = signal.signal(sig, handler)
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | None,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ... import collector, dispatch
+from ... import collector, dispatch, interrupts
 from ...fsops import fsync_path
 from ...integrity.digests.hashing import HashResult
 from ..tasks import ShardTask
@@ -158,11 +158,13 @@ def run_shard_tasks(tasks: list[ShardTask], staging: Path, *, jobs: int | None =
                                    hash_sources, stop=stop): t for t in order}
             gather(futures, collect, on_progress, stop)
         return results
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=pool_context(computes),
-                             initializer=_init_worker,
-                             initargs=(threads, os.getpid(), computes)) as pool:
-        futures = {pool.submit(shard_writer.write_shard, t, staging / t.output, None,
-                               hash_sources): t for t in order}
+    with contextlib.ExitStack() as stack:
+        with interrupts.workers_started():       # Ctrl-C is this process's to handle
+            pool = stack.enter_context(ProcessPoolExecutor(
+                max_workers=jobs, mp_context=pool_context(computes), initializer=_init_worker,
+                initargs=(threads, os.getpid(), computes)))
+            futures = {pool.submit(shard_writer.write_shard, t, staging / t.output, None,
+                                   hash_sources): t for t in order}
         gather(futures, collect, on_progress, None)
     return results
 
@@ -181,7 +183,7 @@ def load_torch() -> None:
     one-command process) frozen: importing torch makes enough objects to trigger full
     collections (three, 0.23 s, in a 2-core apply; ``gc.callbacks``), and the tensor work after
     it would rescan them all at each of its own."""
-    with collector.paused():
+    with collector.paused(), interrupts.deferred():
         from ..compute import compute  # noqa: F401  (torch, the schemes and their kernels)
 
 

@@ -110,14 +110,53 @@ def parse_set_value(param: Param, text: str) -> Any:
             if low in ("true", "yes", "1", "false", "no", "0"):
                 return low in ("true", "yes", "1")
             raise ValueError(text)
-        value = json.loads(text) if text.strip().startswith("[") else \
+        value = _json(text, MAX_SET_DEPTH) if text.strip().startswith("[") else \
             [_scalar(t.strip()) for t in text.split(",") if t.strip()]
         if not isinstance(value, list) or type_problem(param.type, value):
             raise ValueError(text)
         return value
-    except ValueError:
-        raise InputError(f"--set {param.name}={text}: not {_article(param.type)}",
+    except _NotPlainJson as exc:
+        raise InputError(f"--set {param.name}={_shown(text)}: {exc}",
                          hint=f"{param.name}: {param.description}") from None
+    except ValueError:
+        raise InputError(f"--set {param.name}={_shown(text)}: not {_article(param.type)}",
+                         hint=f"{param.name}: {param.description}") from None
+
+
+# ``--set NAME=[...]`` nests at most this deep (lists of lists of scalars or small objects)
+MAX_SET_DEPTH = 4
+
+
+class _NotPlainJson(ValueError):
+    """A ``--set`` list that is JSON but not plain data: NaN/Infinity, or nested too deep."""
+
+
+def _json(text: str, max_depth: int) -> Any:
+    """Strict JSON: NaN and Infinity refused; nesting deeper than ``max_depth`` refused before
+    the parser's recursion could fail on it."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:                          # bracket depth outside strings
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    if deepest > max_depth:
+        raise _NotPlainJson(f"nested deeper than {MAX_SET_DEPTH} levels")
+    return json.loads(text, parse_constant=_no_constant)
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotPlainJson(f"{name} is not a finite number")
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
 def _finite(text: str) -> float:
@@ -128,8 +167,12 @@ def _finite(text: str) -> float:
 
 
 def _scalar(text: str) -> Any:
+    """One item of ``--set NAME=a,b,c``: JSON when it parses as plain data (inside the list,
+    so one level less deep), else the text itself."""
     try:
-        return json.loads(text)
+        return _json(text, MAX_SET_DEPTH - 1)
+    except _NotPlainJson:
+        raise
     except ValueError:
         return text
 

@@ -42,6 +42,7 @@ def _param_default(param) -> str:
 def recipes_show(name: str) -> None:
     """Print the built-in recipe NAME (or a recipe file), then its parameters."""
     from ..recipe.load import load_recipe, resolve_recipe
+    from ..recipe.params.parse import range_text
 
     path = resolve_recipe(name)
     click.echo(path.read_text(encoding="utf-8"), nl=False)
@@ -49,7 +50,9 @@ def recipes_show(name: str) -> None:
     if params:
         click.echo("\n# Parameters (apply/plan --set NAME=VALUE):")
     for p in params:
-        click.echo(f"#   {p.name} ({p.type}, default {_param_default(p)}): {p.description}")
+        within = range_text(p)
+        click.echo(f"#   {p.name} ({p.type}{' ' + within if within else ''}, default "
+                   f"{_param_default(p)}): {p.description}")
 
 
 @recipes.command("schema")

@@ -192,8 +192,8 @@ def parse_set_value(param: Param, text: str) -> Any:
         if not isinstance(value, list) or type_problem(param.type, value):
             raise ValueError(text)
         return value
-    except _NotPlainJson as exc:
-        raise InputError(f"--set {param.name}={_shown(text)}: {exc}",
+    except InputError as exc:                # from _json: NaN/Infinity, or nested too deep
+        raise InputError(f"--set {param.name}={_shown(text)}: {exc.message}",
                          hint=f"{param.name}: {param.description}") from None
     except ValueError:
         raise InputError(f"--set {param.name}={_shown(text)}: not {_article(param.type)}",
@@ -204,13 +204,9 @@ def parse_set_value(param: Param, text: str) -> Any:
 MAX_SET_DEPTH = 4
 
 
-class _NotPlainJson(ValueError):
-    """A ``--set`` list that is JSON but not plain data: NaN/Infinity, or nested too deep."""
-
-
 def _json(text: str, max_depth: int) -> Any:
-    """Strict JSON: NaN and Infinity refused; nesting deeper than ``max_depth`` refused before
-    the parser's recursion could fail on it."""
+    """Strict JSON: ValueError if it is not JSON; InputError for NaN and Infinity, and for
+    nesting deeper than ``max_depth`` (refused before the parser's recursion could fail)."""
     depth = deepest = 0
     in_string = escaped = False
     for ch in text:                          # bracket depth outside strings
@@ -224,12 +220,12 @@ def _json(text: str, max_depth: int) -> Any:
         elif ch in "]}":
             depth -= 1
     if deepest > max_depth:
-        raise _NotPlainJson(f"nested deeper than {MAX_SET_DEPTH} levels")
+        raise InputError(f"nested deeper than {MAX_SET_DEPTH} levels")
     return json.loads(text, parse_constant=_no_constant)
 
 
 def _no_constant(name: str) -> Any:
-    raise _NotPlainJson(f"{name} is not a finite number")
+    raise InputError(f"{name} is not a finite number")
 
 
 def _shown(text: str) -> str:
@@ -248,8 +244,6 @@ def _scalar(text: str) -> Any:
     so one level less deep), else the text itself."""
     try:
         return _json(text, MAX_SET_DEPTH - 1)
-    except _NotPlainJson:
-        raise
     except ValueError:
         return text
 

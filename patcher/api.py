@@ -201,6 +201,40 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
                               progress=progress, base_model=base_model)
 
 
+def apply_stacked(recipes: list, model: str | os.PathLike, *, out: str | os.PathLike,
+                  force: bool = False, params: dict[str, dict] | None = None) -> Path:
+    """Apply ``recipes`` one after the other into one variant at ``out`` that appears whole or
+    not at all: the first out of place into a scratch directory beside ``out``, the others
+    stacked on it in place (each a revertible patch: ``revert`` undoes them one by one), then
+    the scratch directory renamed to ``out``. A recipe that refuses (a guard, a bad input)
+    raises its error and leaves nothing: ``out`` is as it was. ``params``: recipe -> its params.
+    ``force`` replaces an earlier variant at ``out``, or an earlier stacked output of this
+    same base (never a directory patched in place on another base)."""
+    from .execute.locking import lock_new_path
+    from .execute.output_dir import (commit, refuse_to_replace_a_stranger, remove_stale_staging,
+                                     scratch_beside)
+    from .fsops import remove_tree
+
+    out, params = Path(out), params or {}
+    with lock_new_path(out):
+        remove_stale_staging(out)
+        if os.path.lexists(out):
+            if not force:
+                raise InputError("output already exists", where=out,
+                                 hint="force=True replaces it")
+            refuse_to_replace_a_stranger(out, stacked_on=Path(model))
+        scratch = scratch_beside(out)
+        try:
+            apply(recipes[0], model, out=scratch, params=params.get(recipes[0]))
+            for recipe in recipes[1:]:
+                apply_in_place(recipe, scratch, params=params.get(recipe))
+            commit(scratch, out)
+        finally:
+            if os.path.lexists(scratch):
+                remove_tree(scratch)
+    return out
+
+
 def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool = False,
            on_progress=None, on_total=None, executor: str = "local",
            ray_address: str | None = None):

@@ -44,6 +44,7 @@ def _param_default(param) -> str:
 def recipes_show(name: str) -> None:
     """Print the built-in recipe NAME (or a recipe file), then its parameters."""
     from ..recipe.load import load_recipe, resolve_recipe
+    from ..recipe.params.parse import range_text
 
     path = resolve_recipe(name)
     echo(path.read_text(encoding="utf-8"), nl=False)
@@ -51,7 +52,9 @@ def recipes_show(name: str) -> None:
     if params:
         echo("\n# Parameters (apply/plan --set NAME=VALUE):")
     for p in params:
-        echo(f"#   {p.name} ({p.type}, default {_param_default(p)}): {p.description}")
+        within = range_text(p)
+        echo(f"#   {p.name} ({p.type}{' ' + within if within else ''}, default "
+             f"{_param_default(p)}): {p.description}")
 
 
 @recipes.command("schema")

@@ -1,8 +1,11 @@
 """``doctor --fix``: apply the fixing recipes of the findings, then diagnose the result.
 
-One recipe: one ``apply`` (a hash-verified variant). Several: the first is applied out of place
-and the rest stacked on the variant in place, each a revertible patch with its own manifest
-entry (``modelpatch revert`` undoes them one by one). ``--in-place`` stacks them all on the model.
+One recipe: one ``apply`` (a hash-verified variant). Several: ``api.apply_stacked``, the first
+applied out of place and the rest stacked on the variant in place, each a revertible patch with
+its own manifest entry (``modelpatch revert`` undoes them one by one), in a scratch directory
+renamed to the output once all applied: a fix that refuses leaves nothing, and ``--force``
+replaces an earlier such output of the same model. ``--in-place`` stacks them all on the model
+and reverts those it applied when one refuses.
 An ``hf://`` model is downloaded first, through ``apply hf://``'s path (``api.resolve_model``).
 """
 
@@ -56,14 +59,18 @@ def apply_fixes(model: str, recipes: list[str], *, out: str | None, in_place: bo
         if out is None and not in_place:
             out = f"{model[len(api.HF_SCHEME):].split('@')[0].split('/')[-1]}-{OUTPUT_SUFFIX}"
     if in_place:
-        for recipe in recipes:
-            api.apply_in_place(recipe, local, params=params.get(recipe))
+        applied = 0
+        try:
+            for recipe in recipes:
+                api.apply_in_place(recipe, local, params=params.get(recipe))
+                applied += 1
+        except BaseException:
+            for _ in range(applied):            # nothing half-fixed: undo the earlier fixes
+                api.revert(local)
+            raise
         return Path(local)
-    result = api.apply(recipes[0], local, out=out or default_output(local), force=force,
-                       params=params.get(recipes[0]))
-    for recipe in recipes[1:]:
-        api.apply_in_place(recipe, result.output, params=params.get(recipe))
-    return Path(result.output)
+    return api.apply_stacked(recipes, local, out=out or default_output(local), force=force,
+                             params=params)
 
 
 def default_output(model: str) -> Path:

@@ -23,9 +23,11 @@ REPLACED_MARK = ".modelpatch-replaced-"
 log = logging.getLogger("modelpatch")
 
 
-def refuse_to_replace_a_stranger(out: Path) -> None:
+def refuse_to_replace_a_stranger(out: Path, stacked_on: Path | None = None) -> None:
     """``--force`` replaces an earlier variant, never a directory modelpatch did not write (or a
-    file, or a link): that could be anything, and it would be deleted."""
+    file, or a link): that could be anything, and it would be deleted. ``stacked_on``: a base;
+    a variant of it with in-place patches stacked on it (``api.apply_stacked``'s output) is
+    replaceable too: whatever its revert data holds was made from that base."""
     if not os.path.lexists(out):
         return
     if out.is_symlink() or not out.is_dir():
@@ -35,16 +37,17 @@ def refuse_to_replace_a_stranger(out: Path) -> None:
         raise InputError(f"output exists and is not a modelpatch variant (no {MANIFEST_NAME}); "
                          f"force=True replaces only an earlier variant", where=out,
                          hint="remove it yourself, or choose another -o")
-    own = _own_revert_data(out)
+    own = _own_revert_data(out, stacked_on)
     if own:
         raise InputError(f"output holds revert data of its own ({own}); --force replaces only "
                          f"an out-of-place variant, never a directory patched in place",
                          where=out, hint="revert it first, or choose another -o")
 
 
-def _own_revert_data(out: Path) -> str | None:
+def _own_revert_data(out: Path, stacked_on: Path | None = None) -> str | None:
     """Why ``out/.modelpatch/`` may hold the only copy of something: an in-place patch (its
-    originals were moved there), an interrupted operation, or records that cannot be read."""
+    originals were moved there) unless all sit on a variant of ``stacked_on``, an interrupted
+    operation, or records that cannot be read."""
     from ..errors import PatchError
     from .journal import JOURNAL_NAME, JOURNAL_TMP
     from ..integrity.patch_record import patch_dirs, read_record
@@ -57,10 +60,23 @@ def _own_revert_data(out: Path) -> str | None:
     if os.path.lexists(out / JOURNAL_NAME) or os.path.lexists(out / JOURNAL_TMP):
         return "an interrupted in-place operation"
     try:
-        modes = {read_record(d).mode for d in patch_dirs(out)}
+        records = [read_record(d) for d in patch_dirs(out)]
     except (PatchError, OSError):
         return "a patch record that cannot be read"
-    return "an in-place patch" if modes - {"variant"} else None
+    if not {r.mode for r in records} - {"variant"}:
+        return None
+    first = records[0]
+    if stacked_on is not None and first.mode == "variant" and first.base_path is not None \
+            and Path(first.base_path).resolve() == stacked_on.resolve():
+        return None
+    return "an in-place patch"
+
+
+def scratch_beside(out: Path) -> Path:
+    """A path (not created) beside ``out`` for a tree built there and then renamed to ``out``;
+    a killed process's one is removed by the next command that writes ``out``
+    (``remove_stale_staging``)."""
+    return out.with_name(f".{out.name}{STAGING_MARK}stack-{os.getpid()}")
 
 
 def make_staging_dir(out: Path) -> Path:

@@ -102,7 +102,14 @@ _VALUES: dict[str, dict[str, Any]] = {
     "param": {"type": {"enum": list(PARAM_TYPES)},
               "default": {"description": "Used when no value is given; without it the "
                           "parameter is required."},
-              "description": ref("nonEmptyString")},
+              "description": ref("nonEmptyString"),
+              "minimum": {"type": "number", "description": "The smallest value allowed (a "
+                          "number, an integer, or each of integers)."},
+              "maximum": {"type": "number", "description": "The largest value allowed."},
+              "exclusive_minimum": {"type": "number", "description": "Values must be above "
+                                    "this (factor > 0: exclusive_minimum: 0)."},
+              "enum": {"type": "array", "minItems": 1, "description": "The values allowed "
+                       "(a string, integer or number parameter)."}},
     "include": {"recipe": ref("nonEmptyString"),
                 "params": {"type": "object", "description": "Values for the included "
                            "recipe's params; may use {references}."}},

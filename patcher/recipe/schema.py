@@ -229,13 +229,19 @@ PARAM_TYPES = ("string", "integer", "number", "boolean", "list", "integers")
 
 @dataclass(frozen=True)
 class Param:
-    """A declared recipe parameter. ``default`` is ``REQUIRED`` when the caller must give it."""
+    """A declared recipe parameter. ``default`` is ``REQUIRED`` when the caller must give it.
+    The range (``minimum``, ``maximum``, ``exclusive_minimum``: numbers, for a number, an
+    integer or each of integers; ``enum``: the values allowed) is None where not declared."""
 
     name: str
     type: str           # one of PARAM_TYPES
     default: Any
     description: str
     loc: str
+    minimum: int | float | None = None
+    maximum: int | float | None = None
+    exclusive_minimum: int | float | None = None
+    enum: tuple | None = None
 
 
 REQUIRED: Any = type("Required", (), {"__repr__": lambda self: "<required>"})()

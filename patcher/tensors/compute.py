@@ -8,6 +8,7 @@ the source of a cast or a dequantization is carried through: that damage is not 
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -74,8 +75,13 @@ def _check_overflow(job: TensorJob, out: torch.Tensor, inputs: list[torch.Tensor
     if not any(bool(torch.isinf(flat[i:i + CHUNK_ELEMENTS]).any()) for i in chunks):
         return
     if job.op == "dequantize":
-        if any(not bool(torch.isfinite(t).all()) for t in inputs[1:] if t.is_floating_point()):
-            return              # an inf scale: the source is damaged already
+        for ref, scale in zip(job.inputs[1:], inputs[1:]):
+            if scale.is_floating_point() and scale.numel() and not math.isfinite(_abs_max(scale)):
+                raise NumericError(f"cannot dequantize: its scale {ref.name!r} holds inf or NaN, "
+                                   "so every value it scales would be inf or NaN",
+                                   where=job.inputs[0].shard, tensor=job.inputs[0].name,
+                                   hint="the checkpoint is damaged; restore the scale from the "
+                                        "original export")
         count = sum(int(torch.isinf(flat[i:i + CHUNK_ELEMENTS]).sum()) for i in chunks)
         detail = ""
     else:

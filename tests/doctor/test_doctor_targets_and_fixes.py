@@ -255,3 +255,59 @@ def test_gguf_eos_that_is_not_the_tokenizers_is_fixed_by_doctor_fix(tmp_path):
     assert report["fix"]["after"]["findings"] == []
     (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": "t2"}))
     assert api.doctor(model)["findings"] == []
+
+
+# --- doctor --fix with two fixes --------------------------------------------------------------
+
+def _eos_and_tied_model(path: Path, lm_head: str) -> Path:
+    """Two warnings with fixes: eos-inconsistent (fix-eos) and tied-lm-head-ignored
+    (tie-embeddings, which drops only a top-level ``lm_head.weight``)."""
+    model = _eos_model(path)
+    config = json.loads((model / "config.json").read_text())
+    config["tie_word_embeddings"] = True
+    (model / "config.json").write_text(json.dumps(config, indent=2))
+    from patcher.model.safetensors_io import OutputTensor, encode_header
+
+    tensors = [OutputTensor("model.embed_tokens.weight", "BF16", (4, 2)),
+               OutputTensor(lm_head, "BF16", (4, 2))]
+    header, layout = encode_header(tensors, {"format": "pt"})
+    (model / "model.safetensors").write_bytes(header + bytes(sum(t.nbytes for t in layout)))
+    return model
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def test_fix_with_two_fixes_can_force_over_its_own_output(tmp_path):
+    model = _eos_and_tied_model(tmp_path / "llama", "lm_head.weight")
+    first = CliRunner().invoke(main, ["doctor", str(model), "--fix"])
+    assert first.exit_code == 0, first.output
+    assert "fixed with fix-eos, tie-embeddings" in first.output, first.output
+    out = tmp_path / "llama-doctor"
+    again = CliRunner().invoke(main, ["doctor", str(model), "--fix", "--force"])
+    assert again.exit_code == 0, again.output
+    assert api.verify(out).ok
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["llama", "llama-doctor"]
+    other = _eos_and_tied_model(tmp_path / "other", "lm_head.weight")
+    stranger = CliRunner().invoke(main, ["doctor", str(other), "--fix", "--force", "-o",
+                                         str(out)])       # stacked on another base: kept
+    assert stranger.exit_code == 2 and "revert data of its own" in stranger.output
+    assert api.verify(out).ok
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_fix_whose_second_recipe_refuses_leaves_nothing_half_fixed(tmp_path, in_place):
+    model = _eos_and_tied_model(tmp_path / "gemma", "language_model.lm_head.weight")
+    fixes = [f["fix"]["recipe"] for f in api.doctor(model)["findings"] if f["fix"]]
+    assert fixes == ["fix-eos", "tie-embeddings"], fixes        # the refusing one comes second
+    before = _tree(model)
+    args = ["--in-place"] if in_place else ["-o", str(tmp_path / "out")]
+    result = CliRunner().invoke(main, ["doctor", str(model), "--fix", *args])
+    assert result.exit_code == 1, result.output
+    assert result.exc_info[0] is SystemExit and "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("modelpatch: ")]
+    assert len(errors) == 1 and "no lm_head.weight to drop" in errors[0], result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gemma"]
+    assert _tree(model) == before

@@ -12,9 +12,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 from tensor_helpers import (
+    assert_bits_equal,
     listing,
     random_fp8,
     read_tensors,
+    ref_nvfp4_modelopt,
     snapshot,
     write_model,
     write_recipe,
@@ -276,6 +278,33 @@ def test_quantize_refuses_non_finite_weights(tmp_path, bad, scheme):
         """)
     line = _failing_apply(tmp_path, model, recipe)
     assert "tensor 'l.weight'" in line and "1 of 2600 are inf or NaN" in line, line
+
+
+def _nvfp4_model(root: Path, scale_2: float) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A ModelOpt NVFP4 model of one Linear (the layout of docs/architecture.md section 1)."""
+    gen = torch.Generator().manual_seed(11)
+    tensors = {"l.weight": torch.randint(0, 256, (4, 16), dtype=torch.uint8, generator=gen),
+               "l.weight_scale": torch.rand(4, 2, generator=gen).add(0.5).to(torch.float8_e4m3fn),
+               "l.weight_scale_2": torch.tensor(scale_2),
+               "l.input_scale": torch.tensor(1.0)}
+    model = write_model(root, {"model.safetensors": tensors}, extra_files={
+        "hf_quant_config.json": json.dumps({"quantization": {"quant_algo": "NVFP4"}})})
+    return model, tensors
+
+
+def test_nvfp4_dequantize_with_a_finite_scale_matches_the_reference(tmp_path):
+    model, src = _nvfp4_model(tmp_path / "m", 0.25)
+    out = api.apply("nvfp4-to-bf16", model, out=tmp_path / "out").output
+    want = ref_nvfp4_modelopt(src["l.weight"], src["l.weight_scale"], src["l.weight_scale_2"],
+                              torch.bfloat16)
+    assert_bits_equal(read_tensors(out)["l.weight"], want, "l.weight")
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("-inf")])
+def test_nvfp4_dequantize_with_an_infinite_global_scale_is_refused(tmp_path, bad):
+    model, _ = _nvfp4_model(tmp_path / "m", bad)
+    line = _failing_apply(tmp_path, model, "nvfp4-to-bf16")
+    assert "tensor 'l.weight'" in line and "'l.weight_scale_2' holds inf or NaN" in line, line
 
 
 def test_quantize_kernels_raise_non_finite_input():

@@ -20,7 +20,7 @@ from ..guards import check_guards
 from ...config.json_pointer import join_pointer, json_equal
 from ...errors import TemplateError
 from .expr import Template, config_ref, read_config_ref, walk_templates
-from .parse import bind_tensor_ops, parse_set_value, type_problem
+from .parse import bind_tensor_ops, parse_set_value, range_problem, range_text, type_problem
 from .in_turn import read_after
 from .scope import split_values
 from ..schema import (REQUIRED, AddFile, ArrayOp, DropOp, Include, PatchOp, Recipe, RenameOp,
@@ -122,10 +122,10 @@ def _typed_values(recipe: Recipe, values: dict[str, Any]) -> dict[str, Any]:
             value = values[name]
             if isinstance(value, str) and param.type != "string":
                 value = parse_set_value(param, value)
-            problem = type_problem(param.type, value)
+            problem = type_problem(param.type, value) or range_problem(param, value)
             if problem:
                 raise InputError(f"recipe {recipe.name!r} parameter {name}: {problem}",
-                                 where=param.loc)
+                                 where=param.loc, hint=_declared_range(param))
             if param.default is REQUIRED and value in ("", []):
                 raise InputError(f"--set {name}=: recipe {recipe.name!r} needs a value for "
                                  f"{name!r} ({param.description}), not an empty one")
@@ -137,6 +137,11 @@ def _typed_values(recipe: Recipe, values: dict[str, Any]) -> dict[str, Any]:
         else:
             typed[name] = param.default
     return typed
+
+
+def _declared_range(param) -> str | None:
+    text = range_text(param)
+    return f"{param.name}: {param.type} {text}" if text else None
 
 
 def _lookup(typed: dict[str, Any], read_json: ReadJson) -> Callable[[str], Any]:

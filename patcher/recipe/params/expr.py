@@ -92,9 +92,28 @@ def _check_arith(node: ast.AST, text: str) -> None:
     elif isinstance(node, ast.Constant):
         if type(node.value) not in (int, float):
             raise TemplateError(f"{text!r}: {node.value!r} is not a number")
+        problem = _number_problem(node.value)
+        if problem:
+            raise TemplateError(f"{text!r}: the number {problem}")
     elif not isinstance(node, ast.Name):
         raise TemplateError(f"{text!r}: only numbers, {{references}}, + - * / // and "
                             "parentheses are allowed")
+
+
+# Integers in template arithmetic stay within 64 bits (every count, length and id in a model
+# config does); floats are finite. Beyond that an expression is refused, never a traceback.
+MAX_INTEGER = 2 ** 63
+
+
+def _number_problem(value: int | float) -> str | None:
+    """Why ``value`` cannot take part in template arithmetic, or None."""
+    if isinstance(value, int) and abs(value) >= MAX_INTEGER:
+        digits = len(str(abs(value)))
+        return f"{value if digits < 30 else f'(an integer of {digits} digits)'} is outside " \
+               "the 64-bit integer range"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value} is not a finite number"
+    return None
 
 
 def _eval(node: ast.AST, values: dict[str, Any], refs: tuple[str, ...]) -> int | float:
@@ -102,9 +121,12 @@ def _eval(node: ast.AST, values: dict[str, Any], refs: tuple[str, ...]) -> int |
         return node.value
     if isinstance(node, ast.Name):
         value = values[node.id]
+        ref = refs[int(node.id[len("__ref"):-2])]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            ref = refs[int(node.id[len("__ref"):-2])]
             raise TemplateError(f"{{{ref}}} is {_kind(value)}, not a number")
+        problem = _number_problem(value)
+        if problem:
+            raise TemplateError(f"{{{ref}}}: {problem}")
         return value
     if isinstance(node, ast.UnaryOp):
         operand = _eval(node.operand, values, refs)
@@ -114,18 +136,23 @@ def _eval(node: ast.AST, values: dict[str, Any], refs: tuple[str, ...]) -> int |
     left, right = _eval(node.left, values, refs), _eval(node.right, values, refs)
     if isinstance(node.op, (ast.Div, ast.FloorDiv)) and right == 0:
         raise TemplateError("division by zero")
-    if isinstance(node.op, ast.Add):
-        result = left + right
-    elif isinstance(node.op, ast.Sub):
-        result = left - right
-    elif isinstance(node.op, ast.Mult):
-        result = left * right
-    elif isinstance(node.op, ast.Div):
-        result = left / right
-    else:
-        return int(left // right)     # exact floor division, for floats too
-    if isinstance(result, float) and not math.isfinite(result):
-        raise TemplateError("the result is not a finite number")
+    try:
+        if isinstance(node.op, ast.Add):
+            result = left + right
+        elif isinstance(node.op, ast.Sub):
+            result = left - right
+        elif isinstance(node.op, ast.Mult):
+            result = left * right
+        elif isinstance(node.op, ast.Div):
+            result = left / right
+        else:
+            result = left // right
+            result = int(result) if math.isfinite(result) else result  # exact, floats too
+    except OverflowError:
+        result = math.inf
+    problem = _number_problem(result)
+    if problem:
+        raise TemplateError(f"the result {problem}")
     return result
 
 

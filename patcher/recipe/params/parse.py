@@ -31,7 +31,12 @@ from .expr import CONFIG_FILES, Template, config_ref, parse_template, walk_templ
 from ..schema import (LAYER_COMPARISONS, PARAM_TYPES, REQUIRED, ArrayOp, Include, PatchOp, Param,
                      SetOp, TensorOp)
 
-PARAM_KEYS = ("type", "default", "description")
+PARAM_KEYS = ("type", "default", "description", "minimum", "maximum", "exclusive_minimum",
+              "enum")
+# the range keys that bound a number, and the types they apply to (integers: each item)
+BOUND_KEYS = ("minimum", "maximum", "exclusive_minimum")
+NUMERIC_TYPES = ("integer", "number", "integers")
+ENUM_TYPES = ("string", "integer", "number")
 PARAM_REQUIRED = ("type", "description")
 PARAM_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_PARAM_NAMES = tuple(CONFIG_FILES)      # {config.KEY} and the like read the model
@@ -66,16 +71,88 @@ def parse_params(v: rc.Validator, root: Any) -> tuple[Param, ...]:
         v.check_keys(spec, PARAM_KEYS, f"parameter {name!r}", required=PARAM_REQUIRED)
         kind = v.choice(spec, "type", PARAM_TYPES)
         description = v.string(spec, "description")
+        ranges = _parse_range(v, spec, name, kind)
         default = REQUIRED
         if "default" in spec and kind is not None:
             value = v.json_value(spec["default"], rc.val_pos(spec, "default"))
             problem = None if value is rc.INVALID else type_problem(kind, value)
+            if problem is None and value is not rc.INVALID:
+                problem = range_problem(Param(name, kind, value, "", "", **ranges), value)
             if problem:
                 v.err(rc.val_pos(spec, "default"), f"parameter {name}: default {problem}")
             default = value
         if kind is not None and description is not None:
-            out.append(Param(name, kind, default, description, v.loc(pos)))
+            out.append(Param(name, kind, default, description, v.loc(pos), **ranges))
     return tuple(out)
+
+
+def _parse_range(v: rc.Validator, spec: Any, name: str, kind: str | None) -> dict[str, Any]:
+    """The declared ``minimum``/``maximum``/``exclusive_minimum``/``enum`` of a parameter."""
+    out: dict[str, Any] = {}
+    for key in BOUND_KEYS:
+        if key not in spec or kind is None:
+            continue
+        pos = rc.val_pos(spec, key)
+        value = v.json_value(spec[key], pos)
+        if kind not in NUMERIC_TYPES:
+            v.err(pos, f"parameter {name}: {key} bounds a number; {name} is {_article(kind)}")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            v.err(pos, f"parameter {name}: {key} must be a number")
+        else:
+            out[key] = value
+    low = out.get("minimum", out.get("exclusive_minimum"))
+    if low is not None and "maximum" in out and low > out["maximum"]:
+        v.err(rc.val_pos(spec, "maximum"), f"parameter {name}: maximum {out['maximum']} is "
+              f"below its lower bound {low}: no value fits")
+    if "enum" in spec and kind is not None:
+        pos = rc.val_pos(spec, "enum")
+        values = v.json_value(spec["enum"], pos)
+        if kind not in ENUM_TYPES:
+            v.err(pos, f"parameter {name}: enum lists values of a string, integer or number; "
+                  f"{name} is {_article(kind)}")
+        elif not isinstance(values, list) or not values:
+            v.err(pos, f"parameter {name}: enum must be a non-empty list of values")
+        else:
+            wrong = [x for x in values if type_problem(kind, x)]
+            if wrong:
+                v.err(pos, f"parameter {name}: enum value {json.dumps(wrong[0])} is not "
+                      f"{_article(kind)}")
+            else:
+                out["enum"] = tuple(values)
+    return out
+
+
+def range_problem(param: Param, value: Any) -> str | None:
+    """Why ``value`` (of the parameter's type) is outside the parameter's declared range, or
+    None. An ``integers`` parameter's bounds apply to each item."""
+    if param.enum is not None and value not in param.enum:
+        return (f"{json.dumps(value)} is not one of "
+                f"{', '.join(json.dumps(x) for x in param.enum)}")
+    items = value if param.type == "integers" else [value]
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (int, float)):
+            continue
+        if param.minimum is not None and item < param.minimum:
+            return f"{json.dumps(item)} is below the minimum {param.minimum}"
+        if param.exclusive_minimum is not None and item <= param.exclusive_minimum:
+            return f"{json.dumps(item)} is not above {param.exclusive_minimum} (exclusive_minimum)"
+        if param.maximum is not None and item > param.maximum:
+            return f"{json.dumps(item)} is above the maximum {param.maximum}"
+    return None
+
+
+def range_text(param: Param) -> str:
+    """The declared range for people: ``> 0, <= 1``, ``one of "a", "b"``; empty if none."""
+    parts = []
+    if param.exclusive_minimum is not None:
+        parts.append(f"> {param.exclusive_minimum}")
+    if param.minimum is not None:
+        parts.append(f">= {param.minimum}")
+    if param.maximum is not None:
+        parts.append(f"<= {param.maximum}")
+    if param.enum is not None:
+        parts.append("one of " + ", ".join(json.dumps(x) for x in param.enum))
+    return ", ".join(parts)
 
 
 def type_problem(kind: str, value: Any) -> str | None:
@@ -110,14 +187,49 @@ def parse_set_value(param: Param, text: str) -> Any:
             if low in ("true", "yes", "1", "false", "no", "0"):
                 return low in ("true", "yes", "1")
             raise ValueError(text)
-        value = json.loads(text) if text.strip().startswith("[") else \
+        value = _json(text, MAX_SET_DEPTH) if text.strip().startswith("[") else \
             [_scalar(t.strip()) for t in text.split(",") if t.strip()]
         if not isinstance(value, list) or type_problem(param.type, value):
             raise ValueError(text)
         return value
-    except ValueError:
-        raise InputError(f"--set {param.name}={text}: not {_article(param.type)}",
+    except InputError as exc:                # from _json: NaN/Infinity, or nested too deep
+        raise InputError(f"--set {param.name}={_shown(text)}: {exc.message}",
                          hint=f"{param.name}: {param.description}") from None
+    except ValueError:
+        raise InputError(f"--set {param.name}={_shown(text)}: not {_article(param.type)}",
+                         hint=f"{param.name}: {param.description}") from None
+
+
+# ``--set NAME=[...]`` nests at most this deep (lists of lists of scalars or small objects)
+MAX_SET_DEPTH = 4
+
+
+def _json(text: str, max_depth: int) -> Any:
+    """Strict JSON: ValueError if it is not JSON; InputError for NaN and Infinity, and for
+    nesting deeper than ``max_depth`` (refused before the parser's recursion could fail)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:                          # bracket depth outside strings
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    if deepest > max_depth:
+        raise InputError(f"nested deeper than {MAX_SET_DEPTH} levels")
+    return json.loads(text, parse_constant=_no_constant)
+
+
+def _no_constant(name: str) -> Any:
+    raise InputError(f"{name} is not a finite number")
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
 def _finite(text: str) -> float:
@@ -128,8 +240,10 @@ def _finite(text: str) -> float:
 
 
 def _scalar(text: str) -> Any:
+    """One item of ``--set NAME=a,b,c``: JSON when it parses as plain data (inside the list,
+    so one level less deep), else the text itself."""
     try:
-        return json.loads(text)
+        return _json(text, MAX_SET_DEPTH - 1)
     except ValueError:
         return text
 
@@ -316,7 +430,8 @@ def parse_include(v: rc.Validator, node: Any, pos: tuple[int, int]) -> Include |
         if value is rc.INVALID:
             continue
         value = template_value(v, value, kpos, v.param_names)
-        problem = None if has_templates(value) else type_problem(declared[key].type, value)
+        problem = None if has_templates(value) else (
+            type_problem(declared[key].type, value) or range_problem(declared[key], value))
         if problem:
             v.err(kpos, f"include {name!r}: parameter {key}: {problem}")
         values[key] = value

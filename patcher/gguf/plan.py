@@ -20,6 +20,7 @@ from ..recipe.regex_bound import per_name
 from .files import SPLIT_TENSORS, GGUFModel, gguf_models
 from .format import ARRAY, KeyValue, TensorInfo, encode_header, encode_value, layout
 from .header_inplace import refusal
+from .readback import check_header
 from .metadata import apply_meta_op, arch_key, check_rope_known, describe
 from .recipe_section import GGUFSection, TensorOp
 from .task import GGUFTask
@@ -100,6 +101,7 @@ def _in_place_header(task: GGUFTask, model_file, header) -> GGUFTask:
         return task
     why = refusal(model_file, task, header.data_offset, header.file_size)
     if why is None:
+        check_header(task.header, header, model_file.path)
         note = f"header rewritten in place ({len(task.header)} bytes)"
         return replace(task, changed=task.changed + (note,), header_in_place=True)
     note = f"header not rewritten in place: {why}; the whole file is rewritten"
@@ -130,18 +132,18 @@ def build_task(rel: str, kv: dict[str, KeyValue], entries: list, alignment: int,
                changed: tuple[str, ...] = (), base=None) -> GGUFTask:
     """The task writing ``rel``: ``kv``, then each entry's tensor (``(TensorInfo in its
     source, name in the output, source path, source's data offset)``) back to back, aligned.
-    When it replaces ``base`` (a header) and only the metadata changes, a header that fits the
-    base's header region is padded to it: every tensor keeps its offset."""
+    When it replaces ``base`` (a header) and only the metadata changes, a header that ends, once
+    aligned, where the base's did leaves every tensor where it was. A header is never padded past
+    its alignment: readers find the data right after it, rounded up to the alignment."""
     placed = layout([TensorInfo(name, t.shape, t.ggml_type, t.offset, t.nbytes)
                      for t, name, _, _ in entries], alignment)
     head = encode_header(list(kv.items()), placed, alignment)
     notes = ()
-    if base is not None and len(head) <= base.data_offset and \
+    if base is not None and len(head) == base.data_offset and \
             [(t.name, t.offset) for t in placed] == [(t.name, t.offset)
                                                      for t in base.tensors.values()]:
-        notes = (f"header fits the base's header region ({len(head)} of "
-                 f"{base.data_offset} bytes): the tensor data keeps its offsets",)
-        head = head + b"\0" * (base.data_offset - len(head))
+        notes = (f"header fits the base's header region ({len(head)} bytes): the tensor data "
+                 "keeps its offsets",)
     copies = []
     for i, ((src, _, path, data_offset), dst) in enumerate(zip(entries, placed)):
         end = dst.offset + dst.nbytes

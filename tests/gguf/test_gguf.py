@@ -406,3 +406,30 @@ def test_an_mmproj_beside_the_model_is_left_alone(tmp_path):
     (root / "tiny.gguf").unlink()
     with pytest.raises(GuardRefused, match="refuses this model: .*no .gguf model file"):
         api.plan("gguf-strip-mtp", root)
+
+
+def test_gguf_sections_of_recipes_given_together_all_apply(tmp_path):
+    root = tiny_dir(tmp_path)
+    mine = recipe(tmp_path, "gguf:\n  metadata:\n    - {set: general.name, value: mine}\n",
+                  name="mine")
+    out = api.apply(["gguf-context", mine], root, out=tmp_path / "out").output
+    meta, _ = read_back(out / "tiny.gguf")
+    assert meta["llama.context_length"] == 8192 and meta["llama.rope.scaling.type"] == "yarn"
+    assert meta["general.name"] == "mine"
+    assert_same_tensors(root / "tiny.gguf", out / "tiny.gguf")
+
+
+def test_an_included_gguf_section_applies_with_the_includers(tmp_path):
+    root = tiny_dir(tmp_path)
+    both = recipe(tmp_path, "include:\n  - {recipe: gguf-context}\ngguf:\n  metadata:\n"
+                  "    - {set: general.name, value: both}\n"
+                  "    - {set: \"{arch}.context_length\", from_key: \"{arch}.context_length\","
+                  " multiply: 2}\n", name="both")
+    out = api.apply(both, root, out=tmp_path / "out").output
+    meta, _ = read_back(out / "tiny.gguf")
+    # the included recipe's edits first, then the includer's, each on what the last left
+    assert meta["llama.rope.scaling.type"] == "yarn" and meta["general.name"] == "both"
+    assert meta["llama.context_length"] == 2048 * 4 * 2
+    refused = recipe(tmp_path, "include:\n  - {recipe: gguf-context}\n", name="again")
+    with pytest.raises(GuardRefused, match="already scaled"):
+        api.plan(refused, out)

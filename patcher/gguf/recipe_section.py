@@ -12,6 +12,7 @@
         - {set: tokenizer.ggml.eos_token_id, from_model: generation_config.json,
            path: /eos_token_id, first: true}                       # a JSON value, first item
         - {drop: general.url, missing_ok: true}
+        - {drop: "tokenizer.chat_template.*"}                      # every key under the prefix
         - {rename: general.name, to: general.basename}
       tensors:
         - {select: {glob: "blk.*.nextn.*"}, drop: true}

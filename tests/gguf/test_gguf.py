@@ -433,3 +433,27 @@ def test_an_included_gguf_section_applies_with_the_includers(tmp_path):
     refused = recipe(tmp_path, "include:\n  - {recipe: gguf-context}\n", name="again")
     with pytest.raises(GuardRefused, match="already scaled"):
         api.plan(refused, out)
+
+
+def test_chat_template_recipe_drops_the_named_templates_as_gguf_new_metadata_does(tmp_path):
+    """llama.cpp serves tokenizer.chat_template.tool_use to any request with tools: a stale one
+    would keep the old tool-calling format. gguf-py's gguf-new-metadata is the reference."""
+    import subprocess
+    import sys
+
+    S, A = gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY
+    root = tiny_dir(tmp_path, extra_kv={"tokenizer.chat_template.tool_use": (S, "old tools"),
+                                        "tokenizer.chat_template.rag": (S, "old rag"),
+                                        "tokenizer.chat_templates": (A, ["tool_use", "rag"])})
+    (root / "chat_template.jinja").write_text(NEW_TEMPLATE)
+    result = api.apply("gguf-chat-template", root, params=_template(root), out=tmp_path / "out")
+    meta, _ = read_back(result.output / "tiny.gguf")
+    reference = tmp_path / "reference.gguf"
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", "--chat-template",
+                    NEW_TEMPLATE, "--force", str(root / "tiny.gguf"), str(reference)],
+                   check=True, capture_output=True)
+    assert meta == read_back(reference)[0]
+    assert not any(k.startswith("tokenizer.chat_template.") or k == "tokenizer.chat_templates"
+                   for k in meta)
+    assert meta["tokenizer.chat_template"] == NEW_TEMPLATE
+    assert_same_tensors(root / "tiny.gguf", result.output / "tiny.gguf")

@@ -457,3 +457,41 @@ def test_chat_template_recipe_drops_the_named_templates_as_gguf_new_metadata_doe
                    for k in meta)
     assert meta["tokenizer.chat_template"] == NEW_TEMPLATE
     assert_same_tensors(root / "tiny.gguf", result.output / "tiny.gguf")
+
+
+def _writer_size_label(path: Path) -> str:
+    """general.size_label as gguf-py's GGUFWriter counts it for the tensors of ``path``."""
+    reader = gguf.GGUFReader(path)
+    writer = gguf.GGUFWriter(None, "x")
+    for t in reader.tensors:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    return gguf.utility.size_label(*writer.get_total_parameter_count())
+
+
+def test_strip_mtp_counts_the_size_label_again(tmp_path):
+    S = gguf.GGUFValueType.STRING
+    first = tiny_dir(tmp_path, "first", arch="glm4moe", blocks=2, nextn=1)
+    label = _writer_size_label(first / "tiny.gguf")
+    root = tiny_dir(tmp_path, arch="glm4moe", blocks=2, nextn=1,
+                    extra_kv={"general.size_label": (S, label)})
+    out = api.apply("gguf-strip-mtp", root, out=tmp_path / "out").output
+    meta, _ = read_back(out / "tiny.gguf")
+    assert meta["general.size_label"] == _writer_size_label(out / "tiny.gguf") != label
+    odd = tiny_dir(tmp_path, "odd", arch="glm4moe", blocks=2, nextn=1,
+                   extra_kv={"general.size_label": (S, "by hand")})
+    out = api.apply("gguf-strip-mtp", odd, out=tmp_path / "odd-out").output
+    assert "general.size_label" not in read_back(out / "tiny.gguf")[0]
+
+
+@pytest.mark.parametrize("kv,message", [
+    ({"glm4moe.nextn_predict_layers": (gguf.GGUFValueType.STRING, "1")} if gguf else {},
+     "glm4moe.nextn_predict_layers must be a non-negative integer; got STRING '1'"),
+    ({"glm4moe.nextn_predict_layers": (gguf.GGUFValueType.UINT32, 9)} if gguf else {},
+     "glm4moe.nextn_predict_layers is 9 but glm4moe.block_count is 3"),
+])
+def test_strip_mtp_refuses_bad_block_counts_in_one_line(tmp_path, kv, message):
+    root = tiny_dir(tmp_path, arch="glm4moe", blocks=3, extra_kv=kv)
+    result = run("plan", "gguf-strip-mtp", root)
+    assert result.exit_code == 2, (result.output, result.exception)
+    (line,) = result.stderr.strip().splitlines()
+    assert message in line

@@ -137,14 +137,18 @@ def _first_diff(located: dict, names: list[str]) -> str:
 
 
 def _first_difference(fd_a: int, off_a: int, fd_b: int, off_b: int, n: int) -> int | None:
-    """The first byte at which the two ranges differ (relative), or None; read in chunks."""
+    """The first byte at which the two ranges differ (relative), or None; read in chunks into
+    two buffers reused throughout."""
+    bufs = (bytearray(min(CHUNK, n)), bytearray(min(CHUNK, n)))
     pos = 0
     while pos < n:
         size = min(CHUNK, n - pos)
-        a, b = os.pread(fd_a, size, off_a + pos), os.pread(fd_b, size, off_b + pos)
-        if len(a) != size or len(b) != size:
-            return pos + min(len(a), len(b))
-        if a != b:
+        a, b = (memoryview(buf)[:size] for buf in bufs)
+        got_a, got_b = os.preadv(fd_a, [a], off_a + pos), os.preadv(fd_b, [b], off_b + pos)
+        if got_a != size or got_b != size:
+            return pos + min(got_a, got_b)
+        same = bufs[0] == bufs[1] if size == len(bufs[0]) else a.tobytes() == b.tobytes()
+        if not same:                  # bytearray and bytes compare with memcmp
             return pos + next(i for i in range(size) if a[i] != b[i])
         pos += size
     return None

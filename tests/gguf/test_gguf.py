@@ -337,7 +337,7 @@ def test_token_values_and_the_readme_example(tmp_path):
     block = block[:block.index("```")]
     (tmp_path / "template.jinja").write_text(NEW_TEMPLATE)
     loaded = api.load(recipe(tmp_path, block, name="readme"))
-    assert loaded.gguf.strip_nextn and len(loaded.gguf.metadata) == 6
+    assert loaded.gguf.strip_nextn and len(loaded.gguf.metadata) == 7
 
 
 def test_the_base_is_hashed_from_the_reads_of_the_rewrite(tmp_path):

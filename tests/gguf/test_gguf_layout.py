@@ -13,9 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from gguf_fixtures import gguf, needs_gguf, read_back
 from patcher import api
+from patcher.cli import main
 from patcher.errors import OperationFailed
 
 pytestmark = needs_gguf
@@ -160,3 +162,6 @@ def test_verify_finds_a_file_readers_read_differently(tmp_path, monkeypatch):
     assert not report.ok
     assert report.layout_problems[0].startswith("m.gguf: ")
     assert "bytes follow the last tensor" in report.summary()
+    result = CliRunner().invoke(main, ["verify", str(out)])
+    assert result.exit_code == 1
+    assert "  layout    m.gguf: " in result.output

@@ -495,3 +495,21 @@ def test_strip_mtp_refuses_bad_block_counts_in_one_line(tmp_path, kv, message):
     assert result.exit_code == 2, (result.output, result.exception)
     (line,) = result.stderr.strip().splitlines()
     assert message in line
+
+
+def test_strip_mtp_refuses_a_missing_block_count_in_one_line(tmp_path):
+    import numpy as np
+
+    root = tmp_path / "m"
+    root.mkdir()
+    w = gguf.GGUFWriter(root / "m.gguf", "glm4moe")
+    w.add_nextn_predict_layers(1)
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(32, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    result = run("plan", "gguf-strip-mtp", root)
+    assert result.exit_code == 2, (result.output, result.exception)
+    (line,) = result.stderr.strip().splitlines()
+    assert "glm4moe.block_count is missing" in line

@@ -243,6 +243,7 @@ def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool 
     from .execute.locking import lock_directory
     from .integrity.verify import verify_dir
 
+    from .gguf.readback import check_layouts
     from .gguf.single_file import model_directory
 
     directory = model_directory(directory)
@@ -250,8 +251,9 @@ def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool 
     # Shared: verifies and out-of-place applies read together; an in-place apply or a revert
     # (exclusive) cannot change the files while they are hashed.
     with lock_directory(Path(directory), exclusive=False), _executor(executor, ray_address):
-        return verify_dir(Path(directory), jobs=jobs, fast=fast, on_progress=on_progress,
-                          on_total=on_total)
+        report = verify_dir(Path(directory), jobs=jobs, fast=fast, on_progress=on_progress,
+                            on_total=on_total)
+        return check_layouts(Path(directory), report)
 
 
 def recover(directory: str | os.PathLike) -> str | None:
@@ -335,6 +337,7 @@ def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None
     """Undo the last patch (or all with ``all_patches``): in place, or rebuilt into ``out``
     (with ``executor`` and ``ray_address`` as for ``apply``)."""
     from .execute.revert import rebuild_base, revert as revert_here
+    from .gguf.readback import check_layouts
     from .gguf.single_file import model_directory
 
     directory = model_directory(directory)

@@ -256,6 +256,7 @@ def render_verify(report: dict) -> str:
     lines += [f"  extra     {p}" for p in report["extra"]]
     lines += [f"  manifest  modelpatch.provenance.json: {p}"
               for p in report.get("manifest_problems", [])]
+    lines += [f"  layout    {p}" for p in report.get("layout_problems", [])]
     return "\n".join(lines)
 
 

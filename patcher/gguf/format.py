@@ -27,6 +27,10 @@ from . import require_gguf
 MAX_HEADER_BYTES = 256 << 20       # metadata + tensor infos; real ones (vocab, merges) take ~20 MiB
 MAX_KEY_BYTES = 65535
 MAX_DIMS = 4                      # GGML_MAX_DIMS
+# general.alignment: llama.cpp (gguf.cpp) takes any power of two that fits a uint32, with no
+# maximum; files use 32 (the default) or 64. Every rewrite pads the header and each tensor to
+# it, so a 256-byte file saying 2**31 would make a 2 GiB write: above this budget it is refused.
+MAX_ALIGNMENT = 1 << 20
 SUPPORTED_VERSIONS = (2, 3)       # version 1 used 32-bit counts and is long gone
 
 _SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
@@ -170,6 +174,10 @@ def _alignment(kv: dict[str, KeyValue], where: str) -> int:
     if entry.vtype != 4 or value == 0 or value & (value - 1):
         raise GGUFFormatError(f"general.alignment must be a UINT32 power of two; got "
                               f"{entry.type_name()} {value!r}", where=where)
+    if value > MAX_ALIGNMENT:
+        raise GGUFFormatError(f"general.alignment {value} is above modelpatch's alignment budget "
+                              f"of {MAX_ALIGNMENT} bytes (1 MiB): every tensor and the header "
+                              "would be padded to it", where=where)
     return value
 
 

@@ -48,6 +48,9 @@ def apply_meta_op(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model,
             raise PlanError(f"{name} describes the file's layout, which modelpatch writes "
                             "itself; a recipe cannot edit it", where=op.loc)
     old = kv.get(key)
+    if op.kind == "drop" and key.endswith(".*"):
+        _drop_all(op, kv, key[:-1], lines, changes, file)
+        return
     if op.kind == "drop":
         if old is None:
             if op.missing_ok:
@@ -97,6 +100,19 @@ def apply_meta_op(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model,
     lines.append(describe(key, old, new))
     changes.append(GgufMetadata("set", key, op.loc, before=_plain(old) if old else None,
                                 after=_plain(new), type=new.type_name()))
+
+
+def _drop_all(op: MetaOp, kv: dict[str, KeyValue], prefix: str, lines: list[str],
+              changes: list, file: str) -> None:
+    """``drop: PREFIX.*``: every key under ``PREFIX.`` (named templates, say)."""
+    hits = [k for k in kv if k.startswith(prefix)]
+    if not hits and not op.missing_ok:
+        raise PlanError(f"no metadata key in {file} starts with {prefix!r}", where=op.loc,
+                        hint="missing_ok: true skips it")
+    for name in hits:
+        old = kv.pop(name)
+        lines.append(describe(name, old, None))
+        changes.append(GgufMetadata("drop", name, op.loc, before=_plain(old)))
 
 
 def _value(op: MetaOp, kv: dict[str, KeyValue], arch: str, recipe, model):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 import re
 from collections import Counter
 from dataclasses import replace
@@ -18,8 +19,9 @@ from ..errors import GuardRefused, PlanError
 from ..plan import Action, FilePlan
 from ..recipe.regex_bound import per_name
 from .files import SPLIT_TENSORS, GGUFModel, gguf_models
-from .format import ARRAY, KeyValue, TensorInfo, encode_header, encode_value, layout
+from .format import ARRAY, STRING, KeyValue, TensorInfo, encode_header, encode_value, layout
 from .header_inplace import refusal
+from .readback import check_header
 from .metadata import apply_meta_op, arch_key, check_rope_known, describe
 from .recipe_section import GGUFSection, TensorOp
 from .task import GGUFTask
@@ -100,6 +102,7 @@ def _in_place_header(task: GGUFTask, model_file, header) -> GGUFTask:
         return task
     why = refusal(model_file, task, header.data_offset, header.file_size)
     if why is None:
+        check_header(task.header, header, model_file.path)
         note = f"header rewritten in place ({len(task.header)} bytes)"
         return replace(task, changed=task.changed + (note,), header_in_place=True)
     note = f"header not rewritten in place: {why}; the whole file is rewritten"
@@ -130,18 +133,18 @@ def build_task(rel: str, kv: dict[str, KeyValue], entries: list, alignment: int,
                changed: tuple[str, ...] = (), base=None) -> GGUFTask:
     """The task writing ``rel``: ``kv``, then each entry's tensor (``(TensorInfo in its
     source, name in the output, source path, source's data offset)``) back to back, aligned.
-    When it replaces ``base`` (a header) and only the metadata changes, a header that fits the
-    base's header region is padded to it: every tensor keeps its offset."""
+    When it replaces ``base`` (a header) and only the metadata changes, a header that ends, once
+    aligned, where the base's did leaves every tensor where it was. A header is never padded past
+    its alignment: readers find the data right after it, rounded up to the alignment."""
     placed = layout([TensorInfo(name, t.shape, t.ggml_type, t.offset, t.nbytes)
                      for t, name, _, _ in entries], alignment)
     head = encode_header(list(kv.items()), placed, alignment)
     notes = ()
-    if base is not None and len(head) <= base.data_offset and \
+    if base is not None and len(head) == base.data_offset and \
             [(t.name, t.offset) for t in placed] == [(t.name, t.offset)
                                                      for t in base.tensors.values()]:
-        notes = (f"header fits the base's header region ({len(head)} of "
-                 f"{base.data_offset} bytes): the tensor data keeps its offsets",)
-        head = head + b"\0" * (base.data_offset - len(head))
+        notes = (f"header fits the base's header region ({len(head)} bytes): the tensor data "
+                 "keeps its offsets",)
     copies = []
     for i, ((src, _, path, data_offset), dst) in enumerate(zip(entries, placed)):
         end = dst.offset + dst.nbytes
@@ -223,11 +226,18 @@ def _strip_nextn(recipe, gm, arch, kv, kept, changes, meta_lines, loc) -> None:
     llama.cpp's convert_hf_to_gguf.py appends them) and lower ``{arch}.block_count`` to match;
     per-layer arrays are cut to the new count and the nextn key set to 0."""
     n_key, b_key = f"{arch}.nextn_predict_layers", f"{arch}.block_count"
-    n = kv[n_key].value if n_key in kv else 0
+    where = gm.files[0]
+    n = _count(kv, n_key, where) if n_key in kv else 0
     if not n:
         raise GuardRefused(f"recipe {recipe.name!r} refuses this model: {loc}: this GGUF has "
                            f"no MTP/nextn layers to drop ({n_key} is missing or 0)")
-    blocks = kv[b_key].value
+    if b_key not in kv:
+        raise PlanError(f"{where}: {b_key} is missing: the MTP/nextn blocks are the last "
+                        f"{n_key} of them", where=loc)
+    blocks = _count(kv, b_key, where)
+    if n >= blocks:
+        raise PlanError(f"{where}: {n_key} is {n} but {b_key} is {blocks}: no main block "
+                        "would be left", where=loc)
     first_nextn = blocks - n
     for i, tensors in enumerate(kept):
         for name in list(tensors):
@@ -246,6 +256,62 @@ def _strip_nextn(recipe, gm, arch, kv, kept, changes, meta_lines, loc) -> None:
             meta_lines.append(describe(key, old, kv[key]))
             changes.append(GgufMetadata("set", key, loc, before=f"array of {blocks}",
                                         after=f"array of {first_nextn}"))
+    _size_label(gm, kv, kept, changes, meta_lines, loc)
+
+
+_INTEGER_TYPES = (0, 2, 4, 10, 1, 3, 5, 11)       # uint8..uint64, int8..int64
+
+
+def _count(kv: dict[str, KeyValue], key: str, where: str) -> int:
+    """A block count from the metadata: a non-negative integer, or a one-line PlanError."""
+    entry = kv[key]
+    if entry.vtype not in _INTEGER_TYPES or entry.value < 0:
+        raise PlanError(f"{key} must be a non-negative integer; got {entry.type_name()} "
+                        f"{entry.value!r}", where=where)
+    return entry.value
+
+
+def _size_label(gm, kv, kept, changes, meta_lines, loc) -> None:
+    """``general.size_label`` counted again without the dropped blocks, the way gguf-py's
+    writer counts it (``GGUFWriter.get_total_parameter_count``, ``gguf.utility.size_label``);
+    a label that was not counted so from the base (set by hand, or by another tool) is
+    dropped: it described the model with its MTP blocks."""
+    key = "general.size_label"
+    old = kv.get(key)
+    if old is None or old.vtype != STRING:
+        return
+    from . import require_gguf
+
+    label = require_gguf().utility.size_label
+    before = label(*_parameter_counts(t for h in gm.headers for t in h.tensors.values()))
+    if old.value == before:
+        after = label(*_parameter_counts(t for tensors in kept for t in tensors.values()))
+        if after == before:
+            return
+        kv[key] = KeyValue(key, STRING, encode_value(STRING, after))
+        meta_lines.append(describe(key, old, kv[key]))
+        changes.append(GgufMetadata("set", key, loc, before=old.value, after=after))
+        return
+    del kv[key]
+    meta_lines.append(describe(key, old, None))
+    changes.append(GgufMetadata("drop", key, loc, before=old.value))
+
+
+def _parameter_counts(tensors) -> tuple[int, int, int, int]:
+    """(total, shared, expert, expert count) as gguf-py's GGUFWriter counts them; shapes here
+    are in GGUF order (ne[0] first), gguf-py's in numpy order."""
+    total = shared = expert = expert_sum = n_expert = 0
+    for t in tensors:
+        size = math.prod(t.shape)
+        total += size
+        if "_exps." in t.name and len(t.shape) >= 3:
+            count = t.shape[1 if ".bias" in t.name else 2]
+            expert += size // count
+            expert_sum += count
+            n_expert += 1
+        else:
+            shared += size
+    return total, shared, expert, expert_sum // n_expert if n_expert else 0
 
 
 def _layout(t: TensorInfo) -> dict:

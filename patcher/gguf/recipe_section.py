@@ -12,6 +12,7 @@
         - {set: tokenizer.ggml.eos_token_id, from_model: generation_config.json,
            path: /eos_token_id, first: true}                       # a JSON value, first item
         - {drop: general.url, missing_ok: true}
+        - {drop: "tokenizer.chat_template.*"}                      # every key under the prefix
         - {rename: general.name, to: general.basename}
       tensors:
         - {select: {glob: "blk.*.nextn.*"}, drop: true}
@@ -109,6 +110,20 @@ class GGUFSection:
     tensors: tuple[TensorOp, ...]
     strip_nextn: bool
     loc: str
+
+
+def merge_sections(sections: list[GGUFSection | None]) -> GGUFSection | None:
+    """The ``gguf:`` sections of recipes applied together (``include:``, several recipes given)
+    as one: guards, metadata and tensor ops in the recipes' order (each op sees the metadata as
+    the ones before it leave it), the nextn blocks stripped if any recipe strips them."""
+    given = [s for s in sections if s is not None]
+    if len(given) <= 1:
+        return given[0] if given else None
+    strips = [s for s in given if s.strip_nextn]
+    return GGUFSection(requires=tuple(g for s in given for g in s.requires),
+                       metadata=tuple(m for s in given for m in s.metadata),
+                       tensors=tuple(t for s in given for t in s.tensors),
+                       strip_nextn=bool(strips), loc=(strips or given)[0].loc)
 
 
 def parse_section(v: rc.Validator, root: Any) -> GGUFSection | None:

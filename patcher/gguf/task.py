@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import OperationFailed
+from .readback import check_written
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class GGUFTask:
             if writer.size != self.file_size:
                 raise OperationFailed(f"wrote {writer.size} bytes, expected {self.file_size}",
                                       where=target)
+            check_written(target, self.copies)      # as a reader reads it, before any commit
             if fsync:
                 os.fsync(raw.fileno())
             os.fchmod(raw.fileno(), 0o444)

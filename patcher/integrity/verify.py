@@ -63,6 +63,9 @@ class VerifyReport:
     missing: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
     manifest_problems: list[str] = field(default_factory=list)
+    layout_problems: list[str] = field(default_factory=list)
+    """``path: why`` for a file whose bytes match but whose layout readers read otherwise (a
+    GGUF file: ``patcher.gguf.readback.layout_problem``)."""
     checked: int = 0
     """Manifest entries compared."""
     hashed_files: int = 0
@@ -74,7 +77,8 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return not (self.modified or self.missing or self.extra or self.manifest_problems)
+        return not (self.modified or self.missing or self.extra or self.manifest_problems
+                    or self.layout_problems)
 
     def summary(self) -> str:
         """One line: ``2 modified, 1 missing, 0 extra (first: model.safetensors: sha256 differs)``.
@@ -83,6 +87,8 @@ class VerifyReport:
             return f"{self.checked} files match"
         if self.manifest_problems:
             return f"{MANIFEST_NAME}: {self.manifest_problems[0]}"
+        if self.layout_problems and not (self.modified or self.missing or self.extra):
+            return self.layout_problems[0]
         first = (f"{self.modified[0].path}: {self.modified[0].reason}" if self.modified
                  else f"{self.missing[0]}: missing" if self.missing
                  else f"{self.extra[0]}: not in the manifest")
@@ -98,6 +104,7 @@ class VerifyReport:
             "missing": list(self.missing),
             "extra": list(self.extra),
             "manifest_problems": list(self.manifest_problems),
+            "layout_problems": list(self.layout_problems),
             "hashed_files": self.hashed_files,
             "hashed_bytes": self.hashed_bytes,
             "cached_files": self.cached_files,

@@ -337,7 +337,7 @@ def test_token_values_and_the_readme_example(tmp_path):
     block = block[:block.index("```")]
     (tmp_path / "template.jinja").write_text(NEW_TEMPLATE)
     loaded = api.load(recipe(tmp_path, block, name="readme"))
-    assert loaded.gguf.strip_nextn and len(loaded.gguf.metadata) == 6
+    assert loaded.gguf.strip_nextn and len(loaded.gguf.metadata) == 7
 
 
 def test_the_base_is_hashed_from_the_reads_of_the_rewrite(tmp_path):
@@ -406,3 +406,110 @@ def test_an_mmproj_beside_the_model_is_left_alone(tmp_path):
     (root / "tiny.gguf").unlink()
     with pytest.raises(GuardRefused, match="refuses this model: .*no .gguf model file"):
         api.plan("gguf-strip-mtp", root)
+
+
+def test_gguf_sections_of_recipes_given_together_all_apply(tmp_path):
+    root = tiny_dir(tmp_path)
+    mine = recipe(tmp_path, "gguf:\n  metadata:\n    - {set: general.name, value: mine}\n",
+                  name="mine")
+    out = api.apply(["gguf-context", mine], root, out=tmp_path / "out").output
+    meta, _ = read_back(out / "tiny.gguf")
+    assert meta["llama.context_length"] == 8192 and meta["llama.rope.scaling.type"] == "yarn"
+    assert meta["general.name"] == "mine"
+    assert_same_tensors(root / "tiny.gguf", out / "tiny.gguf")
+
+
+def test_an_included_gguf_section_applies_with_the_includers(tmp_path):
+    root = tiny_dir(tmp_path)
+    both = recipe(tmp_path, "include:\n  - {recipe: gguf-context}\ngguf:\n  metadata:\n"
+                  "    - {set: general.name, value: both}\n"
+                  "    - {set: \"{arch}.context_length\", from_key: \"{arch}.context_length\","
+                  " multiply: 2}\n", name="both")
+    out = api.apply(both, root, out=tmp_path / "out").output
+    meta, _ = read_back(out / "tiny.gguf")
+    # the included recipe's edits first, then the includer's, each on what the last left
+    assert meta["llama.rope.scaling.type"] == "yarn" and meta["general.name"] == "both"
+    assert meta["llama.context_length"] == 2048 * 4 * 2
+    refused = recipe(tmp_path, "include:\n  - {recipe: gguf-context}\n", name="again")
+    with pytest.raises(GuardRefused, match="already scaled"):
+        api.plan(refused, out)
+
+
+def test_chat_template_recipe_drops_the_named_templates_as_gguf_new_metadata_does(tmp_path):
+    """llama.cpp serves tokenizer.chat_template.tool_use to any request with tools: a stale one
+    would keep the old tool-calling format. gguf-py's gguf-new-metadata is the reference."""
+    import subprocess
+    import sys
+
+    S, A = gguf.GGUFValueType.STRING, gguf.GGUFValueType.ARRAY
+    root = tiny_dir(tmp_path, extra_kv={"tokenizer.chat_template.tool_use": (S, "old tools"),
+                                        "tokenizer.chat_template.rag": (S, "old rag"),
+                                        "tokenizer.chat_templates": (A, ["tool_use", "rag"])})
+    (root / "chat_template.jinja").write_text(NEW_TEMPLATE)
+    result = api.apply("gguf-chat-template", root, params=_template(root), out=tmp_path / "out")
+    meta, _ = read_back(result.output / "tiny.gguf")
+    reference = tmp_path / "reference.gguf"
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", "--chat-template",
+                    NEW_TEMPLATE, "--force", str(root / "tiny.gguf"), str(reference)],
+                   check=True, capture_output=True)
+    assert meta == read_back(reference)[0]
+    assert not any(k.startswith("tokenizer.chat_template.") or k == "tokenizer.chat_templates"
+                   for k in meta)
+    assert meta["tokenizer.chat_template"] == NEW_TEMPLATE
+    assert_same_tensors(root / "tiny.gguf", result.output / "tiny.gguf")
+
+
+def _writer_size_label(path: Path) -> str:
+    """general.size_label as gguf-py's GGUFWriter counts it for the tensors of ``path``."""
+    reader = gguf.GGUFReader(path)
+    writer = gguf.GGUFWriter(None, "x")
+    for t in reader.tensors:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    return gguf.utility.size_label(*writer.get_total_parameter_count())
+
+
+def test_strip_mtp_counts_the_size_label_again(tmp_path):
+    S = gguf.GGUFValueType.STRING
+    first = tiny_dir(tmp_path, "first", arch="glm4moe", blocks=2, nextn=1)
+    label = _writer_size_label(first / "tiny.gguf")
+    root = tiny_dir(tmp_path, arch="glm4moe", blocks=2, nextn=1,
+                    extra_kv={"general.size_label": (S, label)})
+    out = api.apply("gguf-strip-mtp", root, out=tmp_path / "out").output
+    meta, _ = read_back(out / "tiny.gguf")
+    assert meta["general.size_label"] == _writer_size_label(out / "tiny.gguf") != label
+    odd = tiny_dir(tmp_path, "odd", arch="glm4moe", blocks=2, nextn=1,
+                   extra_kv={"general.size_label": (S, "by hand")})
+    out = api.apply("gguf-strip-mtp", odd, out=tmp_path / "odd-out").output
+    assert "general.size_label" not in read_back(out / "tiny.gguf")[0]
+
+
+@pytest.mark.parametrize("kv,message", [
+    ({"glm4moe.nextn_predict_layers": (gguf.GGUFValueType.STRING, "1")} if gguf else {},
+     "glm4moe.nextn_predict_layers must be a non-negative integer; got STRING '1'"),
+    ({"glm4moe.nextn_predict_layers": (gguf.GGUFValueType.UINT32, 9)} if gguf else {},
+     "glm4moe.nextn_predict_layers is 9 but glm4moe.block_count is 3"),
+])
+def test_strip_mtp_refuses_bad_block_counts_in_one_line(tmp_path, kv, message):
+    root = tiny_dir(tmp_path, arch="glm4moe", blocks=3, extra_kv=kv)
+    result = run("plan", "gguf-strip-mtp", root)
+    assert result.exit_code == 2, (result.output, result.exception)
+    (line,) = result.stderr.strip().splitlines()
+    assert message in line
+
+
+def test_strip_mtp_refuses_a_missing_block_count_in_one_line(tmp_path):
+    import numpy as np
+
+    root = tmp_path / "m"
+    root.mkdir()
+    w = gguf.GGUFWriter(root / "m.gguf", "glm4moe")
+    w.add_nextn_predict_layers(1)
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(32, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    result = run("plan", "gguf-strip-mtp", root)
+    assert result.exit_code == 2, (result.output, result.exception)
+    (line,) = result.stderr.strip().splitlines()
+    assert "glm4moe.block_count is missing" in line

@@ -78,6 +78,9 @@ CASES = {
     "alignment not a power of two": (gguf_bytes([kv("general.alignment", U32,
                                                     struct.pack("<I", 24))]),
                                      "power of two"),
+    "alignment past the budget": (gguf_bytes([ARCH, kv("general.alignment", U32,
+                                                    struct.pack("<I", 2**31))], data=b""),
+                                  "above modelpatch's alignment budget of 1048576 bytes"),
     "alignment of the wrong type": (gguf_bytes([kv("general.alignment", U64,
                                                    struct.pack("<Q", 32))]), "UINT32"),
     "key not utf-8": (gguf_bytes([struct.pack("<Q", 2) + b"\xff\xfe" + struct.pack("<I", U32)
@@ -150,3 +153,21 @@ def test_a_header_past_the_cap_is_refused_after_reading_at_most_the_cap(tmp_path
         fmt.read_header(path)
     path.write_bytes(gguf_bytes([ARCH, kv("general.description", STR, s("x" * 3000))]))
     assert fmt.read_header(path).get("general.description") == "x" * 3000
+
+
+@needs_gguf
+def test_an_alignment_past_the_budget_is_refused_before_any_write(tmp_path):
+    """A 256-byte file saying general.alignment = 2**31 would make any rewrite pad to 2 GiB."""
+    root = tmp_path / "m"
+    root.mkdir()
+    (root / "model.gguf").write_bytes(gguf_bytes(
+        [ARCH, kv("general.alignment", U32, struct.pack("<I", 2**31))], data=b""))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("modelpatch: 1\nname: r\ndescription: d\ngguf:\n  metadata:\n"
+                      "    - {set: general.name, value: x}\n")
+    result = CliRunner().invoke(main, ["apply", str(recipe), str(root), "-o",
+                                       str(tmp_path / "out")])
+    assert result.exit_code == 2, (result.output, result.exception)
+    (line,) = result.stderr.strip().splitlines()
+    assert "model.gguf" in line and "alignment budget of 1048576 bytes" in line
+    assert not (tmp_path / "out").exists()

@@ -323,3 +323,23 @@ def test_text_only_keeps_quantization_config_and_fixes_both_ignore_lists(llava_d
                                               "ignore": want}
     hf_quant = json.loads(files["hf_quant_config.json"].content)
     assert hf_quant["quantization"]["exclude_modules"] == want
+
+
+def test_text_only_removes_wildcard_and_regex_vision_entries(llava_dir, tmp_path):
+    """ModelOpt writes `vision_tower*`, `*mm_projector*`; compressed-tensors `re:` entries."""
+    from patcher.doctor.facts import ignore_facts
+    from patcher.model.model_dir import ModelDir
+
+    base = _copy(llava_dir, tmp_path / "base")
+    vision = ["vision_tower*", "model.vision_tower*", "*mm_projector*", "mm_projector*",
+              "multi_modal_projector*", "re:.*vision_tower.*", r"re:model\.vision_tower\..*",
+              r"re:^multi_modal_projector\..*"]
+    kept = ["language_model.lm_head", r"re:.*(vision_tower|lm_head).*"]
+    cfg = _json(base / "config.json")
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "ignore": vision + kept}
+    (base / "config.json").write_text(json.dumps(cfg))
+    out = api.apply("text-only", base, out=tmp_path / "v",
+                    params={"architectures": "LlamaForCausalLM"}).output
+    assert _json(out / "config.json")["quantization_config"]["ignore"] == \
+        ["lm_head", r"re:.*(vision_tower|lm_head).*"]
+    assert ignore_facts(ModelDir.open(out))["unmatched"] == []

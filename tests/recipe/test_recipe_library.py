@@ -176,7 +176,9 @@ def test_tie_embeddings_drops_the_dead_head_of_a_tied_model(qwen3_dirs, tmp_path
 def test_fix_eos_writes_one_answer_into_all_three_files(qwen3_dirs, tmp_path):
     base = _copy(qwen3_dirs["untied"], tmp_path / "base")
     (base / "tokenizer_config.json").write_text(json.dumps(
-        {"eos_token": "<|end_of_text|>", "model_max_length": 256}))
+        {"eos_token": "<|end_of_text|>", "model_max_length": 256, "added_tokens_decoder": {
+            "7": {"content": "<|eot_id|>", "special": True},
+            "9": {"content": "<|end_of_text|>", "special": True}}}))
     with pytest.raises(InputError, match="needs parameter 'eos_token_id'"):
         api.plan("fix-eos", base)
     out = api.apply("fix-eos", base, out=tmp_path / "v",
@@ -343,3 +345,30 @@ def test_text_only_removes_wildcard_and_regex_vision_entries(llava_dir, tmp_path
     assert _json(out / "config.json")["quantization_config"]["ignore"] == \
         ["lm_head", r"re:.*(vision_tower|lm_head).*"]
     assert ignore_facts(ModelDir.open(out))["unmatched"] == []
+
+
+def test_fix_eos_refuses_an_eos_token_the_vocabulary_lacks(qwen3_dirs, tmp_path):
+    from click.testing import CliRunner
+
+    from patcher.cli import main
+
+    base = _copy(qwen3_dirs["untied"], tmp_path / "base")
+    (base / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|end_of_text|>", "added_tokens_decoder": {
+            "9": {"content": "<|end_of_text|>", "special": True}}}))
+    (base / "tokenizer.json").write_text(json.dumps(
+        {"added_tokens": [{"id": 9, "content": "<|end_of_text|>"}],
+         "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}}}))
+    result = CliRunner().invoke(main, ["plan", "fix-eos", "--set", "eos_token_id=7,9",
+                                       "--set", "eos_token=<|eot_id|>", str(base)])
+    assert result.exit_code == 2
+    assert result.output.startswith("modelpatch: error: ")
+    assert "parameter eos_token: '<|eot_id|>' is not a token of the model's vocabulary" \
+        in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    for known in ("<|end_of_text|>", "b"):     # an added token, a vocabulary entry
+        api.plan("fix-eos", base, options={"params": {"eos_token_id": [9], "eos_token": known}})
+    (base / "tokenizer.json").unlink()
+    (base / "tokenizer_config.json").write_text(json.dumps({"eos_token": "x"}))
+    with pytest.raises(InputError, match="cannot be checked against the vocabulary"):
+        api.plan("fix-eos", base, options={"params": {"eos_token_id": [9], "eos_token": "x"}})

@@ -372,3 +372,13 @@ def test_fix_eos_refuses_an_eos_token_the_vocabulary_lacks(qwen3_dirs, tmp_path)
     (base / "tokenizer_config.json").write_text(json.dumps({"eos_token": "x"}))
     with pytest.raises(InputError, match="cannot be checked against the vocabulary"):
         api.plan("fix-eos", base, options={"params": {"eos_token_id": [9], "eos_token": "x"}})
+
+
+def test_strip_mtp_refuses_a_config_that_declares_mtp_without_its_tensors(tiny_bf16_dir,
+                                                                         tmp_path):
+    base = _copy(tiny_bf16_dir, tmp_path / "base")
+    cfg = _json(base / "config.json")
+    cfg["num_nextn_predict_layers"] = 1
+    (base / "config.json").write_text(json.dumps(cfg, indent=2))
+    with pytest.raises(GuardRefused, match="no tensors of the MTP layers"):
+        api.plan("strip-mtp", base)

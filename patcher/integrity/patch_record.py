@@ -28,7 +28,9 @@ from ..model.model_dir import STATE_DIR
 PATCHES_DIR = f"{STATE_DIR}/patches"
 RECORD_NAME = "record.json"
 RECORD_VERSION = 1
-_PATCH_DIR_RE = re.compile(r"^(\d{4})-[a-z0-9._-]+$")
+# <sequence>-<recipe name>; several recipes applied as one are named by their names joined
+# with "+" (``recipe.params.bind.combine``), so "+" separates names here too.
+_PATCH_DIR_RE = re.compile(r"^(\d{4})-[a-z0-9._-]+(?:\+[a-z0-9._-]+)*$")
 
 
 @dataclass(frozen=True)

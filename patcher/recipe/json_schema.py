@@ -81,6 +81,10 @@ _VALUES: dict[str, dict[str, Any]] = {
                    "$ref": "#/$defs/nonEmptyString", "description": "When the selection "
                    "matches no tensor, the recipe refuses the model (exit 1) with this reason, "
                    "instead of the error an empty selection is."},
+               "refuse_unless_equal": {
+                   "$ref": "#/$defs/nonEmptyString", "description": "A guard on tensor "
+                   "values: refuse the model (exit 1) unless every selected tensor has the "
+                   "dtype, shape and bytes of the tensor named here."},
                "drop": {"const": True}, "cast": ref("floatTarget"),
                "refuse": {"type": "string", "minLength": 1, "description": "A guard on tensor "
                           "names: refuse the model (exit 1) when the selection matches a "

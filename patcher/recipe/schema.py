@@ -224,7 +224,7 @@ FileOp = Union[DropFile, AddFile]
 
 # -------------------------------------------------------------------------------- recipe
 
-PARAM_TYPES = ("string", "integer", "number", "boolean", "list", "integers")
+PARAM_TYPES = ("string", "integer", "number", "boolean", "list", "integers", "token")
 
 
 @dataclass(frozen=True)

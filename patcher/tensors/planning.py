@@ -28,7 +28,7 @@ from .schemes import (
 )
 from .scale_planning import plan_refuse, plan_scale, plan_split
 from .tasks import TensorJob, TensorSource
-from .view import VirtualTensor, initial_view, select, shard_plans
+from .view import VirtualTensor, initial_view, refuse_unless_equal, select, shard_plans
 
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 
@@ -86,6 +86,8 @@ def plan_tensor_ops(recipe, model: ModelDir, changes: list, *, device: str = "cp
     several = len({op.loc.rsplit(":", 2)[0] for op in recipe.tensors}) > 1
     for op in recipe.tensors:
         names = select(view, op)
+        if op.refuse_unless_equal is not None:
+            refuse_unless_equal(view, names, op)
         if several:
             _check_other_recipe(owner, names, op)
             before = dict(view)

@@ -67,6 +67,39 @@ def select(view: dict[str, VirtualTensor], op) -> list[str]:
     return sorted(names)
 
 
+def refuse_unless_equal(view: dict[str, VirtualTensor], names: list[str], op) -> None:
+    """The guard ``refuse_unless_equal: OTHER``: every selected tensor, as the model stores it,
+    has OTHER's dtype, shape and bytes, else the recipe refuses the model (exit 1). The bytes
+    are compared in chunks, straight from the shards."""
+    other = view.get(op.refuse_unless_equal)
+    for name in names:
+        why = _difference(view[name], other, op.refuse_unless_equal)
+        if why:
+            raise GuardRefused(f"the recipe refuses this model: {op.loc}: {name} {why}")
+
+
+def _difference(t: VirtualTensor, other: VirtualTensor | None, other_name: str) -> str | None:
+    if other is None:
+        return f"cannot be compared: the model has no tensor {other_name}"
+    if t.changed or other.changed:
+        return f"cannot be compared with {other_name}: an earlier operation changed one of them"
+    if (t.dtype, t.shape) != (other.dtype, other.shape):
+        return (f"({t.dtype} {list(t.shape)}) differs from {other_name} "
+                f"({other.dtype} {list(other.shape)})")
+    a, b = t.job.inputs[0], other.job.inputs[0]
+    if a.path == b.path and a.offset == b.offset:
+        return None
+    chunk = 16 << 20
+    with open(a.path, "rb") as fa, open(b.path, "rb") as fb:
+        fa.seek(a.offset)
+        fb.seek(b.offset)
+        for start in range(0, a.nbytes, chunk):
+            n = min(chunk, a.nbytes - start)
+            if fa.read(n) != fb.read(n):
+                return f"differs from {other_name} in value"
+    return None
+
+
 def _describe_select(sel) -> str:
     kind, patterns = ("glob", sel.globs) if sel.globs else ("regex", sel.regexes)
     text = patterns[0] if len(patterns) == 1 else list(patterns)

@@ -179,3 +179,19 @@ def test_damaged_revert_data_is_found_before_anything_moves(kimi_dir, tmp_path):
     forced = cli("revert", root, "--force")            # to the damaged bytes, and says so
     assert forced.returncode == 0 and "revert data is damaged" in forced.stderr
     assert [d.split(":")[0] for d in diff(snapshot(root), original)] == ["config.json"]
+
+
+def test_several_recipes_applied_as_one_are_revertible_as_a_variant_and_in_place(base, tmp_path):
+    expected = snapshot(base)
+    variant = tmp_path / "variant"
+    _ok(cli("apply", "sm120-fp16-kv", "drop-kv-scales", base, "-o", variant, "-q"))
+    name = "0001-sm120-fp16-kv+drop-kv-scales"
+    assert (variant / ".modelpatch/patches" / name / "record.json").is_file()
+    _ok(cli("verify", variant), "match")
+    _ok(cli("revert", variant, "-o", tmp_path / "back"), f"reverted {name}")
+    assert diff(snapshot(tmp_path / "back"), expected) == []
+
+    _ok(cli("apply", "sm120-fp16-kv", "drop-kv-scales", base, "--in-place", "-q"))
+    _ok(cli("verify", base), "match")
+    _ok(cli("revert", base), f"reverted {name}")
+    assert diff(snapshot(base), expected) == []

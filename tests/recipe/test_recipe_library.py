@@ -176,7 +176,9 @@ def test_tie_embeddings_drops_the_dead_head_of_a_tied_model(qwen3_dirs, tmp_path
 def test_fix_eos_writes_one_answer_into_all_three_files(qwen3_dirs, tmp_path):
     base = _copy(qwen3_dirs["untied"], tmp_path / "base")
     (base / "tokenizer_config.json").write_text(json.dumps(
-        {"eos_token": "<|end_of_text|>", "model_max_length": 256}))
+        {"eos_token": "<|end_of_text|>", "model_max_length": 256, "added_tokens_decoder": {
+            "7": {"content": "<|eot_id|>", "special": True},
+            "9": {"content": "<|end_of_text|>", "special": True}}}))
     with pytest.raises(InputError, match="needs parameter 'eos_token_id'"):
         api.plan("fix-eos", base)
     out = api.apply("fix-eos", base, out=tmp_path / "v",
@@ -323,3 +325,60 @@ def test_text_only_keeps_quantization_config_and_fixes_both_ignore_lists(llava_d
                                               "ignore": want}
     hf_quant = json.loads(files["hf_quant_config.json"].content)
     assert hf_quant["quantization"]["exclude_modules"] == want
+
+
+def test_text_only_removes_wildcard_and_regex_vision_entries(llava_dir, tmp_path):
+    """ModelOpt writes `vision_tower*`, `*mm_projector*`; compressed-tensors `re:` entries."""
+    from patcher.doctor.facts import ignore_facts
+    from patcher.model.model_dir import ModelDir
+
+    base = _copy(llava_dir, tmp_path / "base")
+    vision = ["vision_tower*", "model.vision_tower*", "*mm_projector*", "mm_projector*",
+              "multi_modal_projector*", "re:.*vision_tower.*", r"re:model\.vision_tower\..*",
+              r"re:^multi_modal_projector\..*"]
+    kept = ["language_model.lm_head", r"re:.*(vision_tower|lm_head).*"]
+    cfg = _json(base / "config.json")
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "ignore": vision + kept}
+    (base / "config.json").write_text(json.dumps(cfg))
+    out = api.apply("text-only", base, out=tmp_path / "v",
+                    params={"architectures": "LlamaForCausalLM"}).output
+    assert _json(out / "config.json")["quantization_config"]["ignore"] == \
+        ["lm_head", r"re:.*(vision_tower|lm_head).*"]
+    assert ignore_facts(ModelDir.open(out))["unmatched"] == []
+
+
+def test_fix_eos_refuses_an_eos_token_the_vocabulary_lacks(qwen3_dirs, tmp_path):
+    from click.testing import CliRunner
+
+    from patcher.cli import main
+
+    base = _copy(qwen3_dirs["untied"], tmp_path / "base")
+    (base / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "<|end_of_text|>", "added_tokens_decoder": {
+            "9": {"content": "<|end_of_text|>", "special": True}}}))
+    (base / "tokenizer.json").write_text(json.dumps(
+        {"added_tokens": [{"id": 9, "content": "<|end_of_text|>"}],
+         "model": {"type": "BPE", "vocab": {"a": 0, "b": 1}}}))
+    result = CliRunner().invoke(main, ["plan", "fix-eos", "--set", "eos_token_id=7,9",
+                                       "--set", "eos_token=<|eot_id|>", str(base)])
+    assert result.exit_code == 2
+    assert result.output.startswith("modelpatch: error: ")
+    assert "parameter eos_token: '<|eot_id|>' is not a token of the model's vocabulary" \
+        in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    for known in ("<|end_of_text|>", "b"):     # an added token, a vocabulary entry
+        api.plan("fix-eos", base, options={"params": {"eos_token_id": [9], "eos_token": known}})
+    (base / "tokenizer.json").unlink()
+    (base / "tokenizer_config.json").write_text(json.dumps({"eos_token": "x"}))
+    with pytest.raises(InputError, match="cannot be checked against the vocabulary"):
+        api.plan("fix-eos", base, options={"params": {"eos_token_id": [9], "eos_token": "x"}})
+
+
+def test_strip_mtp_refuses_a_config_that_declares_mtp_without_its_tensors(tiny_bf16_dir,
+                                                                         tmp_path):
+    base = _copy(tiny_bf16_dir, tmp_path / "base")
+    cfg = _json(base / "config.json")
+    cfg["num_nextn_predict_layers"] = 1
+    (base / "config.json").write_text(json.dumps(cfg, indent=2))
+    with pytest.raises(GuardRefused, match="no tensors of the MTP layers"):
+        api.plan("strip-mtp", base)

@@ -192,7 +192,7 @@ def test_round_trip_restores_every_tensor_but_the_scales_no_reciprocal_restores(
 
 
 def test_compressed_tensors_variant_loads_in_transformers(tmp_path):
-    """transformers 5.24 loads the converted model compressed (NVFP4 weights, fake-quantized
+    """transformers 5.25 loads the converted model compressed (NVFP4 weights, fake-quantized
     activations): nothing missing or mismatched, only the KV-cache scales unexpected (its
     attention takes `cache`, and compressed-tensors 0.20.1 registers KV scales only on an
     attention whose forward takes `past_key_value(s)`), and nothing at all without a quantized

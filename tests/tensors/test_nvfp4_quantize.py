@@ -272,3 +272,14 @@ def test_f16_and_f32_weights_quantize_as_their_float32_values(tmp_path, dtype):
     got = read_tensors(api.apply(recipe, model, out=tmp_path / "out").output)
     for suffix in ("weight_packed", "weight_scale", "weight_global_scale"):
         assert_bits_equal(got[f"x.b.{suffix}"], got[f"x.a.{suffix}"], suffix)
+
+
+def test_compressed_tensors_to_modelopt_refuses_weights_only_nvfp4a16(dirs):
+    """ModelOpt's NVFP4 has an input scale per Linear; an NVFP4A16 checkpoint (compressed-
+    tensors' own and modelpatch's) has none to convert: a guard refusal, not a pattern error."""
+    from patcher.errors import GuardRefused
+
+    _base, ours, theirs = dirs
+    for model in (ours, theirs):
+        with pytest.raises(GuardRefused, match="no input_global_scale.*NVFP4A16"):
+            api.plan("compressed-tensors-to-modelopt", model)

@@ -22,6 +22,7 @@ from ...errors import TemplateError
 from .expr import Template, config_ref, read_config_ref, walk_templates
 from .parse import bind_tensor_ops, parse_set_value, range_problem, range_text, type_problem
 from .in_turn import read_after
+from .tokens import token_problem
 from .scope import split_values
 from ..schema import (REQUIRED, AddFile, ArrayOp, DropOp, Include, PatchOp, Recipe, RenameOp,
                       SetOp)
@@ -98,6 +99,7 @@ def _bind(recipe: Recipe, read_json: ReadJson, values: Any,
         inc_values = {k: evaluate(v, lookup, inc.loc) for k, v in inc.params.items()}
         parts.extend(_bind(inc.recipe, read_json, inc_values, fetcher))
     check_guards(recipe, read_json)
+    _check_tokens(recipe, typed, read_json)
     config = {file: tuple(_bind_op(op, lookup, fetcher) for op in ops)
               for file, ops in recipe.config.items()}
     files = tuple(_bind_file(op, lookup, fetcher) for op in recipe.files)
@@ -120,7 +122,7 @@ def _typed_values(recipe: Recipe, values: dict[str, Any]) -> dict[str, Any]:
     for name, param in declared.items():
         if name in values:
             value = values[name]
-            if isinstance(value, str) and param.type != "string":
+            if isinstance(value, str) and param.type not in ("string", "token"):
                 value = parse_set_value(param, value)
             problem = type_problem(param.type, value) or range_problem(param, value)
             if problem:
@@ -142,6 +144,17 @@ def _typed_values(recipe: Recipe, values: dict[str, Any]) -> dict[str, Any]:
 def _declared_range(param) -> str | None:
     text = range_text(param)
     return f"{param.name}: {param.type} {text}" if text else None
+
+
+def _check_tokens(recipe: Recipe, typed: dict[str, Any], read_json: ReadJson) -> None:
+    """``token`` parameters name a token of the model's own vocabulary."""
+    for param in recipe.params:
+        value = typed.get(param.name)
+        if param.type == "token" and isinstance(value, str) and value:
+            problem = token_problem(str(value), read_json)
+            if problem:
+                raise InputError(f"recipe {recipe.name!r} parameter {param.name}: "
+                                 f"{value!r} {problem}", where=param.loc)
 
 
 def _lookup(typed: dict[str, Any], read_json: ReadJson) -> Callable[[str], Any]:

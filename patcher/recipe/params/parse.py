@@ -157,7 +157,7 @@ def range_text(param: Param) -> str:
 
 def type_problem(kind: str, value: Any) -> str | None:
     """Why ``value`` is not of parameter type ``kind``, or None."""
-    ok = {"string": isinstance(value, str),
+    ok = {"string": isinstance(value, str), "token": isinstance(value, str),
           "integer": isinstance(value, int) and not isinstance(value, bool),
           "number": isinstance(value, (int, float)) and not isinstance(value, bool),
           "boolean": isinstance(value, bool),
@@ -176,7 +176,7 @@ def _article(kind: str) -> str:
 def parse_set_value(param: Param, text: str) -> Any:
     """The typed value of ``--set NAME=TEXT`` for ``param``; InputError if it does not fit."""
     try:
-        if param.type == "string":
+        if param.type in ("string", "token"):
             return text
         if param.type == "integer":
             return int(text)

@@ -42,7 +42,7 @@ from .schema import ACTION_KEYS, ACTION_REQUIRED, DEQUANT_BLOCK_SCHEMES, QUANT_B
 
 TENSOR_ACTIONS = ("drop", "rename", "copy", "split", "scale", "refuse", "cast", "dequantize",
                   "quantize")
-TENSOR_KEYS = ("select", "allow_empty", "refuse_empty", *TENSOR_ACTIONS)
+TENSOR_KEYS = ("select", "allow_empty", "refuse_empty", "refuse_unless_equal", *TENSOR_ACTIONS)
 TENSOR_REQUIRED = ("select",)
 PATTERN_KEYS = ("glob", "regex")                # a select has one, or layers/group alone
 SELECT_KEYS = (*PATTERN_KEYS, "dtype", "layers", "group")
@@ -58,6 +58,7 @@ def parse_tensor_op(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorOp | None:
     select = _select(v, node["select"], rc.val_pos(node, "select")) if "select" in node else None
     allow_empty = v.boolean(node, "allow_empty", default=False)
     refuse_empty = v.string(node, "refuse_empty")
+    unless_equal = v.string(node, "refuse_unless_equal")
     if refuse_empty is not None and allow_empty:
         v.err(rc.key_pos(node, "refuse_empty"), "refuse_empty: and allow_empty: true "
               "contradict each other (give one)")
@@ -73,7 +74,7 @@ def parse_tensor_op(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorOp | None:
     if select is None or action is None:
         return None
     return TensorOp(select, action, allow_empty or action.kind == "refuse", v.loc(pos),
-                    refuse_empty)
+                    refuse_empty, unless_equal)
 
 
 def _select(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorSelect | None:

@@ -171,13 +171,16 @@ TensorAction = Union[DropTensors, RenameTensors, CopyTensors, SplitTensors, Scal
 @dataclass(frozen=True)
 class TensorOp:
     """Apply ``action`` to every tensor ``select`` matches. An empty selection is a PlanError
-    unless ``allow_empty``; with ``refuse_empty`` (the reason), the recipe refuses the model."""
+    unless ``allow_empty``; with ``refuse_empty`` (the reason), the recipe refuses the model.
+    With ``refuse_unless_equal`` (a tensor name), the recipe refuses the model unless every
+    selected tensor has that tensor's dtype, shape and bytes."""
 
     select: TensorSelect
     action: TensorAction
     allow_empty: bool
     loc: str
     refuse_empty: str | None = None
+    refuse_unless_equal: str | None = None
 
     @property
     def kind(self) -> str:

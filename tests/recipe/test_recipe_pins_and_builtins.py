@@ -27,7 +27,9 @@ def _model(path: Path, **tokenizer_config) -> Path:
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps({"model_type": "llama", "eos_token_id": 2}))
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>",
+    vocabulary = {"added_tokens_decoder": {"1": {"content": "x", "special": True},
+                                           "128009": {"content": "<|eot_id|>", "special": True}}}
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", **vocabulary,
                                                             **tokenizer_config}))
     return path
 

@@ -290,3 +290,34 @@ def test_compressed_tensors_to_modelopt_reads_compressed_tensors_own_output(tmp_
     qc = dict(_json(base / "config.json")["quantization_config"])
     qc.pop("producer")
     assert _json(back / "config.json")["quantization_config"] == qc
+
+
+def test_wildcard_excludes_are_translated_and_transformers_keeps_those_modules_bf16(tmp_path):
+    """ModelOpt's ``exclude_modules`` are fnmatch patterns; copied into compressed-tensors'
+    ``ignore`` (exact names or re:) ``lm_head*`` matched nothing, so transformers gave the BF16
+    lm_head the NVFP4 scheme: lm_head.weight_packed missing, logits from an uninitialized head."""
+    from compressed_tensors.utils.match import match_name
+    from transformers import AutoModelForCausalLM
+
+    base = tmp_path / "base"
+    shutil.copytree(FIXTURES / "llama-nvfp4", base)
+    for file in ("hf_quant_config.json", "config.json"):
+        path = base / file
+        doc = _json(path)
+        quant = doc["quantization"] if file == "hf_quant_config.json" else \
+            doc["quantization_config"]
+        quant["exclude_modules" if file == "hf_quant_config.json" else "ignore"] = \
+            ["lm_head*", "model.embed_tokens"]
+        path.chmod(0o644)
+        path.write_text(json.dumps(doc, indent=2))
+    ct = api.apply("modelopt-to-compressed-tensors", base, out=tmp_path / "ct").output
+    ignore = _json(ct / "config.json")["quantization_config"]["ignore"]
+    assert ignore == ["re:lm_head.*$", "model.embed_tokens"]
+    assert any(match_name("lm_head", entry) for entry in ignore)
+    model, info = AutoModelForCausalLM.from_pretrained(ct, dtype=torch.bfloat16,
+                                                       output_loading_info=True)
+    assert not info["missing_keys"] and not info["mismatched_keys"], info
+    assert not any(k.startswith("lm_head") for k in info["unexpected_keys"]), info
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.isfinite(model.eval()(ids).logits).all()

@@ -115,8 +115,8 @@ def test_modelopt_to_compressed_tensors_is_compressed_tensors_own_conversion(exp
     if mla:         # converted without KV scales, so without a kv_cache_scheme
         assert mine.pop("kv_cache_scheme")["num_bits"] == 8
         assert converted.pop("kv_cache_scheme") is None
-        assert sorted(n for n in ours if n.endswith(KV)) == [
-            f"model.layers.{i}.self_attn.{k}_scale" for i in (0, 1) for k in "kv"]
+        assert sorted(n for n in ours if n.endswith(KV)) == [     # the spelling vLLM loads
+            f"model.layers.{i}.self_attn.{k}_proj.{k}_scale" for i in (0, 1) for k in "kv"]
     assert mine == converted
 
     original = read_tensors(base)
@@ -321,3 +321,20 @@ def test_wildcard_excludes_are_translated_and_transformers_keeps_those_modules_b
     ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.isfinite(model.eval()(ids).logits).all()
+
+
+def test_mla_conversion_keeps_the_kv_scale_spelling_vllm_loads(tmp_path):
+    """DeepSeek-V3 (MLA): vLLM 0.33 loads only ModelOpt's self_attn.k_proj.k_scale into the MLA
+    attention; the conversion keeps it as ModelOpt wrote it where a Llama's moves to
+    self_attn.k_scale [1]."""
+    from vllm_kv_names import attention_scale_params, vllm_loads
+
+    for export, mla in (("deepseek-v3-nvfp4", True), ("llama-nvfp4", False)):
+        ct = api.apply("modelopt-to-compressed-tensors", FIXTURES / export,
+                       out=tmp_path / export).output
+        tensors = read_tensors(ct)
+        kv = {n for n in tensors if n.endswith(KV)}
+        assert len(kv) == 4 and all(tensors[n].shape == (() if mla else (1,)) for n in kv)
+        assert all(("_proj." in n) is mla for n in kv), kv
+        assert {vllm_loads(n, attention_scale_params(2, mla)) for n in kv} == \
+            attention_scale_params(2, mla)

@@ -171,13 +171,16 @@ TensorAction = Union[DropTensors, RenameTensors, CopyTensors, SplitTensors, Scal
 @dataclass(frozen=True)
 class TensorOp:
     """Apply ``action`` to every tensor ``select`` matches. An empty selection is a PlanError
-    unless ``allow_empty``; with ``refuse_empty`` (the reason), the recipe refuses the model."""
+    unless ``allow_empty``; with ``refuse_empty`` (the reason), the recipe refuses the model.
+    ``when``: a condition on the model's JSON files (a ``requires:`` entry); binding drops the
+    op where it does not hold."""
 
     select: TensorSelect
     action: TensorAction
     allow_empty: bool
     loc: str
     refuse_empty: str | None = None
+    when: Any = None
 
     @property
     def kind(self) -> str:

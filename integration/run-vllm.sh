@@ -2,6 +2,7 @@
 # Check sm120-fp16-kv against vLLM's own engine configuration (integration/vllm_config.py).
 #
 #   integration/run-vllm.sh [ARGS for vllm_config.py]      e.g. --only kimi-k25-nvfp4
+#   integration/run-vllm.sh --matrix [ARGS for consumer_matrix.py]   the consumer matrix
 #
 # Creates integration/.venv-vllm (git-ignored) on first use: `pip install vllm` (a CUDA torch of
 # several GB; the check itself runs on CPU with VLLM_TARGET_DEVICE=cpu), then this project with
@@ -18,7 +19,12 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import vllm, patcher"
     "$venv/bin/pip" install -q "jsonpatch>=1.33" "ruamel.yaml>=0.18"
     "$venv/bin/pip" install -q --no-deps -e "$repo"
 fi
+script="$here/vllm_config.py"
+if [ "${1:-}" = "--matrix" ]; then
+    script="$here/consumer_matrix.py"
+    shift
+fi
 case " $* " in
-    *" --work "*) exec "$venv/bin/python" "$here/vllm_config.py" "$@" ;;
-    *) exec "$venv/bin/python" "$here/vllm_config.py" --work "$(mktemp -d)" "$@" ;;
+    *" --work "*) exec "$venv/bin/python" "$script" "$@" ;;
+    *) exec "$venv/bin/python" "$script" --work "$(mktemp -d)" "$@" ;;
 esac

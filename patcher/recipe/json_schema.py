@@ -77,7 +77,10 @@ _VALUES: dict[str, dict[str, Any]] = {
     "patch": {"path": ref("pointer"), "from": ref("pointer")},
     "file": {"drop": ref("fileName"), "add": ref("fileName"), "content": {"type": "string"},
              "overwrite": BOOLEAN, "from": ref("contentSource")},
-    "tensor": {"select": ref("select"), "refuse_empty": {
+    "tensor": {"select": ref("select"), "when": {
+                   "$ref": "#/$defs/condition", "description": "A condition as in requires: "
+                   "where it does not hold on the model, the operation is skipped."},
+               "refuse_empty": {
                    "$ref": "#/$defs/nonEmptyString", "description": "When the selection "
                    "matches no tensor, the recipe refuses the model (exit 1) with this reason, "
                    "instead of the error an empty selection is."},

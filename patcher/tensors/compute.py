@@ -15,8 +15,7 @@ import torch
 
 from ..errors import NumericError
 from . import scale_math
-from .quant.kernel_args import CHUNK_ELEMENTS
-from .quant.kernel_args import NonFiniteInput
+from .quant.kernel_args import CHUNK_ELEMENTS, NonFiniteInput, abs_max, torch_device
 from .schemes import SCHEMES, QuantScheme
 from .tasks import TensorJob
 
@@ -157,7 +156,8 @@ def _dequantize(job: TensorJob, inputs: list[torch.Tensor], device: str) -> torc
 def _quantize(job: TensorJob, read_inputs, cache: dict, device: str) -> torch.Tensor:
     """The weight job (role ``weight``) leaves the other outputs (its scales) in ``cache`` for
     the jobs that follow it in the same shard; a scale job that finds none (run alone, or on
-    another worker) computes them again."""
+    another worker) computes them again. The sources after the weight are the other members of
+    its fused group (``tensors.fused_groups``), read for their magnitude only."""
     key, role = job.inputs[0].name, job.param("role")
     kept = cache.get(key)
     if role != "weight" and kept is not None and role in kept:
@@ -165,8 +165,11 @@ def _quantize(job: TensorJob, read_inputs, cache: dict, device: str) -> torch.Te
         if not kept:
             del cache[key]
         return out.reshape(job.out.shape)
-    (weight,) = read_inputs()
-    outputs = _scheme(job).quantize(weight, device, block=job.param("block"))
+    weight, *peers = read_inputs()
+    amax = None
+    if peers:                       # a fused layer's members share the scale of the largest
+        amax = torch.stack([abs_max(p, torch_device(device)) for p in peers]).max()
+    outputs = _scheme(job).quantize(weight, device, block=job.param("block"), amax=amax)
     out = outputs.pop(role)
     if role == "weight":
         cache[key] = outputs

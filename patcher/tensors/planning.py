@@ -26,6 +26,7 @@ from .schemes import (
     find_scheme,
     scheme_named,
 )
+from .fused_groups import fused_peers
 from .scale_planning import plan_refuse, plan_scale, plan_split
 from .tasks import TensorJob, TensorSource
 from .view import VirtualTensor, initial_view, refuse_unless_equal, select, shard_plans
@@ -248,6 +249,8 @@ def _quantize(view, names, op, changes) -> None:
     the weight's name, or a new one such as NVFP4's ``weight_packed``) and its scales."""
     scheme: QuantScheme = scheme_named(op.action.scheme)
     layout, block = op.action.layout, op.action.block
+    peers = fused_peers(names) if scheme.fused_scale else {}
+    peer_sources = {n: _primary(view[n], op.loc) for group in peers.values() for n in group}
     for name in names:
         t = view[name]
         if t.dtype not in FLOAT_DTYPES or len(t.shape) != 2:
@@ -265,13 +268,13 @@ def _quantize(view, names, op, changes) -> None:
             if out_name in view and out_name != name:
                 raise PlanError(f"quantizing would overwrite existing tensor {out_name!r}",
                                 where=op.loc, tensor=name)
-        source = _primary(t, op.loc)
+        sources = (_primary(t, op.loc),) + tuple(peer_sources[n] for n in peers.get(name, ()))
         view.pop(name)
         for i, (out_name, dtype, shape, role) in enumerate(outputs):
             params = (("scheme", scheme.name), ("layout", layout), ("block", block),
                       ("role", role))
             job = TensorJob(out=OutputTensor(out_name, dtype, shape), op="quantize",
-                            inputs=(source,), params=params)
+                            inputs=sources, params=params)
             view[out_name] = replace(t, name=out_name, dtype=dtype, shape=shape, job=job,
                                      order=t.order + i * 1e-3)
         how = f"quantize:{scheme.name}"

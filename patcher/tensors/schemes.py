@@ -81,12 +81,16 @@ def _matrix(weight: _Tensor, dtype: str) -> tuple[int, int]:
 class QuantScheme:
     """One scheme. ``name`` is what recipes write (``dequantize: {scheme: NAME}``);
     ``layouts`` are the checkpoint layouts it quantizes to (none: dequantize only);
+    ``fused_scale``: its per-tensor scale is one per vLLM fused layer (``tensors.fused_groups``):
+    quantizing gives the members of a group the scale of their largest magnitude, passed to
+    ``quantize`` as ``amax``;
     ``global_divides``: its second scale divides instead of multiplying (for the overflow bound
     of ``compute``)."""
 
     name = ""
     weight_suffix = "weight"
     layouts: tuple[str, ...] = ()
+    fused_scale = False
     global_divides = False
 
     def dequantize(self, inputs: list, out_dtype, device: str, block=None):
@@ -96,10 +100,10 @@ class QuantScheme:
         tensor's compute: ``tensors.writing.cuda_transfer``)."""
         raise NotImplementedError
 
-    def quantize(self, weight, device: str, block=None) -> dict:
+    def quantize(self, weight, device: str, block=None, amax=None) -> dict:
         """The tensors that stand for ``weight``, on the CPU, by the role
         ``quantized_outputs`` gives them (``weight``, ``scale``...); only schemes with
-        ``layouts`` quantize."""
+        ``layouts`` quantize. ``amax``: a fused group's largest magnitude (``fused_scale``)."""
         raise CompanionError(f"scheme {self.name} cannot quantize")
 
     def companions(self, name: str, view: Mapping[str, _Tensor]) -> Companions:
@@ -125,6 +129,7 @@ class QuantScheme:
 class Fp8Tensor(QuantScheme):
     name = "fp8-tensor"
     layouts = ("modelopt", "compressed-tensors")
+    fused_scale = True
 
     def dequantize(self, inputs, out_dtype, device, block=None):
         from .quant import fp8
@@ -133,10 +138,10 @@ class Fp8Tensor(QuantScheme):
         return fp8.dequantize_fp8_per_tensor(weight, scale, out_dtype, device=device,
                                              on_device=True)
 
-    def quantize(self, weight, device, block=None):
+    def quantize(self, weight, device, block=None, amax=None):
         from .quant import fp8
 
-        q, scale = fp8.quantize_fp8_per_tensor(weight, device=device)
+        q, scale = fp8.quantize_fp8_per_tensor(weight, device=device, amax=amax)
         return {"weight": q, "scale": scale}
 
     def companions(self, name, view):
@@ -172,7 +177,7 @@ class Fp8Block(QuantScheme):
                                         block=tuple(block or DEFAULT_FP8_BLOCK), device=device,
                                         on_device=True)
 
-    def quantize(self, weight, device, block=None):
+    def quantize(self, weight, device, block=None, amax=None):
         from .quant import fp8
 
         q, scale = fp8.quantize_fp8_block(weight, tuple(block or DEFAULT_FP8_BLOCK),
@@ -267,12 +272,13 @@ class Nvfp4CompressedTensors(_Nvfp4):
     global_suffix = "weight_global_scale"     # divides (the reciprocal of weight_scale_2)
     dropped_suffix = "input_global_scale"
     global_divides = True
+    fused_scale = True
     layouts = ("compressed-tensors",)
 
-    def quantize(self, weight, device, block=None):
+    def quantize(self, weight, device, block=None, amax=None):
         from .quant import nvfp4
 
-        out = nvfp4.quantize_nvfp4(weight, "compressed-tensors", device=device)
+        out = nvfp4.quantize_nvfp4(weight, "compressed-tensors", device=device, amax=amax)
         return {"weight": out["weight_packed"], "scale": out["weight_scale"],
                 "global_scale": out["weight_global_scale"]}
 

@@ -114,8 +114,8 @@ def test_modelopt_to_compressed_tensors_is_compressed_tensors_own_conversion(exp
     if mla:         # converted without KV scales, so without a kv_cache_scheme
         assert mine.pop("kv_cache_scheme")["num_bits"] == 8
         assert converted.pop("kv_cache_scheme") is None
-        assert sorted(n for n in ours if n.endswith(KV)) == [
-            f"model.layers.{i}.self_attn.{k}_scale" for i in (0, 1) for k in "kv"]
+        assert sorted(n for n in ours if n.endswith(KV)) == [     # the spelling vLLM loads
+            f"model.layers.{i}.self_attn.{k}_proj.{k}_scale" for i in (0, 1) for k in "kv"]
     assert mine == converted
 
     original = read_tensors(base)
@@ -289,3 +289,51 @@ def test_compressed_tensors_to_modelopt_reads_compressed_tensors_own_output(tmp_
     qc = dict(_json(base / "config.json")["quantization_config"])
     qc.pop("producer")
     assert _json(back / "config.json")["quantization_config"] == qc
+
+
+def test_wildcard_excludes_are_translated_and_transformers_keeps_those_modules_bf16(tmp_path):
+    """ModelOpt's ``exclude_modules`` are fnmatch patterns; copied into compressed-tensors'
+    ``ignore`` (exact names or re:) ``lm_head*`` matched nothing, so transformers gave the BF16
+    lm_head the NVFP4 scheme: lm_head.weight_packed missing, logits from an uninitialized head."""
+    from compressed_tensors.utils.match import match_name
+    from transformers import AutoModelForCausalLM
+
+    base = tmp_path / "base"
+    shutil.copytree(FIXTURES / "llama-nvfp4", base)
+    for file in ("hf_quant_config.json", "config.json"):
+        path = base / file
+        doc = _json(path)
+        quant = doc["quantization"] if file == "hf_quant_config.json" else \
+            doc["quantization_config"]
+        quant["exclude_modules" if file == "hf_quant_config.json" else "ignore"] = \
+            ["lm_head*", "model.embed_tokens"]
+        path.chmod(0o644)
+        path.write_text(json.dumps(doc, indent=2))
+    ct = api.apply("modelopt-to-compressed-tensors", base, out=tmp_path / "ct").output
+    ignore = _json(ct / "config.json")["quantization_config"]["ignore"]
+    assert ignore == ["re:lm_head.*$", "model.embed_tokens"]
+    assert any(match_name("lm_head", entry) for entry in ignore)
+    model, info = AutoModelForCausalLM.from_pretrained(ct, dtype=torch.bfloat16,
+                                                       output_loading_info=True)
+    assert not info["missing_keys"] and not info["mismatched_keys"], info
+    assert not any(k.startswith("lm_head") for k in info["unexpected_keys"]), info
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.isfinite(model.eval()(ids).logits).all()
+
+
+def test_mla_conversion_keeps_the_kv_scale_spelling_vllm_loads(tmp_path):
+    """DeepSeek-V3 (MLA): vLLM 0.33 loads only ModelOpt's self_attn.k_proj.k_scale into the MLA
+    attention; the conversion keeps it as ModelOpt wrote it where a Llama's moves to
+    self_attn.k_scale [1]."""
+    from vllm_kv_names import attention_scale_params, vllm_loads
+
+    for export, mla in (("deepseek-v3-nvfp4", True), ("llama-nvfp4", False)):
+        ct = api.apply("modelopt-to-compressed-tensors", FIXTURES / export,
+                       out=tmp_path / export).output
+        tensors = read_tensors(ct)
+        kv = {n for n in tensors if n.endswith(KV)}
+        assert len(kv) == 4 and all(tensors[n].shape == (() if mla else (1,)) for n in kv)
+        assert all(("_proj." in n) is mla for n in kv), kv
+        assert {vllm_loads(n, attention_scale_params(2, mla)) for n in kv} == \
+            attention_scale_params(2, mla)

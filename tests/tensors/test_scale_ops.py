@@ -244,3 +244,43 @@ def test_kv_scale_names_refuses_two_spellings_of_one_scale(tmp_path):
     result = run("apply", "kv-scale-names", tmp_path / "base", "-o", tmp_path / "v")
     assert result.exit_code == 2 and "rename collision" in result.output
     assert "model.layers.0.self_attn.k_proj.k_scale" in result.output
+
+
+def _kv_model(root: Path, names: list[str], *, mla: bool) -> Path:
+    """Scales under ``names`` (per layer, {k}/{v} filled in) and an MLA or GQA config."""
+    tensors = {}
+    for layer in range(2):
+        for which in ("k", "v"):
+            for name in names:
+                tensors[f"model.layers.{layer}.self_attn." + name.format(k=which)] = \
+                    _f32(0.01 * (layer + 1) + (which == "v") * 0.005)
+    config = {"model_type": "deepseek_v3", "kv_lora_rank": 32, "q_lora_rank": 32} if mla else \
+        {"model_type": "llama", "num_key_value_heads": 2}
+    return write_model(root, {"model.safetensors": tensors}, config, index=False)
+
+
+@pytest.mark.parametrize("spelling", ["{k}_scale", "{k}_proj.{k}_scale", "qkv_proj.{k}_scale",
+                                      "attn.{k}_scale"])
+@pytest.mark.parametrize("mla", [False, True])
+def test_kv_scale_names_writes_a_spelling_vllm_loads(tmp_path, spelling, mla):
+    """Every spelling comes out as one vLLM 0.33's maybe_remap_kv_scale_name loads into the
+    attention's parameters: self_attn.k_scale on GQA models, self_attn.k_proj.k_scale on MLA
+    ones, where self_attn.k_scale was dropped ("k_scale is not loaded")."""
+    from vllm_kv_names import attention_scale_params, vllm_loads
+
+    base = _kv_model(tmp_path / "base", [spelling], mla=mla)
+    params = attention_scale_params(2, mla)
+    try:
+        out = api.apply("kv-scale-names", base, out=tmp_path / "v").output
+    except NothingToChange:
+        out = base                                  # already the spelling vLLM loads
+    got = read_tensors(out)
+    assert {vllm_loads(n, params) for n in got} == params, sorted(got)
+    before = read_tensors(base)
+    assert sorted(t.item() for t in got.values()) == sorted(t.item() for t in before.values())
+
+
+def test_kv_scale_names_leaves_modelopts_mla_spelling_alone(tmp_path):
+    """ModelOpt's DeepSeek-V3 export: k_proj.k_scale is what vLLM loads on MLA; nothing to do."""
+    with pytest.raises(NothingToChange):
+        api.apply("kv-scale-names", FIXTURES / "deepseek-v3-nvfp4", out=tmp_path / "v")

@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from ...errors import InputError, PlanError
-from ..guards import check_guards
+from ..guards import check_guards, evaluate as evaluate_condition
 from ...config.json_pointer import join_pointer, json_equal
 from ...errors import TemplateError
 from .expr import Template, config_ref, read_config_ref, walk_templates
@@ -104,6 +104,8 @@ def _bind(recipe: Recipe, read_json: ReadJson, values: Any,
               for file, ops in recipe.config.items()}
     files = tuple(_bind_file(op, lookup, fetcher) for op in recipe.files)
     tensors = bind_tensor_ops(recipe.tensors, lambda t, loc: evaluate(t, lookup, loc))
+    tensors = tuple(op for op in tensors
+                    if op.when is None or evaluate_condition(op.when, read_json, "")[0])
     gguf = recipe.gguf and replace(recipe.gguf, metadata=tuple(
         _bind_file(op, lookup, fetcher) for op in recipe.gguf.metadata))
     plain = {k: str(v) if isinstance(v, Given) else v for k, v in typed.items()}

@@ -15,7 +15,10 @@ name, or a dotted path ``config.rope_scaling.factor``, not next to another brace
 
 References: a declared parameter name, or ``config.PATH`` / ``generation_config.PATH`` /
 ``tokenizer_config.PATH`` / ``hf_quant_config.PATH`` for a value of that JSON file of the model
-(``PATH`` is dot-separated keys; a number indexes an array).
+(``PATH`` is dot-separated keys; a number indexes an array). ``compressed_tensors_ignore.PATH``
+reads a ModelOpt ``exclude_modules`` list at PATH of hf_quant_config.json and gives it as
+compressed-tensors ``ignore`` entries (``config.module_patterns``): patterns are translated,
+never copied.
 """
 
 from __future__ import annotations
@@ -26,12 +29,16 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ...config.module_patterns import ignore_from_modelopt
 from ...errors import TemplateError
 
 REF_RE = re.compile(r"(?<!\{)\{([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z0-9_-]+)*)\}(?!\})")
 CONFIG_FILES = {"config": "config.json", "generation_config": "generation_config.json",
                 "tokenizer_config": "tokenizer_config.json",
-                "hf_quant_config": "hf_quant_config.json"}
+                "hf_quant_config": "hf_quant_config.json",
+                "compressed_tensors_ignore": "hf_quant_config.json"}
+#: references whose JSON value is translated before use
+_TRANSLATED = {"compressed_tensors_ignore": ignore_from_modelopt}
 _ARITH_CHARS = re.compile(r"[\s0-9.eE+\-*/%()_a-z]*\Z")
 _PLACEHOLDER = "__ref{}__"
 
@@ -193,6 +200,15 @@ def read_config_ref(data: Any, file: str, keys: list[str], ref: str) -> Any:
             where = ".".join(keys[:depth]) or "the document"
             raise TemplateError(f"{{{ref}}}: {file} has no {'.'.join(keys[:depth + 1])} "
                                 f"({where} is {_kind(value)} without {key!r})")
+    translate = _TRANSLATED.get(ref.partition(".")[0])
+    if translate is not None:
+        if not isinstance(value, list):
+            raise TemplateError(f"{{{ref}}}: {file} {'.'.join(keys)} is {_kind(value)}, "
+                                f"not a list of module patterns")
+        try:
+            return translate(value)
+        except ValueError as exc:
+            raise TemplateError(f"{{{ref}}}: {file} {'.'.join(keys)}: {exc}") from None
     return value
 
 

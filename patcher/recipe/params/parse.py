@@ -265,7 +265,8 @@ def template_value(v: rc.Validator, value: Any, pos: rc.Pos, names: set[str]) ->
                     if ref not in names and config_ref(ref) is None:
                         v.err(pos, f"{{{ref}}} is neither a parameter of this recipe ("
                               f"{', '.join(sorted(names)) or 'none declared'}) nor config.KEY, "
-                              "generation_config.KEY, tokenizer_config.KEY, hf_quant_config.KEY")
+                              "generation_config.KEY, tokenizer_config.KEY, hf_quant_config.KEY, "
+                              "compressed_tensors_ignore.KEY")
             return item if template is None else template
         if isinstance(item, dict):
             return {k: convert(x) for k, x in item.items()}

@@ -5,6 +5,8 @@ Each item selects tensors and names exactly one action::
     - select: {glob: "*.k_proj.k_scale", dtype: [F32]}   # or regex: '...'; str or list
       allow_empty: false
       # refuse_empty: "why"   (instead: when it matches nothing, the recipe refuses the model)
+      # when: {file: config.json, path: /kv_lora_rank, exists: true, in: [/, /text_config]}
+      #       (a condition as in requires:; where it does not hold, the operation is skipped)
       drop: true
       # rename: {pattern: '^language_model\\.', to: 'model.'}  (re.sub; pattern defaults to the
       #                                                        select regex)
@@ -42,7 +44,8 @@ from .schema import ACTION_KEYS, ACTION_REQUIRED, DEQUANT_BLOCK_SCHEMES, QUANT_B
 
 TENSOR_ACTIONS = ("drop", "rename", "copy", "split", "scale", "refuse", "cast", "dequantize",
                   "quantize")
-TENSOR_KEYS = ("select", "allow_empty", "refuse_empty", "refuse_unless_equal", *TENSOR_ACTIONS)
+TENSOR_KEYS = ("select", "allow_empty", "refuse_empty", "refuse_unless_equal", "when",
+               *TENSOR_ACTIONS)
 TENSOR_REQUIRED = ("select",)
 PATTERN_KEYS = ("glob", "regex")                # a select has one, or layers/group alone
 SELECT_KEYS = (*PATTERN_KEYS, "dtype", "layers", "group")
@@ -59,6 +62,11 @@ def parse_tensor_op(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorOp | None:
     allow_empty = v.boolean(node, "allow_empty", default=False)
     refuse_empty = v.string(node, "refuse_empty")
     unless_equal = v.string(node, "refuse_unless_equal")
+    when = None
+    if "when" in node:
+        from ..sections import parse_condition
+
+        when = parse_condition(v, node["when"], rc.val_pos(node, "when"))
     if refuse_empty is not None and allow_empty:
         v.err(rc.key_pos(node, "refuse_empty"), "refuse_empty: and allow_empty: true "
               "contradict each other (give one)")
@@ -74,7 +82,7 @@ def parse_tensor_op(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorOp | None:
     if select is None or action is None:
         return None
     return TensorOp(select, action, allow_empty or action.kind == "refuse", v.loc(pos),
-                    refuse_empty, unless_equal)
+                    refuse_empty, unless_equal, when)
 
 
 def _select(v: rc.Validator, node: Any, pos: rc.Pos) -> TensorSelect | None:

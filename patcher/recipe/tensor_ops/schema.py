@@ -173,7 +173,8 @@ class TensorOp:
     """Apply ``action`` to every tensor ``select`` matches. An empty selection is a PlanError
     unless ``allow_empty``; with ``refuse_empty`` (the reason), the recipe refuses the model.
     With ``refuse_unless_equal`` (a tensor name), the recipe refuses the model unless every
-    selected tensor has that tensor's dtype, shape and bytes."""
+    selected tensor has that tensor's dtype, shape and bytes. ``when``: a condition on the
+    model's JSON files (a ``requires:`` entry); binding drops the op where it does not hold."""
 
     select: TensorSelect
     action: TensorAction
@@ -181,6 +182,7 @@ class TensorOp:
     loc: str
     refuse_empty: str | None = None
     refuse_unless_equal: str | None = None
+    when: Any = None
 
     @property
     def kind(self) -> str:

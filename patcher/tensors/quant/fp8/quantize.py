@@ -12,8 +12,9 @@ from .dequantize import FP8_E4M3_MAX, to_e4m3
 from .shapes import check_block, fp8_block_scale_shape
 
 
-def quantize_fp8_per_tensor(w: torch.Tensor, *,
-                            device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_per_tensor(w: torch.Tensor, *, device: str = "cpu",
+                            amax: torch.Tensor | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize a weight to FP8 e4m3 with one float32 scale, as ModelOpt exports it.
 
     ``scale = amax(|w|) / 448`` and ``fp8 = clamp(w / scale, -448, 448)`` cast to
@@ -23,6 +24,8 @@ def quantize_fp8_per_tensor(w: torch.Tensor, *,
     Args:
         w: the weight, any float dtype and shape.
         device: where the arithmetic runs. The results are on the CPU.
+        amax: the magnitude the scale is computed from instead of ``max |w|``: the largest of a
+            fused group's weights (``tensors.fused_groups``), at least ``max |w|``.
 
     Returns:
         ``(fp8, scale)``: float8_e4m3fn tensor shaped like ``w`` and a 0-dim float32 scale
@@ -31,8 +34,9 @@ def quantize_fp8_per_tensor(w: torch.Tensor, *,
     dev = torch_device(device)
     # A 0-dim tensor divisor: PyTorch's CUDA kernel turns a Python-scalar divisor into a multiply
     # by its reciprocal, which can differ from the CPU's division in the last bit.
-    amax = abs_max(w, dev)
-    check_finite_amax(amax, w)
+    own = abs_max(w, dev)
+    check_finite_amax(own, w)
+    amax = own if amax is None else torch.maximum(own, amax.to(dev, torch.float32))
     scale = amax / torch.tensor(FP8_E4M3_MAX, device=dev)
     scale = torch.where(scale > 0, scale, torch.ones_like(scale))
     shape = tuple(w.shape)

@@ -19,8 +19,8 @@ _GroupQuantizer = Callable[[torch.Tensor, torch.Tensor, torch.Tensor],
                           tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
-def quantize_nvfp4(w: torch.Tensor, layout: str = "modelopt", *,
-                   device: str = "cpu") -> dict[str, torch.Tensor]:
+def quantize_nvfp4(w: torch.Tensor, layout: str = "modelopt", *, device: str = "cpu",
+                   amax: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Quantize a weight to NVFP4 the way the named producer computes and names it.
 
     ``layout="modelopt"`` (``NVFP4QTensor``): ``weight_scale_2 = amax / (6 * 448)``;
@@ -41,6 +41,8 @@ def quantize_nvfp4(w: torch.Tensor, layout: str = "modelopt", *,
         w: ``[out, in]`` weight (leading batch dimensions allowed), ``in`` a multiple of 16.
         layout: ``"modelopt"`` or ``"compressed-tensors"``.
         device: where the arithmetic runs. The results are on the CPU.
+        amax: the magnitude the global scale is computed from instead of ``max |w|``: the
+            largest of a fused group's weights (``tensors.fused_groups``), at least ``max |w|``.
 
     Returns:
         ``{"weight": uint8, "weight_scale": float8_e4m3fn, "weight_scale_2": float32 0-dim}``
@@ -56,8 +58,9 @@ def quantize_nvfp4(w: torch.Tensor, layout: str = "modelopt", *,
     dev = torch_device(device)
     k = w.shape[-1]
     lead = tuple(w.shape[:-1])
-    amax = abs_max(w, dev)
-    check_finite_amax(amax, w)
+    own = abs_max(w, dev)
+    check_finite_amax(own, w)
+    amax = own if amax is None else torch.maximum(own, amax.to(dev, torch.float32))
     modelopt = layout == "modelopt"
     if modelopt:
         global_value = _modelopt_weight_scale_2(amax, dev)

@@ -134,3 +134,120 @@ def test_from_beside_a_recipe_still_reads_plain_files(tmp_path):
     recipe = _write(tmp_path / "r.yaml", HEAD + "files:\n  - add: chat.jinja\n"
                     "    from: ./templates/chat.jinja\n")
     assert load_recipe(recipe).files[0].content == "{{ x }}\n"
+
+
+# ------------------------------------------------------------------------------- regexes
+
+EXPERT = "model.layers.{}.mlp.experts.{}.gate_proj.weight"   # 48 characters at 2-digit ids
+SLOW = ".*.*.*.*.*Z"         # polynomial backtracking the loader lets through: ~45 ms a name
+
+
+def _expert_names(count: int) -> list[str]:
+    return [EXPERT.format(10 + i // 90, 10 + i % 90) for i in range(count)]
+
+
+def test_a_catastrophic_pattern_over_273k_names_is_refused_in_one_line(monkeypatch):
+    """The budget is the plan's, not a name's: at ~45 ms a name, Kimi-K2.5's 273k tensors
+    would take hours; the pattern is refused once its pace is known (the default plan budget,
+    its pace measured over 0.3 s of CPU instead of 1 s to keep the test short)."""
+    from types import SimpleNamespace
+
+    from hostile_helpers import deadline
+    from patcher.errors import PlanError
+    from patcher.recipe import regex_bound
+    from patcher.tensors.view import select
+
+    recipe = load_recipe((HEAD + "tensors:\n  - select: {regex: '%s'}\n    drop: true\n"
+                          % SLOW).encode(), source_name="r.yaml")
+    monkeypatch.setattr(regex_bound, "PROJECT_AFTER_SECONDS", 0.3)
+    view = dict.fromkeys(_expert_names(273_000), SimpleNamespace(dtype="BF16"))
+    with deadline(120), regex_bound.plan_wide(), pytest.raises(PlanError) as info:
+        select(view, recipe.tensors[0])
+    line = _one_line(info.value)
+    assert line.startswith("r.yaml:5:5: ") and "273,000 tensor names" in line
+    assert "regex budget" in line and " h of CPU" in line
+
+
+def _apply_refused(tmp_path, ops: str, count: int) -> str:
+    from hostile_helpers import make_model, refuse_apply, write_recipe
+
+    model = make_model(tmp_path / "m", shards={"model.safetensors": {
+        n: ("BF16", [4], 8) for n in _expert_names(count)}}, config={"architectures": ["X"]})
+    recipe = write_recipe(tmp_path / "r" / "r.yaml", "tensors:\n" + ops)
+    return refuse_apply(model, tmp_path, "regex budget", recipe=recipe, timeout=60)
+
+
+def test_apply_refuses_a_pattern_that_would_overrun_the_plan_budget(tmp_path, monkeypatch):
+    from patcher.recipe import regex_bound
+
+    monkeypatch.setattr(regex_bound, "PLAN_MATCH_CPU_SECONDS", 0.5)
+    monkeypatch.setattr(regex_bound, "PROJECT_AFTER_SECONDS", 0.2)
+    line = _apply_refused(tmp_path, "  - select: {regex: '%s'}\n    drop: true\n" % SLOW, 300)
+    assert "r.yaml:5:5" in line and "300 tensor names" in line
+
+
+def test_the_regex_budget_is_shared_by_every_pattern_of_the_plan(tmp_path, monkeypatch):
+    """Two patterns, each within the budget alone, overrun it together: the budget is set to
+    1.5 times the CPU one pattern takes over the model's names, measured here."""
+    import re
+    import time
+
+    from patcher.recipe import regex_bound
+
+    names = _expert_names(16)
+    start = time.process_time()
+    for name in names:
+        re.search(SLOW, name)
+    one = time.process_time() - start
+    monkeypatch.setattr(regex_bound, "PLAN_MATCH_CPU_SECONDS", 1.5 * one)
+    monkeypatch.setattr(regex_bound, "PROJECT_AFTER_SECONDS", 1000.0)
+    ops = "".join("  - select: {regex: '%s'}\n    allow_empty: true\n    drop: true\n" % p
+                  for p in (SLOW, SLOW.replace("Z", "Y")))
+    line = _apply_refused(tmp_path, ops, len(names))
+    assert "r.yaml:8:5" in line and "has spent the plan's regex budget" in line
+
+
+# --------------------------------------------------------------------------- copy / split
+
+def _plan_cli(tmp_path, tensors: dict, ops: str):
+    from click.testing import CliRunner
+
+    from hostile_helpers import make_model, write_recipe
+    from patcher.cli import main
+
+    model = make_model(tmp_path / "m", shards={"model.safetensors": tensors},
+                       config={"architectures": ["X"]})
+    recipe = write_recipe(tmp_path / "r" / "r.yaml", "tensors:\n" + ops)
+    return CliRunner().invoke(main, ["plan", str(recipe), str(model)])
+
+
+BIG = {"a.weight": ("BF16", [64, 64], 8192), "b.weight": ("BF16", [64, 64], 8192)}
+
+
+@pytest.mark.parametrize("ops, line", [
+    # each copy doubles the model: seven of them (a few hundred bytes of recipe) made it 128x
+    ("".join("  - select: {glob: '*.weight'}\n    copy: {pattern: 'weight$', to: w%d}\n" % i
+             for i in range(7)), "r.yaml:7:5"),
+    # one split with many parts
+    ("  - select: {glob: '*.weight'}\n    split: {pattern: 'weight$', to: [%s]}\n"
+     % ", ".join(f"p{i}" for i in range(117)), "r.yaml:5:5"),
+], ids=["copy-chain", "split-fan-out"])
+def test_copy_and_split_are_bounded_by_the_base_size(tmp_path, ops, line):
+    result = _plan_cli(tmp_path, BIG, ops)
+    assert result.exit_code == 2, result.output
+    error = result.output.strip().splitlines()[-1]
+    assert error.startswith("modelpatch: error: ") and line in error
+    assert "copy budget" in error and "Traceback" not in result.output
+
+
+def test_copy_and_split_within_the_budget_plan_and_name_their_source(tmp_path):
+    """A plan lists a split part as "(split of SOURCE)", not "(split of None)"."""
+    tensors = {"m.layers.0.self_attn.kv_scale": ("F32", [], 4), **BIG}
+    result = _plan_cli(tmp_path, tensors,
+                       "  - select: {glob: '*.kv_scale'}\n"
+                       "    split: {pattern: 'kv_scale$', to: [k_scale, v_scale]}\n"
+                       "  - select: {glob: 'a.weight'}\n"
+                       "    copy: {pattern: '^a', to: c}\n")
+    assert result.exit_code == 0, result.output
+    assert "(split of m.layers.0.self_attn.kv_scale)" in result.output
+    assert "(copy of a.weight)" in result.output and "None" not in result.output

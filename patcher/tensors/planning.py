@@ -10,6 +10,7 @@ regenerated when anything moved.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from ..changes import (TensorAdded, TensorConverted, TensorDropped, TensorRenamed,
@@ -91,14 +92,11 @@ def plan_tensor_ops(recipe, model: ModelDir, changes: list, *, device: str = "cp
         if several:
             _check_other_recipe(owner, names, op)
             before = dict(view)
-        if op.kind in CopyBudget.KINDS:
-            existing = dict(view)
+        copies.charge(view, names, op)
         if op.kind == "dequantize":
             _dequantize(view, names, op, changes, _fp8_block(op, model))
         else:
             _HANDLERS[op.kind](view, names, op, changes)
-        if op.kind in CopyBudget.KINDS:
-            copies.charge(view, existing, op)
         if several:
             owner.update((n, op.loc) for n, t in view.items() if before.get(n) is not t)
     if max_shard_size is None:
@@ -127,16 +125,16 @@ class CopyBudget:
         self.base_count = len(view)
         self.bytes = self.count = 0
 
-    def charge(self, view: dict[str, VirtualTensor], before: dict[str, VirtualTensor],
-               op) -> None:
-        """Count what ``op`` added (its new tensors less those it removed; both are copies of
-        source tensors); ``PlanError`` naming the op's line and the budget once the plan's
-        copies pass it."""
-        added = [view[n] for n in view.keys() - before.keys()]
-        removed = [before[n] for n in before.keys() - view.keys()]
-        self.count += len(added) - len(removed)
-        self.bytes += sum(t.job.inputs[0].nbytes for t in added) - sum(
-            t.job.inputs[0].nbytes for t in removed)
+    def charge(self, view: dict[str, VirtualTensor], names: list[str], op) -> None:
+        """Count what ``op`` will add, before it makes a tensor: a ``copy:`` one copy of each
+        selected tensor, a ``split:`` one part less than it has names (its source's name is
+        reused or removed); ``PlanError`` naming the op's line and the budget once the plan's
+        copies pass it. Other ops add nothing here."""
+        if op.kind not in self.KINDS:
+            return
+        parts = 1 if op.kind == "copy" else len(op.action.to) - 1
+        self.count += parts * len(names)
+        self.bytes += parts * sum(view[n].job.inputs[0].nbytes for n in names)
         max_bytes = MAX_COPY_GROWTH * self.base_bytes
         max_count = max(MAX_COPY_GROWTH * self.base_count, MIN_COPY_COUNT)
         if self.bytes > max_bytes or self.count > max_count:
@@ -348,11 +346,12 @@ def _copy(view, names, op, changes) -> None:
         for n in names:
             clock.start(n)
             copies[n] = pattern.sub(op.action.to, n)
+    made = Counter(copies.values())
     for old, new in copies.items():
         if new == old or not new or new == "__metadata__":
             raise PlanError(f"copy would give the tensor the name {new!r}, which is its own, "
                             f"empty or reserved", where=op.loc, tensor=old)
-        if new in view or list(copies.values()).count(new) > 1:
+        if new in view or made[new] > 1:
             raise PlanError(f"copy collision: {new!r} already exists or is made twice",
                             where=op.loc, tensor=old)
         t = view[old]

@@ -251,3 +251,40 @@ def test_copy_and_split_within_the_budget_plan_and_name_their_source(tmp_path):
     assert result.exit_code == 0, result.output
     assert "(split of m.layers.0.self_attn.kv_scale)" in result.output
     assert "(copy of a.weight)" in result.output and "None" not in result.output
+
+
+def test_the_copy_budget_refuses_before_the_op_makes_its_tensors(tmp_path, monkeypatch):
+    """A split with 117 parts over a model is refused from its counts, before it builds 117
+    views of every selected tensor."""
+    from patcher.tensors import planning
+
+    built = []
+    monkeypatch.setitem(planning._HANDLERS, "split", lambda *args: built.append(args))
+    ops = ("  - select: {glob: '*.weight'}\n    split: {pattern: 'weight$', to: [%s]}\n"
+           % ", ".join(f"p{i}" for i in range(117)))
+    result = _plan_cli(tmp_path, BIG, ops)
+    assert result.exit_code == 2 and "copy budget" in result.output, result.output
+    assert built == []
+
+
+def test_copying_every_tensor_of_a_large_model_is_planned_in_linear_time():
+    """copy: over 100k names (within the budget: as many tensors as the base) checks its
+    collisions once, not once per name (that was 1e10 comparisons, minutes of CPU)."""
+    from hostile_helpers import deadline
+    from patcher.model.safetensors_io import OutputTensor
+    from patcher.tensors import planning
+    from patcher.tensors.tasks import TensorJob, TensorSource
+    from patcher.tensors.view import VirtualTensor
+
+    names = [f"model.layers.{i // 1000}.mlp.experts.{i % 1000}.w" for i in range(100_000)]
+    view = {}
+    for i, n in enumerate(names):
+        source = TensorSource("/m/model.safetensors", "model.safetensors", n, "BF16", (2,), 0, 4)
+        view[n] = VirtualTensor(n, "model.safetensors", "BF16", (2,),
+                                TensorJob(OutputTensor(n, "BF16", (2,)), "copy", (source,)), i)
+    recipe = load_recipe((HEAD + "tensors:\n  - select: {glob: '*.w'}\n"
+                          "    copy: {pattern: 'w$', to: c}\n").encode(), source_name="r.yaml")
+    changes = []
+    with deadline(30):
+        planning._copy(view, names, recipe.tensors[0], changes)
+    assert len(view) == 200_000 and len(changes) == 100_000

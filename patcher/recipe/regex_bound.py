@@ -1,4 +1,5 @@
-"""CPU-time budgets on matching a recipe's patterns against tensor names.
+"""CPU-time budgets on matching a recipe's patterns against tensor names (and the elements of
+config arrays: ``each:`` map and filter).
 
 Python's ``re`` backtracks, and no static check recognizes every pattern that backtracks for
 ever (``.*.*.*Z``, ``^(?:.{0,40}){0,40}Z``, ``(?:\\w?){40}\\w{40}Z``). A linear-time engine
@@ -34,6 +35,7 @@ MATCH_CPU_SECONDS = 1.0
 PLAN_MATCH_CPU_SECONDS = 30.0
 PROJECT_AFTER_SECONDS = 1.0
 _TICK_SECONDS = 0.05
+TENSOR = "tensor name"
 
 
 class _Budget:
@@ -62,8 +64,9 @@ class _Clock:
     """What is being matched; the timer's ticks count how long the current name has taken,
     and what the block and the plan have spent."""
 
-    def __init__(self, what: str, loc: str, total: int | None, budget: _Budget):
+    def __init__(self, what: str, loc: str, total: int | None, budget: _Budget, kind: str):
         self.what, self.loc, self.total, self.budget = what, loc, total, budget
+        self.kind = kind                   # what a name is, for messages: "tensor name"
         self.name = ""
         self.started = self.seen = 0       # names started; the count at the last tick
         self.stalled = 0                   # ticks since the current name started
@@ -82,21 +85,23 @@ class _Clock:
             return
         self.stalled += 1
         if self.stalled * _TICK_SECONDS > MATCH_CPU_SECONDS:
+            tensor = self.kind == TENSOR
             raise PlanError(f"{self.what} takes more than {MATCH_CPU_SECONDS:g} s of CPU on one "
-                            f"tensor name: it backtracks catastrophically; rewrite it",
-                            where=self.loc, tensor=self.name)
+                            f"{self.kind}{'' if tensor else f' ({self.name[:80]!r})'}: it "
+                            "backtracks catastrophically; rewrite it",
+                            where=self.loc, tensor=self.name if tensor else None)
 
     def _plan_budget(self) -> None:
         budget = f"the plan's regex budget is {PLAN_MATCH_CPU_SECONDS:g} s of CPU"
         if self.budget.spent > PLAN_MATCH_CPU_SECONDS:
-            raise PlanError(f"{self.what}: matching tensor names has spent the plan's regex "
+            raise PlanError(f"{self.what}: matching {self.kind}s has spent the plan's regex "
                             f"budget ({PLAN_MATCH_CPU_SECONDS:g} s of CPU); the pattern "
                             "backtracks too much; rewrite it", where=self.loc)
         if self.total and self.started and self.spent >= PROJECT_AFTER_SECONDS:
             projected = self.spent * self.total / self.started
             if self.budget.spent - self.spent + projected > PLAN_MATCH_CPU_SECONDS:
                 raise PlanError(f"{self.what} would take about {_duration(projected)} of CPU "
-                                f"to match {self.total:,} tensor names ({budget}); the pattern "
+                                f"to match {self.total:,} {self.kind}s ({budget}); the pattern "
                                 "backtracks too much; rewrite it", where=self.loc)
 
 
@@ -107,10 +112,11 @@ def _duration(seconds: float) -> str:
 
 
 @contextlib.contextmanager
-def per_name(what: str, loc: str, total: int | None = None) -> Iterator[_Clock]:
+def per_name(what: str, loc: str, total: int | None = None, kind: str = TENSOR
+             ) -> Iterator[_Clock]:
     """Bound the matching in the block: call ``clock.start(name)`` before each of the
-    ``total`` names (the plan-wide budget projects over them)."""
-    clock = _Clock(what, loc, total, _plan or _Budget())
+    ``total`` names (the plan-wide budget projects over them); ``kind`` says what they are."""
+    clock = _Clock(what, loc, total, _plan or _Budget(), kind)
     if threading.current_thread() is not threading.main_thread():
         yield clock
         return

@@ -207,6 +207,24 @@ def test_the_regex_budget_is_shared_by_every_pattern_of_the_plan(tmp_path, monke
     assert "r.yaml:8:5" in line and "has spent the plan's regex budget" in line
 
 
+
+def test_config_array_patterns_draw_on_the_plan_budget(tmp_path, monkeypatch):
+    """each: matches a recipe's regex against every element of a model's config array (an
+    ignore list of thousands of module names): the same plan budget bounds it."""
+    from hostile_helpers import make_model, refuse_apply, write_recipe
+    from patcher.recipe import regex_bound
+
+    monkeypatch.setattr(regex_bound, "PLAN_MATCH_CPU_SECONDS", 0.5)
+    monkeypatch.setattr(regex_bound, "PROJECT_AFTER_SECONDS", 0.2)
+    config = {"architectures": ["X"], "quantization_config": {"ignore": _expert_names(300)}}
+    model = make_model(tmp_path / "m", shards={"model.safetensors": {"a": ("BF16", [4], 8)}},
+                       config=config)
+    recipe = write_recipe(tmp_path / "r" / "r.yaml", "config:\n  config.json:\n"
+                          "    - each: /quantization_config/ignore\n"
+                          "      match: {regex: '%s'}\n      remove: true\n" % SLOW)
+    line = refuse_apply(model, tmp_path, "regex budget", recipe=recipe, timeout=60)
+    assert "r.yaml:6:7" in line and "300 array elements" in line
+
 # --------------------------------------------------------------------------- copy / split
 
 def _plan_cli(tmp_path, tensors: dict, ops: str):

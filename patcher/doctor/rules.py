@@ -152,7 +152,7 @@ def _fix_data(v: rc.Validator, pos: tuple[int, int], fix: dict) -> dict:
     rule's directory only with ``--allow-recipe-files``), ``params`` no local path
     (``model:``, ``file:``), as for an ``include:`` line's params."""
     from ..errors import InputError
-    from ..recipe.params.parse import local_name
+    from ..recipe.params.parse import include_path
     from ..recipe.sources import local_source_problem
 
     name = fix["recipe"]
@@ -162,8 +162,7 @@ def _fix_data(v: rc.Validator, pos: tuple[int, int], fix: dict) -> dict:
                        "needs doctor --allow-recipe-files)")
             return fix
         try:
-            fix = {**fix, "recipe": str(Path(v.recipe_path).parent / local_name(
-                name, "fix.recipe"))}
+            fix = {**fix, "recipe": str(include_path(name, Path(v.recipe_path), "fix.recipe"))}
         except InputError as exc:
             v.err(pos, exc.message)
             return fix

@@ -51,6 +51,8 @@ def test_fix_recipe_names_a_built_in_only(tmp_path, fix):
 
 def test_allow_recipe_files_takes_a_recipe_below_the_rule_directory(tmp_path):
     rules = _rules(tmp_path, "{recipe: ./fixes/mine.yaml}")
+    (rules / "fixes").mkdir()
+    (rules / "fixes" / "mine.yaml").write_text("modelpatch: 1\nname: mine\ndescription: d\n")
     rule = load_rules((str(rules),), allow_recipe_files=True)[-1]
     assert rule.fix["recipe"] == str(rules / "fixes" / "mine.yaml")
     for bad, reason in (("../evil.yaml", "'..'"), ("/etc/evil.yaml", "absolute"),
@@ -58,6 +60,23 @@ def test_allow_recipe_files_takes_a_recipe_below_the_rule_directory(tmp_path):
         _rules(tmp_path, "{recipe: '%s'}" % bad)
         with pytest.raises(RecipeError, match=reason):
             load_rules((str(rules),), allow_recipe_files=True)
+
+
+@pytest.mark.parametrize("fix, reason", [
+    ("{recipe: linked/evil.yaml}", "leads outside the directory"),
+    ("{recipe: fixes/missing.yaml}", "no recipe file"),
+], ids=["symlink-out", "missing"])
+def test_allowed_recipe_files_stay_below_the_rule_directory(tmp_path, fix, reason):
+    """--allow-recipe-files: a fix.recipe reached through a symlink out of the rule's directory,
+    or no file at all, is refused when the rule is loaded, in one line naming the rule."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "evil.yaml").write_text("modelpatch: 1\nname: e\ndescription: d\n")
+    rules = _rules(tmp_path, fix)
+    (rules / "linked").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(RecipeError) as info:
+        load_rules((str(rules),), allow_recipe_files=True)
+    assert reason in str(info.value) and "r.yaml:6:" in str(info.value)
+    assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("params", ['{template: "file:/etc/hostname"}',

@@ -103,7 +103,7 @@ def test_an_include_through_a_symlink_out_of_the_directory_is_refused(tmp_path):
     (tmp_path / "rec").mkdir()
     (tmp_path / "rec" / "link").symlink_to(tmp_path / "elsewhere")
     top = _write(tmp_path / "rec" / "top.yaml", HEAD + "include: [link/r.yaml]\n")
-    with pytest.raises(RecipeError, match="outside the including recipe's directory"):
+    with pytest.raises(RecipeError, match="leads outside the directory .* of top.yaml"):
         load_recipe(top)
 
 

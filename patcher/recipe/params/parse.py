@@ -241,19 +241,20 @@ def local_name(text: str, what: str) -> str:
     return checked_name(name, what=what)
 
 
-def include_path(text: str, including: Path | None) -> Path:
-    """The file of ``include: TEXT``: a built-in name, else a path relative to the including
-    recipe's directory (the current directory for a recipe given as text), never outside it."""
+def include_path(text: str, including: Path | None, what: str = "the include path") -> Path:
+    """The file of ``include: TEXT`` (or of a rule's ``fix.recipe``): a built-in name, else a
+    path relative to the including file's directory (the current directory for a recipe given
+    as text), never outside it."""
     from ..load import is_builtin_name, resolve_recipe
 
     if is_builtin_name(text):
         return resolve_recipe(text)
-    name = local_name(text, "the include path")
+    name = local_name(text, what)
     base = including.parent if including is not None else Path.cwd()
     path = base / name
     if not path.resolve().is_relative_to(base.resolve()):
-        raise InputError(f"{text!r} leads outside the including recipe's directory {base} "
-                         "(through a symlink)")
+        raise InputError(f"{text!r} leads outside the directory {base} of "
+                         f"{including.name if including else 'the recipe'} (through a symlink)")
     if not path.is_file():
         raise InputError(f"no recipe file {text!r} (looked at {path})")
     return path

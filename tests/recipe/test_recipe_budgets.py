@@ -225,6 +225,24 @@ def test_config_array_patterns_draw_on_the_plan_budget(tmp_path, monkeypatch):
     line = refuse_apply(model, tmp_path, "regex budget", recipe=recipe, timeout=60)
     assert "r.yaml:6:7" in line and "300 array elements" in line
 
+
+@pytest.mark.parametrize("op, message", [
+    ("- select: {regex: '%s'}\n      drop: true" % ("(" * 3000 + ")" * 3000), "nested too deeply"),
+    ("- select: {regex: '(a+)+Z'}\n      drop: true", "can backtrack catastrophically"),
+    ("- select: {glob: '*'}\n      rename: {pattern: '(a+)+Z', to: b}",
+     "can backtrack catastrophically"),
+    ("- select: {glob: '*'}\n      rename: {pattern: '(a)', to: '\\9'}", "invalid group"),
+], ids=["deep", "exponential-select", "exponential-rename", "bad-replacement"])
+def test_gguf_tensor_patterns_get_the_same_load_checks(op, message):
+    """A gguf: section's patterns are checked like a tensors: section's: refused at load in
+    one line (a deeply nested one raised RecursionError; a bad replacement failed at plan)."""
+    with pytest.raises(RecipeError) as info:
+        load_recipe((HEAD + "gguf:\n  tensors:\n    " + op + "\n").encode(),
+                    source_name="r.yaml")
+    line = _one_line(info.value)
+    assert line.startswith("r.yaml:6:") or line.startswith("r.yaml:7:"), line
+    assert message in line
+
 # --------------------------------------------------------------------------- copy / split
 
 def _plan_cli(tmp_path, tensors: dict, ops: str):

@@ -243,6 +243,28 @@ def test_gguf_tensor_patterns_get_the_same_load_checks(op, message):
     assert line.startswith("r.yaml:6:") or line.startswith("r.yaml:7:"), line
     assert message in line
 
+
+def test_a_model_ignore_pattern_draws_on_the_plan_budget(monkeypatch):
+    """A model's own re: ignore entries are matched against each dequantized module when the
+    plan checks the quantization it still declares: a catastrophic one (0.2 s a name, matched
+    from the start as compressed-tensors does) is refused in one line by the plan budget, and a nested-too-deeply one is no pattern (no RecursionError)."""
+    from patcher.changes import TensorConverted
+    from patcher.errors import PlanError
+    from patcher.recipe import regex_bound
+    from patcher.tensors.quant_consistency import quantization_warnings
+
+    monkeypatch.setattr(regex_bound, "PROJECT_AFTER_SECONDS", 0.2)
+    names = [n.replace("gate_proj.weight", "gate_proj.x.weight") for n in _expert_names(300)]
+    changes = [TensorConverted(n + "_packed", "dequantize:nvfp4-compressed-tensors", "s", {}, {},
+                               "r:1:1", to=n) for n in names]
+    deep = "re:" + "(" * 3000 + ")" * 3000
+    config = {"quantization_config": {"quant_method": "compressed-tensors",
+                                      "ignore": [deep, "re:" + ".*" * 7 + "Z"]}}
+    with regex_bound.plan_wide(), pytest.raises(PlanError) as info:
+        quantization_warnings(config, None, {}, changes)
+    line = _one_line(info.value)
+    assert line.startswith("config.json: ") and "300 module names" in line
+
 # --------------------------------------------------------------------------- copy / split
 
 def _plan_cli(tmp_path, tensors: dict, ops: str):

@@ -377,17 +377,19 @@ def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
 
 
 def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | None = None,
-           rules: tuple[str, ...] = (), endpoint: str | None = None) -> dict:
+           rules: tuple[str, ...] = (), endpoint: str | None = None,
+           allow_recipe_files: bool = False) -> dict:
     """The ``doctor`` report of ``model`` (a directory or ``hf://org/name[@rev]``, read without
     its tensor data) for ``engine`` (``vllm==0.15.1``; no version: the installed one) on ``gpu``
-    (``sm120``, ``auto``), with the built-in rules and those in the directories ``rules``."""
+    (``sm120``, ``auto``), with the built-in rules and those in the directories ``rules``
+    (whose ``fix.recipe`` may name a recipe file only with ``allow_recipe_files``)."""
     from .doctor.diagnose import diagnose
     from .doctor.rules import load_rules
     from .doctor.target import Target, parse_engine, parse_gpu
 
     name, version = parse_engine(engine)
     target = Target(name, version, parse_gpu(gpu))
-    loaded = load_rules(tuple(rules))
+    loaded = load_rules(tuple(rules), allow_recipe_files=allow_recipe_files)
     opened = open_model(model, endpoint=endpoint, what="doctor")
     report = diagnose(opened, target, loaded)
     if hasattr(opened, "transfer_report"):

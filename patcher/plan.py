@@ -22,6 +22,7 @@ from .config.jsonfile import dump_json_document, load_json_document, unified_dif
 from .model.model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir, fingerprint, read_fingerprint
 from .recipe.params.bind import bind_recipe
 from .recipe.load import Recipe
+from .recipe.regex_bound import plan_wide
 
 
 class Action(str, enum.Enum):
@@ -170,9 +171,14 @@ def plan(recipe: Recipe, model: ModelDir, *,
 
     Raises:
         GuardRefused: a ``requires`` guard does not hold (nothing is planned).
-        PlanError: an operation cannot be applied to this model (naming the recipe line).
+        PlanError: an operation cannot be applied to this model (naming the recipe line), or
+            its patterns overrun the plan's regex budget (``recipe.regex_bound``).
     """
-    options = PlanOptions.of(options)
+    with plan_wide():
+        return _plan(recipe, model, PlanOptions.of(options), endpoint)
+
+
+def _plan(recipe: Recipe, model: ModelDir, options: PlanOptions, endpoint: str | None) -> Plan:
     from .remote.sources import SourceFetcher, source_changes
 
     recipe = bind_recipe(recipe, model.json, dict(options.params) if options.params else None,

@@ -1,13 +1,17 @@
-"""Fuzzing the three parsers of untrusted input with hypothesis: the safetensors header reader
+"""Fuzzing the parsers of untrusted input with hypothesis: the safetensors header reader
 (``patcher.model.safetensors_io.read_header``), the recipe loader
-(``patcher.recipe.load.load_recipe``) and
+(``patcher.recipe.load.load_recipe``), the doctor rule-file loader
+(``patcher.doctor.rules.load_rule``), the GGUF header parser
+(``patcher.gguf.format.parse_header``) and
 the provenance manifest reader (``patcher.integrity.manifest.read_manifest``).
 
 Properties, for every generated input:
 - the only exceptions are modelpatch's own (``PatchError`` subclasses): no ValueError, KeyError,
   TypeError, RecursionError, UnicodeError, OverflowError, MemoryError...;
 - what is accepted is consistent (a header's tensors tile its data section exactly; a manifest's
-  paths are normalized relative paths; a recipe's name is a safe name);
+  paths are normalized relative paths; a recipe's name is a safe name; a rule's fix is a
+  built-in recipe, or a file below the rule's directory only when recipe files are allowed,
+  and its params never name a local path);
 - no allocation proportional to a claimed size: headers claiming 2^40..2^64-byte tensors or
   headers, and manifests claiming huge sizes, are read under a tracemalloc peak bound.
 
@@ -17,8 +21,13 @@ same examples on every run. Examples per target (unmarked): 300 for each generat
   (4 x 300 = 1200);
 - load_recipe: raw text, mutated valid recipes (the built-in ones and a full-featured one),
   generated YAML/JSON documents over the recipe vocabulary (3 x 300 = 900);
-- read_manifest: raw bytes, mutated valid statements, generated JSON (3 x 300 = 900).
-``@pytest.mark.slow`` reruns each strategy with 1000 examples.
+- read_manifest: raw bytes, mutated valid statements, generated JSON (3 x 300 = 900);
+- load_rule: raw text, mutated built-in rules, generated rules with fixes (recipe names and
+  paths, params naming local paths) over the rule vocabulary (3 x 100 = 300, a sample);
+- parse_header (GGUF): raw bytes, mutated headers of a file gguf-py's GGUFWriter wrote
+  (2 x 100 = 200, a sample).
+``@pytest.mark.slow`` reruns each strategy with 1000 examples. Recipes, rules and GGUF headers
+are parsed under a hang guard: an input that keeps a parser busy for 20 s fails the test.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hostile_helpers import deadline
 from patcher.errors import PatchError
 from patcher.integrity.manifest import build_statement, read_manifest
 from patcher.integrity.manifest_rules import check_relpath
@@ -40,7 +50,9 @@ from patcher.recipe.checks import NAME_RE
 from patcher.model.safetensors_io import DTYPE_BITS, MAX_HEADER_SIZE, read_header, tensor_nbytes
 
 EXAMPLES = 300
+SAMPLED_EXAMPLES = 100
 SLOW_EXAMPLES = 1000
+HANG_SECONDS = 20
 MANIFEST = "modelpatch.provenance.json"
 
 
@@ -319,12 +331,15 @@ RECIPE_KEYS = ["modelpatch", "name", "description", "requires", "config", "files
                "select", "glob", "regex", "dtype", "allow_empty", "cast", "dequantize",
                "quantize", "scheme", "layout", "block", "pattern", "config.json",
                "gguf", "metadata", "strip_nextn", "from_model", "from_key", "token", "multiply",
-               "layers", "key", "type", "first", "last:1", "array[uint32]", "{arch}"]
+               "layers", "key", "type", "first", "last:1", "array[uint32]", "{arch}",
+               "include", "params", "recipe", "fix-eos", "./x.yaml", "../x.yaml", "file:/x",
+               "model:/x", "split", "copy", "sha256", "description"]
 
 
 def _check_recipe(data: bytes) -> None:
     try:
-        recipe = load_recipe(data)
+        with deadline(HANG_SECONDS):
+            recipe = load_recipe(data)
     except PatchError as exc:
         assert "\n" not in exc.one_line()
         return
@@ -401,6 +416,202 @@ def test_recipe_generated(data):
 def test_seed_recipes_load():
     for text in SEED_RECIPES:
         load_recipe(text.encode())
+
+
+# --------------------------------------------------------------------------- doctor rules
+
+SEED_RULES = sorted(p.read_text() for p in
+                    (Path(__file__).parents[1] / "patcher" / "doctor" / "rules").glob("*.yaml"))
+RULE_KEYS = ["doctor", "id", "severity", "summary", "evidence", "fix", "details", "when",
+             "source", "versions", "recipe", "params", "params_from", "engine",
+             "engine_version", "gpu", "any_of", "all_of", "not", "file", "path", "exists",
+             "equals", "in", "message", "blocker", "warning", "info", "@model", "config.json",
+             "sm120", "<sm89", "<0.18.0", "vllm", "fix-eos", "./r.yaml", "../r.yaml",
+             "file:/etc/hostname", "model:/m", "/eos/fix", "x" * 300]
+
+
+def _check_rule(scratch: Path, data: bytes, allow_recipe_files: bool = False) -> None:
+    from patcher.doctor.rules import load_rule
+
+    path = scratch / "rules" / "r.yaml"
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(data)
+    try:
+        with deadline(HANG_SECONDS):
+            rule = load_rule(path, allow_recipe_files=allow_recipe_files)
+    except PatchError as exc:
+        assert "\n" not in exc.one_line()
+        return
+    if rule.fix is None:
+        return
+    from patcher.recipe.load import builtin_recipe_names
+
+    # a rule is data: its params never name a local path, its fix is a built-in recipe or,
+    # only when allowed, a file below the rule's directory
+    assert not _local_paths(rule.fix.get("params")), rule.fix
+    recipe = rule.fix["recipe"]
+    if recipe not in builtin_recipe_names():
+        assert allow_recipe_files, rule.fix
+        assert Path(recipe).resolve().is_relative_to(path.parent.resolve()), rule.fix
+
+
+def _local_paths(value) -> list[str]:
+    """The strings in ``value`` that name a local path (``model:``, ``file:``)."""
+    if isinstance(value, str):
+        return [value] if value.startswith(("model:", "file:")) else []
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) \
+        else ()
+    return [s for item in items for s in _local_paths(item)]
+
+
+@st.composite
+def mutated_rules(draw) -> bytes:
+    lines = draw(st.sampled_from(SEED_RULES)).splitlines(keepends=True)
+    for _ in range(draw(st.integers(1, 3))):
+        i = draw(st.integers(0, max(0, len(lines) - 1)))
+        if not lines:
+            lines = [draw(st.sampled_from(YAML_TOKENS + RULE_KEYS))]
+            continue
+        line = lines[i]
+        j = draw(st.integers(0, len(line)))
+        token = draw(st.sampled_from(YAML_TOKENS + RULE_KEYS))
+        action = draw(st.sampled_from(["token", "delete", "duplicate", "indent"]))
+        if action == "token":
+            lines[i] = line[:j] + token + line[j:]
+        elif action == "delete":
+            del lines[i]
+        elif action == "duplicate":
+            lines.insert(i, lines[i])
+        else:
+            lines[i] = draw(st.sampled_from(["", " ", "  ", "\t"])) + lines[i].lstrip()
+    return "".join(lines).encode("utf-8", "surrogatepass")
+
+
+rule_values = st.recursive(
+    st.one_of(json_scalars, st.sampled_from(RULE_KEYS)),
+    lambda children: st.one_of(st.lists(children, max_size=3),
+                               st.dictionaries(st.sampled_from(RULE_KEYS), children, max_size=4)),
+    max_leaves=25)
+
+
+FIX_RECIPES = ["fix-eos", "strip-mtp", "no-such-recipe", "r.yaml", "./r.yaml", "sub/r.yaml",
+               "../r.yaml", "/etc/r.yaml", ".hidden/r.yaml", "sub/../../r.yaml", "a\0b", ""]
+param_values = st.recursive(
+    st.one_of(json_scalars, st.sampled_from(["file:/etc/hostname", "model:/m/config.json",
+                                             "file:x", "hf://o/n/config.json", "{x}"])),
+    lambda children: st.one_of(st.lists(children, max_size=3),
+                               st.dictionaries(st.text(max_size=6), children, max_size=3)),
+    max_leaves=10)
+
+
+@st.composite
+def generated_rules(draw) -> bytes:
+    """A valid rule, most often with a fix (a recipe name or path, params with local paths),
+    then a few of its keys replaced by anything of the rule vocabulary."""
+    doc = {"doctor": 1, "id": "gen", "severity": "info", "summary": "s",
+           "evidence": [{"source": "x", "versions": "any"}],
+           "when": {"file": "config.json", "path": "/x", "exists": True}}
+    if draw(st.integers(0, 3)):
+        fix = {"recipe": draw(st.sampled_from(FIX_RECIPES))}
+        if draw(st.booleans()):
+            fix["params"] = draw(st.dictionaries(st.text(max_size=6), param_values, max_size=3))
+        if draw(st.integers(0, 3)) == 0:
+            fix["params_from"] = draw(st.sampled_from(["/eos/fix", "x", ""]))
+        doc["fix"] = fix
+    if draw(st.booleans()):
+        doc.update(draw(st.dictionaries(st.sampled_from(RULE_KEYS), rule_values, max_size=2)))
+    return json.dumps(doc).encode()
+
+
+@fuzz_settings(SAMPLED_EXAMPLES)
+@given(text=st.text(max_size=300))
+def test_rule_raw_text(scratch, text):
+    _check_rule(scratch, text.encode("utf-8", "surrogatepass"))
+
+
+@fuzz_settings(SAMPLED_EXAMPLES)
+@given(data=mutated_rules(), allow=st.booleans())
+def test_rule_mutated(scratch, data, allow):
+    _check_rule(scratch, data, allow)
+
+
+@fuzz_settings(SAMPLED_EXAMPLES)
+@given(data=generated_rules(), allow=st.booleans())
+def test_rule_generated(scratch, data, allow):
+    _check_rule(scratch, data, allow)
+
+
+def test_seed_rules_load(scratch):
+    from patcher.doctor.rules import load_rule
+
+    for text in SEED_RULES:
+        path = scratch / "seed.yaml"
+        path.write_text(text)
+        load_rule(path)
+
+
+# ---------------------------------------------------------------------------- GGUF headers
+
+@pytest.fixture(scope="module")
+def gguf_seed(tmp_path_factory) -> tuple[bytes, int]:
+    """A real GGUF file (gguf-py's GGUFWriter): its header and a little data, and its size."""
+    from gguf_fixtures import gguf, write_tiny
+
+    if gguf is None:
+        pytest.skip("gguf-py is not installed")
+    from patcher.gguf.format import read_header
+
+    path = write_tiny(tmp_path_factory.mktemp("gguf") / "tiny.gguf", blocks=1)
+    header = read_header(path)
+    return path.read_bytes()[:header.data_offset + 256], header.file_size
+
+
+def _check_gguf(data: bytes, file_size: int | None = None) -> None:
+    from patcher.errors import GGUFFormatError
+    from patcher.gguf.format import parse_header
+
+    try:
+        with deadline(HANG_SECONDS):
+            header = parse_header(data, len(data) if file_size is None else file_size,
+                                  "fuzz.gguf")
+    except PatchError as exc:
+        assert isinstance(exc, GGUFFormatError) and "\n" not in exc.one_line(), exc
+        return
+    assert header.data_offset <= header.file_size
+    for info in header.tensors.values():
+        assert header.data_offset + info.offset + info.nbytes <= header.file_size
+
+
+@st.composite
+def mutated_gguf(draw, seed: tuple[bytes, int]) -> tuple[bytes, int]:
+    data = bytearray(seed[0])
+    for _ in range(draw(st.integers(0, 6))):
+        at = draw(st.integers(0, len(data) - 1))
+        if draw(st.booleans()):
+            data[at] = draw(st.integers(0, 255))
+        else:        # a count, length or offset field: an extreme little-endian integer
+            value = draw(st.sampled_from([0, 1, 2**31, 2**32 - 1, 2**63, 2**64 - 1]))
+            data[at:at + 8] = value.to_bytes(8, "little")
+    cut = draw(st.integers(0, len(data))) if draw(st.booleans()) else len(data)
+    return bytes(data[:cut]), draw(st.sampled_from([seed[1], cut, 2**62]))
+
+
+@fuzz_settings(SAMPLED_EXAMPLES)
+@given(data=st.binary(max_size=256))
+def test_gguf_raw_bytes(data):
+    _check_gguf(b"GGUF" + data)
+
+
+@fuzz_settings(SAMPLED_EXAMPLES)
+@given(data=st.data())
+def test_gguf_mutated(gguf_seed, data):
+    _check_gguf(*data.draw(mutated_gguf(gguf_seed)))
+
+
+def test_gguf_seed_parses(gguf_seed):
+    from patcher.gguf.format import parse_header
+
+    assert parse_header(*gguf_seed, "seed.gguf").tensors
 
 
 # --------------------------------------------------------------------------- manifests
@@ -508,8 +719,11 @@ def test_manifest_claims_are_not_allocated(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("target", ["header-raw", "header-mutated", "header-json",
                                     "recipe-raw", "recipe-mutated", "recipe-generated",
+                                    "rule-raw", "rule-mutated", "rule-generated",
+                                    "gguf-raw", "gguf-mutated",
                                     "manifest-raw", "manifest-mutated", "manifest-json"])
-def test_fuzz_more(scratch, target):
+def test_fuzz_more(scratch, target, request):
+    gguf_seed = request.getfixturevalue("gguf_seed") if target.startswith("gguf") else None
     strategy, check = {
         "header-raw": (st.binary(max_size=512), lambda d: _check_header(_header_file(scratch, d))),
         "header-mutated": (mutated_shards(), lambda d: _check_header(_header_file(scratch, d))),
@@ -518,6 +732,13 @@ def test_fuzz_more(scratch, target):
                        _check_recipe),
         "recipe-mutated": (mutated_recipes(), _check_recipe),
         "recipe-generated": (generated_recipes(), _check_recipe),
+        "rule-raw": (st.text(max_size=600).map(lambda t: t.encode("utf-8", "surrogatepass")),
+                     lambda d: _check_rule(scratch, d)),
+        "rule-mutated": (mutated_rules(), lambda d: _check_rule(scratch, d, True)),
+        "rule-generated": (generated_rules(), lambda d: _check_rule(scratch, d)),
+        "gguf-raw": (st.binary(max_size=600), lambda d: _check_gguf(b"GGUF" + d)),
+        "gguf-mutated": (mutated_gguf(gguf_seed) if gguf_seed else st.nothing(),
+                         lambda d: _check_gguf(*d)),
         "manifest-raw": (st.binary(max_size=600), lambda d: _check_manifest(scratch, d)),
         "manifest-mutated": (mutated_statements(), lambda d: _check_manifest(scratch, d)),
         "manifest-json": (json_values.map(lambda v: json.dumps(v).encode()),

@@ -229,7 +229,7 @@ def _tensor_line(c: dict) -> str:
         why = f"  (companion of {c['companion_of']})" if c.get("companion_of") else "  (drop)"
         return f"{c['tensor']}  {before}{why}"
     if kind == "tensor_added":
-        of = c.get("companion_of") or c.get("copy_of")
+        of = c.get("companion_of") or c.get("copy_of") or c.get("split_from")
         return f"{c['tensor']}  {after}  ({c.get('reason', 'added')} of {of})"
     name = c["tensor"] + (f" -> {c['to']}" if c.get("to") else "")
     return f"{name}  {before} -> {after}  ({c['how']})"

@@ -24,6 +24,7 @@ from typing import Any
 from ..recipe import checks as rc
 from ..errors import PlanError
 from .json_pointer import join_pointer, json_equal, resolve
+from ..recipe.regex_bound import per_name
 from ..recipe.schema import ArrayOp
 
 ARRAY_KEYS = {"each": ("each", "match", "replace", "remove", "in", "missing_ok", "allow_empty",
@@ -121,21 +122,34 @@ def apply_array_op(state, op: ArrayOp, scope: str) -> None:
             return
         after = [*before, op.value]
     else:
-        hits = [e for e in before if op.matches(e)]
+        after, hits = _matched(op, before)
         if not hits:
             if op.allow_empty:
                 return
             raise PlanError(f"{state.file}: no element of {pointer} matches "
                             f"{list(op.globs or op.regexes)}", where=op.loc,
                             hint="fix the pattern, or set allow_empty: true")
-        if op.action == "filter":
-            after = [e for e in before if not op.matches(e)]
-        else:
-            after = [_map(op, e) if op.matches(e) else e for e in before]
     if after == before:
         return
     state.patch({"op": "replace", "path": pointer, "value": after}, op.loc)
     state.add_change(Change(state.file, pointer, "set", before, after, op.loc))
+
+
+def _matched(op: ArrayOp, before: list) -> tuple[list, int]:
+    """The array after ``op`` (map or filter) and how many elements it matched, each element
+    matched once, within the plan's regex budget (``recipe.regex_bound``)."""
+    after, hits = [], 0
+    with per_name(f"the {op.action} patterns {list(op.globs or op.regexes)}"[:200], op.loc,
+                  len(before), kind="array element") as clock:
+        for e in before:
+            clock.start(e if isinstance(e, str) else "")
+            if not op.matches(e):
+                after.append(e)
+                continue
+            hits += 1
+            if op.action == "map":
+                after.append(_map(op, e))
+    return after, hits
 
 
 def _map(op: ArrayOp, element: str) -> str:

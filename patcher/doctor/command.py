@@ -13,6 +13,9 @@ import click
               help="Compute capability (sm90, sm120, 8.9) or auto (torch, then nvidia-smi).")
 @click.option("--rules", "rules_dirs", multiple=True, type=click.Path(path_type=str),
               help="A directory of extra rule files (*.yaml); may be repeated.")
+@click.option("--allow-recipe-files", is_flag=True,
+              help="Let a --rules file's fix.recipe name a recipe file below its directory "
+                   "(default: built-in recipes only).")
 @click.option("--fix", is_flag=True,
               help="Apply the fixing recipes as one verified variant, then diagnose it.")
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
@@ -24,8 +27,8 @@ import click
               help="Hub URL for hf://ORG/NAME[@REV] (default: huggingface.co, or $HF_ENDPOINT).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 @click.pass_context
-def doctor(ctx, model, engine, gpu, rules_dirs, fix, out, in_place, force, endpoint,
-           as_json):
+def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in_place, force,
+           endpoint, as_json):
     """Check MODEL (a directory or hf://ORG/NAME[@REV], read without its tensor data) against
     an engine version and GPU. Exit 1 when a blocker is found (after --fix: when one remains)."""
     from .. import api
@@ -40,14 +43,16 @@ def doctor(ctx, model, engine, gpu, rules_dirs, fix, out, in_place, force, endpo
     if in_place and model.startswith(api.HF_SCHEME):
         raise click.UsageError("--in-place cannot patch a hub model (it would change the "
                                "download cache); give -o OUT or nothing")
-    report = api.doctor(model, engine=engine, gpu=gpu, rules=rules_dirs, endpoint=endpoint)
+    report = api.doctor(model, engine=engine, gpu=gpu, rules=rules_dirs, endpoint=endpoint,
+                        allow_recipe_files=allow_recipe_files)
     final = report
     recipes = fixing_recipes(report) if fix else []
     if recipes:
         quiet = bool((ctx.find_root().obj or {}).get("quiet"))
         fixed = apply_fixes(model, recipes, out=out, in_place=in_place, force=force,
                             endpoint=endpoint, progress=not quiet, params=fixing_params(report))
-        final = api.doctor(fixed, engine=engine, gpu=gpu, rules=rules_dirs)
+        final = api.doctor(fixed, engine=engine, gpu=gpu, rules=rules_dirs,
+                           allow_recipe_files=allow_recipe_files)
         report["fix"] = {"recipes": recipes, "output": str(fixed), "after": final}
     if as_json:
         echo_json(report)

@@ -37,10 +37,19 @@ def nothing_to_fix(report: dict) -> str:
 
 
 def fixing_params(report: dict) -> dict[str, dict]:
-    """recipe -> the params its finding gives (the first finding naming it)."""
+    """recipe -> the params its finding gives (the first finding naming it). They are data (a
+    rule's, or the model's through ``params_from``), never yours: one that names a local path
+    (``model:``, ``file:``) is refused, as in an ``include:`` line."""
+    from ..errors import InputError
+    from ..recipe.sources import local_source_problem
+
     params: dict[str, dict] = {}
     for f in report["findings"]:
         if f["fix"] and f["fix"].get("params"):
+            problem = local_source_problem(f["fix"]["params"], "fix.params value")
+            if problem:
+                raise InputError(f"rule {f['rule']}: {problem}; nothing was written",
+                                 where=f.get("source"))
             params.setdefault(f["fix"]["recipe"], f["fix"]["params"])
     return params
 

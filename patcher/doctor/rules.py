@@ -74,16 +74,19 @@ def builtin_rules_dir() -> Path:
     return Path(str(resources.files("patcher.doctor") / "rules"))
 
 
-def load_rules(extra_dirs: tuple[str, ...] = ()) -> list[Rule]:
-    """The built-in rules, then each ``*.yaml`` of ``extra_dirs``; ids must be unique."""
-    paths = sorted(builtin_rules_dir().glob("*.yaml"))
+def load_rules(extra_dirs: tuple[str, ...] = (), *, allow_recipe_files: bool = False
+               ) -> list[Rule]:
+    """The built-in rules, then each ``*.yaml`` of ``extra_dirs``; ids must be unique. A rule's
+    ``fix.recipe`` names a built-in recipe; with ``allow_recipe_files``, one of ``extra_dirs``
+    may name a recipe file below its own directory."""
+    paths = [(p, False) for p in sorted(builtin_rules_dir().glob("*.yaml"))]
     for d in extra_dirs:
         if not Path(d).is_dir():
             raise RecipeError("--rules needs a directory of rule files", where=d)
-        paths += sorted(Path(d).glob("*.yaml"))
+        paths += [(p, allow_recipe_files) for p in sorted(Path(d).glob("*.yaml"))]
     rules, seen = [], {}
-    for path in paths:
-        rule = load_rule(path)
+    for path, files_allowed in paths:
+        rule = load_rule(path, allow_recipe_files=files_allowed)
         if rule.id in seen:
             raise RecipeError(f"rule id {rule.id!r} is also used by {seen[rule.id]}",
                               where=str(path))
@@ -92,7 +95,7 @@ def load_rules(extra_dirs: tuple[str, ...] = ()) -> list[Rule]:
     return rules
 
 
-def load_rule(path: Path) -> Rule:
+def load_rule(path: Path, *, allow_recipe_files: bool = False) -> Rule:
     source = str(path)
     try:
         text = read_capped(path, 1 << 20).decode("utf-8")
@@ -102,6 +105,7 @@ def load_rule(path: Path) -> Rule:
     except (OSError, UnicodeDecodeError, NotRegularFile, TooLarge) as exc:
         raise RecipeError(f"cannot read rule file: {exc}", where=source) from None
     v = rc.Validator(source)
+    v.recipe_path = path if allow_recipe_files else None     # fix.recipe files: below it
     rule = _rule(v, root, source) if rc.is_map(root) else None
     if root is not None and not rc.is_map(root):
         v.err((1, 1), "a rule file is a mapping (doctor, id, severity, summary, when, ...)")
@@ -133,12 +137,39 @@ def _rule(v: rc.Validator, root: Any, source: str) -> Rule | None:
         v.err(rc.val_pos(root, "fix"), "fix is {recipe: NAME} (a built-in recipe), with "
                                        "optional params: {...} and params_from: /POINTER "
                                        "(into @model)")
+    elif fix is not None:
+        fix = _fix_data(v, rc.val_pos(root, "fix"), fix)
     details = v.pointer(root, "details") if "details" in root else None
     when = parse_condition(v, root["when"], rc.val_pos(root, "when")) if "when" in root else None
     if v.problems or when is None:
         return None
     return Rule(rule_id, severity, " ".join(summary.split()), evidence, fix, details, when,
                 source)
+
+
+def _fix_data(v: rc.Validator, pos: tuple[int, int], fix: dict) -> dict:
+    """A rule's fix is data, like a recipe: ``recipe`` a built-in name (a recipe file below the
+    rule's directory only with ``--allow-recipe-files``), ``params`` no local path
+    (``model:``, ``file:``), as for an ``include:`` line's params."""
+    from ..errors import InputError
+    from ..recipe.params.parse import include_path
+    from ..recipe.sources import local_source_problem
+
+    name = fix["recipe"]
+    if name not in recipe_module.builtin_recipe_names() or not recipe_module.is_builtin_name(name):
+        if v.recipe_path is None:
+            v.err(pos, f"fix.recipe {name[:80]!r} is not a built-in recipe (a recipe file "
+                       "needs doctor --allow-recipe-files)")
+            return fix
+        try:
+            fix = {**fix, "recipe": str(include_path(name, Path(v.recipe_path), "fix.recipe"))}
+        except InputError as exc:
+            v.err(pos, exc.message)
+            return fix
+    problem = local_source_problem(fix.get("params") or {}, "fix.params value")
+    if problem:
+        v.err(pos, problem)
+    return fix
 
 
 def _plain(node: Any) -> Any:

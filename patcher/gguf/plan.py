@@ -195,7 +195,7 @@ def _selected(op: TensorOp, name: str, block_count: int | None) -> bool:
 
 def _tensor_op(op: TensorOp, gm, kept, renamed, block_count, changes) -> None:
     hits = 0
-    with per_name("gguf tensor select", op.loc) as clock:
+    with per_name("gguf tensor select", op.loc, sum(map(len, kept))) as clock:
         for i, tensors in enumerate(kept):
             for name in list(tensors):
                 current = renamed.get(name, name)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..recipe import checks as rc
+from ..recipe.tensor_ops.parse import check_regex, check_replacement
 from ..errors import InputError
 
 TYPES = {"uint8": 0, "int8": 1, "uint16": 2, "int16": 3, "uint32": 4, "int32": 5,
@@ -275,10 +276,8 @@ def _tensor_op(v: rc.Validator, node: Any, pos) -> TensorOp | None:
     regex = None
     if "regex" in sel:
         text = v.string(sel, "regex")
-        try:
-            regex = re.compile(text) if text else None
-        except (re.error, ValueError) as exc:
-            v.err(rc.val_pos(sel, "regex"), f"bad regex: {exc}")
+        if text and check_regex(v, text, rc.val_pos(sel, "regex")):
+            regex = re.compile(text)
     layers = _layers(v, sel) if "layers" in sel else None
     select = Select(v.string(sel, "glob"), regex, layers)
     drop = v.boolean(node, "drop", False) is True
@@ -288,12 +287,12 @@ def _tensor_op(v: rc.Validator, node: Any, pos) -> TensorOp | None:
         if not rc.is_map(ren) or any(k not in ren for k in RENAME_KEYS):
             v.err(rc.val_pos(node, "rename"), "rename: is {pattern: REGEX, to: REPLACEMENT}")
             return None
-        try:
-            rename = (re.compile(v.string(ren, "pattern") or ""),
-                      v.string(ren, "to", nonempty=False) or "")
-        except (re.error, ValueError) as exc:
-            v.err(rc.val_pos(ren, "pattern"), f"bad regex: {exc}")
+        pattern = v.string(ren, "pattern") or ""
+        to = v.string(ren, "to", nonempty=False) or ""
+        if not (check_regex(v, pattern, rc.val_pos(ren, "pattern"))
+                and check_replacement(v, pattern, to, rc.val_pos(ren, "to"))):
             return None
+        rename = (re.compile(pattern), to)
     if drop == (rename is not None):
         v.err(pos, "a gguf tensor op has exactly one of drop: true, rename")
         return None

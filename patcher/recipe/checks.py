@@ -133,6 +133,8 @@ class Validator:
         self.problems: list[tuple[int, int, str]] = []
         self.recipe_path: Any = None               # the file being read, for include: paths
         self.including: tuple[str, ...] = ()        # the recipes including it (cycle check)
+        self.include_cache: dict[str, Any] = {}      # resolved path -> recipe, whole load
+        self.include_count = 0                      # include items it expands to
         self.param_names: set[str] = set()          # declared params, for {references}
 
     def err(self, pos: Pos, message: str) -> None:

@@ -47,7 +47,8 @@ OUTPUT_KEYS = ("max_shard_size",)
 # ------------------------------------------------------------------------------ loading
 
 def load_recipe(path_or_text: str | bytes | os.PathLike, *,
-                source_name: str | None = None, _including: tuple[str, ...] = ()) -> Recipe:
+                source_name: str | None = None, _including: tuple[str, ...] = (),
+                _cache: dict | None = None) -> Recipe:
     """Load and validate a recipe.
 
     Args:
@@ -94,6 +95,7 @@ def load_recipe(path_or_text: str | bytes | os.PathLike, *,
     v = rc.Validator(source)
     v.recipe_path = path
     v.including = (*_including, str(path.resolve()) if path is not None else source)
+    v.include_cache = _cache if _cache is not None else {}     # shared by every include
     fields = _top_level(v, root)
     if v.problems:
         raise recipe_error(source, v.problems)

@@ -63,6 +63,18 @@ def has_scheme(text: str) -> bool:
     return text.startswith(SCHEMES)
 
 
+def local_source_problem(value: Any, what: str) -> str | None:
+    """Why ``value`` (a parameter value from data, not typed by you: an ``include:`` line, a
+    rule's ``fix.params``) may not be used: a string in it names a local path (``model:``,
+    ``file:``), which only a ``--set`` of yours may give; else None."""
+    if isinstance(value, str) and value.startswith((MODEL_PREFIX, FILE_PREFIX)):
+        return (f"{what} {value[:80]!r} names a local path; only your own --set may give "
+                f"{MODEL_PREFIX} or {FILE_PREFIX}")
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) \
+        else ()
+    return next((p for p in (local_source_problem(x, what) for x in items) if p), None)
+
+
 def parse_source(text: str) -> Source:
     """The ``Source`` ``text`` names; ``InputError`` with the reason if it is malformed or a
     local path that did not come from the caller."""

@@ -10,6 +10,7 @@ regenerated when anything moved.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, replace
 
 from ..changes import (TensorAdded, TensorConverted, TensorDropped, TensorRenamed,
@@ -18,6 +19,7 @@ from ..errors import CompanionError, GuardRefused, InputError, NotThisScheme, Pl
 from ..model.model_dir import ModelDir
 from ..plan import FilePlan
 from ..recipe.regex_bound import per_name
+from ..units import human_bytes
 from ..model.safetensors_io import OutputTensor
 from .schemes import (
     Fp8Block,
@@ -85,6 +87,7 @@ def plan_tensor_ops(recipe, model: ModelDir, changes: list, *, device: str = "cp
     view = initial_view(model)
     owner: dict[str, str] = {}      # tensor -> recipe line of the op that made it
     several = len({op.loc.rsplit(":", 2)[0] for op in recipe.tensors}) > 1
+    copies = CopyBudget(view)
     for op in recipe.tensors:
         names = select(view, op)
         if op.refuse_unless_equal is not None:
@@ -92,6 +95,7 @@ def plan_tensor_ops(recipe, model: ModelDir, changes: list, *, device: str = "cp
         if several:
             _check_other_recipe(owner, names, op)
             before = dict(view)
+        copies.charge(view, names, op)
         if op.kind == "dequantize":
             _dequantize(view, names, op, changes, _fp8_block(op, model))
         else:
@@ -105,6 +109,43 @@ def plan_tensor_ops(recipe, model: ModelDir, changes: list, *, device: str = "cp
 
         files = reshard_plans(model, view, changes, device, max_shard_size)
     return TensorPlan(files=files, dtypes={name: t.dtype for name, t in view.items()})
+
+
+#: ``copy:`` and ``split:`` add byte-identical tensors: together, in one plan, they may add at
+#: most this many times the base's tensor bytes (the output at most twice the base), and as
+#: many tensors as the base has (at least ``MIN_COPY_COUNT``)
+MAX_COPY_GROWTH = 1.0
+MIN_COPY_COUNT = 64
+
+
+class CopyBudget:
+    """What ``copy:`` and ``split:`` have added to the plan, against the base's size."""
+
+    KINDS = ("copy", "split")
+
+    def __init__(self, view: dict[str, VirtualTensor]):
+        self.base_bytes = sum(t.job.inputs[0].nbytes for t in view.values())
+        self.base_count = len(view)
+        self.bytes = self.count = 0
+
+    def charge(self, view: dict[str, VirtualTensor], names: list[str], op) -> None:
+        """Count what ``op`` will add, before it makes a tensor: a ``copy:`` one copy of each
+        selected tensor, a ``split:`` one part less than it has names (its source's name is
+        reused or removed); ``PlanError`` naming the op's line and the budget once the plan's
+        copies pass it. Other ops add nothing here."""
+        if op.kind not in self.KINDS:
+            return
+        parts = 1 if op.kind == "copy" else len(op.action.to) - 1
+        self.count += parts * len(names)
+        self.bytes += parts * sum(view[n].job.inputs[0].nbytes for n in names)
+        max_bytes = MAX_COPY_GROWTH * self.base_bytes
+        max_count = max(MAX_COPY_GROWTH * self.base_count, MIN_COPY_COUNT)
+        if self.bytes > max_bytes or self.count > max_count:
+            raise PlanError(
+                f"copy: and split: would add {human_bytes(self.bytes)} in {self.count:,} tensors "
+                f"to a base of {human_bytes(self.base_bytes)} in {self.base_count:,}; the copy "
+                f"budget is {MAX_COPY_GROWTH:g}x the base's tensor bytes and count (the output "
+                "at most twice the base)", where=op.loc)
 
 
 def _check_other_recipe(owner: dict[str, str], names: list[str], op) -> None:
@@ -152,7 +193,8 @@ def _drop(view, names, op, changes) -> None:
 def _rename(view, names, op, changes) -> None:
     pattern = re.compile(op.action.pattern)
     moves = {}
-    with per_name(f"the rename pattern {op.action.pattern!r}", op.loc) as clock:
+    with per_name(f"the rename pattern {op.action.pattern!r}", op.loc,
+                  len(names)) as clock:
         for n in names:
             clock.start(n)
             moves[n] = pattern.sub(op.action.to, n)
@@ -303,16 +345,18 @@ def _converted(name, t, dtype, shape, how, loc, **extra) -> TensorConverted:
 def _copy(view, names, op, changes) -> None:
     """Add a byte-identical copy of each selected tensor, next to it in its shard."""
     pattern = re.compile(op.action.pattern)
-    with per_name(f"the copy pattern {op.action.pattern!r}", op.loc) as clock:
+    with per_name(f"the copy pattern {op.action.pattern!r}", op.loc,
+                  len(names)) as clock:
         copies = {}
         for n in names:
             clock.start(n)
             copies[n] = pattern.sub(op.action.to, n)
+    made = Counter(copies.values())
     for old, new in copies.items():
         if new == old or not new or new == "__metadata__":
             raise PlanError(f"copy would give the tensor the name {new!r}, which is its own, "
                             f"empty or reserved", where=op.loc, tensor=old)
-        if new in view or list(copies.values()).count(new) > 1:
+        if new in view or made[new] > 1:
             raise PlanError(f"copy collision: {new!r} already exists or is made twice",
                             where=op.loc, tensor=old)
         t = view[old]

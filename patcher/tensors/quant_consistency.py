@@ -13,6 +13,7 @@ import re
 from typing import Any, Mapping
 
 from ..changes import ABSENT, TensorConverted
+from ..recipe.regex_bound import per_name
 
 QUANTIZED_DTYPES = {"F8_E4M3", "F8_E5M2", "F4"}
 
@@ -76,7 +77,7 @@ def module_skipped(module: str, patterns: list[str]) -> bool:
             try:
                 if re.match(pattern[3:], module):
                     return True
-            except re.error:
+            except (re.error, RecursionError):      # not a pattern compressed-tensors reads
                 continue
         elif pattern == module or fnmatch.fnmatchcase(module, pattern):
             return True
@@ -87,14 +88,17 @@ def _not_skipped(config: Any, hf_quant: Any, changes: list) -> list[str]:
     """The dequantized tensors (output names) that some declaration of quantization still
     covers: their module is missing from its ignore/exclude list."""
     lists = skip_lists(config, hf_quant)
+    names = [c.tensor if c.to is ABSENT else c.to for c in changes
+             if isinstance(c, TensorConverted) and c.how.startswith("dequantize")]
     out = []
-    for c in changes:
-        if not isinstance(c, TensorConverted) or not c.how.startswith("dequantize"):
-            continue
-        name = c.tensor if c.to is ABSENT else c.to
-        module = name.rsplit(".", 1)[0]
-        if any(not module_skipped(module, patterns) for _where, patterns in lists):
-            out.append(name)
+    # the lists' re: entries come from the model: their matching draws on the plan's budget
+    with per_name("the model's ignore/exclude list patterns", "config.json", len(names),
+                  kind="module name") as clock:
+        for name in names:
+            module = name.rsplit(".", 1)[0]
+            clock.start(module)
+            if any(not module_skipped(module, patterns) for _where, patterns in lists):
+                out.append(name)
     return out
 
 

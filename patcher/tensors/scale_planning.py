@@ -21,7 +21,8 @@ def plan_split(view: dict, names: list[str], op, changes: list) -> None:
     its shard; the source name is removed unless one of the names is its own."""
     pattern = re.compile(op.action.pattern)
     targets: dict[str, tuple[str, ...]] = {}
-    with per_name(f"the split pattern {op.action.pattern!r}", op.loc) as clock:
+    with per_name(f"the split pattern {op.action.pattern!r}", op.loc,
+                  len(names)) as clock:
         for n in names:
             clock.start(n)
             targets[n] = tuple(pattern.sub(to, n) for to in op.action.to)

@@ -54,7 +54,8 @@ def initial_view(model: ModelDir) -> dict[str, VirtualTensor]:
 
 def select(view: dict[str, VirtualTensor], op) -> list[str]:
     names = []
-    with per_name(f"the selection {_describe_select(op.select)}", op.loc) as clock:
+    with per_name(f"the selection {_describe_select(op.select)}", op.loc,
+                  len(view)) as clock:
         for n, t in view.items():
             clock.start(n)
             if op.select.matches(n, t.dtype):

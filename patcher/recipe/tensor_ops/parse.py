@@ -166,6 +166,18 @@ def check_regex(v: rc.Validator, pattern: str, pos: rc.Pos) -> bool:
     return True
 
 
+def check_replacement(v: rc.Validator, pattern: str, to: str, pos: rc.Pos) -> bool:
+    """``to`` is a valid ``re.sub`` replacement for ``pattern`` (a checked regex): compiling
+    the template makes bad group references fail here, not at plan time."""
+    try:
+        re.compile(pattern).sub(to, "")
+    except (re.error, IndexError) as exc:
+        v.err(pos, f"invalid replacement {to!r} for pattern {pattern!r}: "
+              f"{getattr(exc, 'msg', None) or exc}")
+        return False
+    return True
+
+
 # --- catastrophic backtracking -----------------------------------------------------------------
 # Python's re has no timeout, and a recipe regex runs against every tensor name of a model. A
 # pattern is refused when a repeat that can run more than once (``*``, ``+``, ``{m,n}`` with
@@ -354,12 +366,6 @@ def _rename(v: rc.Validator, value: Any, pos: rc.Pos, select: TensorSelect | Non
         if select is not None:
             v.err(pos, f"{action} needs 'pattern' unless select has exactly one regex")
         return None
-    if to is None:
-        return None
-    try:
-        re.compile(pattern).sub(to, "")  # compiles the template: bad group references fail
-    except (re.error, IndexError) as exc:
-        v.err(rc.val_pos(value, "to"), f"invalid replacement {to!r} for pattern {pattern!r}: "
-              f"{getattr(exc, 'msg', None) or exc}")
+    if to is None or not check_replacement(v, pattern, to, rc.val_pos(value, "to")):
         return None
     return RenameTensors(pattern, to)

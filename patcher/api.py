@@ -271,6 +271,34 @@ def recover(directory: str | os.PathLike) -> str | None:
         return recover_journal(root)
 
 
+def apply_into_cache(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, name: str,
+                     *, force: bool = False, **options) -> ApplyResult:
+    """Apply ``recipe`` to the Hugging Face cache snapshot ``model`` and keep the variant as
+    the revision ``name`` of the same cache repository (``patcher.execute.cache_revision``):
+    ``from_pretrained(repo, revision=name)`` and ``snapshot_download(..., revision=name)`` load
+    it offline, and its unchanged files share the base's blobs. ``force`` repoints an existing
+    ``refs/<name>``. ``options`` are :func:`apply`'s (``out`` excepted). The result's ``output``
+    is the new snapshot directory."""
+    import dataclasses
+    import shutil
+    import tempfile
+
+    from .execute.cache_revision import cache_repository, commit_into_cache, ref_path
+    from .execute.locking import lock_directory
+
+    repo = cache_repository(model)
+    ref_path(repo, name, force=force)          # refused before any work
+    with lock_directory(repo, exclusive=True):
+        staging = Path(tempfile.mkdtemp(prefix=".modelpatch-", dir=repo))
+        try:
+            result = apply(recipe, model, out=staging / "variant", **options)
+            snapshot = commit_into_cache(result.output, Path(model),
+                                         ref_path(repo, name, force=force))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return dataclasses.replace(result, output=snapshot)
+
+
 def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
                    jobs: int | None = None, device: str = "cpu",
                    max_shard_size: int | None = None,

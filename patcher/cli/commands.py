@@ -208,6 +208,11 @@ def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
 @allow_noop_option
 @base_model_option
+@click.option("--into-cache", "into_cache", default=None, metavar="NAME",
+              help="With MODEL a Hugging Face cache snapshot (or hf://ORG/NAME): keep the "
+                   "variant in the cache as the revision NAME of the same repository "
+                   "(from_pretrained(..., revision=NAME)); its unchanged files share the base's "
+                   "blobs.")
 @click.option("--publish", "publish_to", default=None, metavar="REPO_ID",
               help="With MODEL hf://ORG/NAME and a config-only recipe: publish the variant to "
                    "REPO_ID without downloading the shards (they are copied server-side).")
@@ -217,8 +222,8 @@ def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
 @quiet_option
 @click.pass_context
 def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, jobs, device,
-          max_shard_size, as_json, allow_noop, base_model, publish_to, endpoint, set_values,
-          executor, ray_address):
+          max_shard_size, as_json, allow_noop, base_model, into_cache, publish_to, endpoint,
+          set_values, executor, ray_address):
     """Apply RECIPE (a path or a built-in name; several are applied in order as one) to MODEL
     and write a verified variant. For MODEL a .gguf file, the variant is the directory OUT
     (default: <file>-<recipe> beside it) holding the new file and its manifest."""
@@ -228,6 +233,8 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")
     refuse_in_place(in_place, executor)
+    if into_cache is not None and (in_place or out or publish_to is not None):
+        raise click.UsageError("--into-cache excludes --in-place, -o/--output and --publish")
     if publish_to is not None:
         _apply_and_publish(list(recipe), model, publish_to, endpoint, as_json, allow_noop,
                            base_model, _set_values(set_values),
@@ -240,7 +247,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
     params = _set_values(set_values)
     if model.startswith(api.HF_SCHEME):
         resolved = api.resolve_model(model, endpoint=endpoint, progress=not ctx.obj.get("quiet"))
-        if out is None and not in_place:       # never write beside a cache snapshot
+        if out is None and not in_place and into_cache is None:   # never beside a snapshot
             out = f"{model[len(api.HF_SCHEME):].split('@')[0].split('/')[-1]}-" \
                   f"{recipe.name}"
         model = str(resolved)
@@ -260,6 +267,12 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                                         max_shard_size=max_shard_size, progress=progress,
                                         base_model=base_model, allow_noop=allow_noop,
                                         params=params, endpoint=endpoint)
+        elif into_cache is not None:
+            result = api.apply_into_cache(
+                recipe, model, into_cache, force=force, link=link, jobs=jobs, device=device,
+                max_shard_size=max_shard_size, progress=progress, base_model=base_model,
+                allow_noop=allow_noop, params=params, endpoint=endpoint, executor=executor,
+                ray_address=ray_address)
         else:
             result = api.apply(recipe, model, out=out, force=force, link=link,
                                jobs=jobs, device=device, max_shard_size=max_shard_size,

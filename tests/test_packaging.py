@@ -77,3 +77,13 @@ def test_the_cpu_constraint_pins_the_tested_torch():
                 if line.startswith("python3 -m venv")]
     assert len(installs) == 3, installs            # the README's two commands and .ci/run's
     assert all("/pip install -q -c constraints/cpu.txt -e " in line for line in installs)
+
+
+def test_the_package_is_marked_typed_and_ships_the_marker():
+    """PEP 561: type checkers read the annotations of an installed ``patcher`` only when
+    ``py.typed`` is in the package and in what the build ships."""
+    import tomllib
+
+    assert (REPO / "patcher" / "py.typed").is_file()
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "py.typed" in data["tool"]["setuptools"]["package-data"]["patcher"]

@@ -76,9 +76,9 @@ def build_repo(hub_root: Path, shards: int, tensors: int) -> int:
 
 def main() -> None:
     import pytest
+    from hub_fixtures import configure_hf_client, running_hub
     from huggingface_hub.utils import disable_progress_bars
 
-    from hub_fixtures import configure_hf_client, running_hub
     from patcher.remote.model import RemoteModel
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -39,7 +39,7 @@ FIXTURES = REPO / "tests" / "fixtures" / "modelopt"
 
 def _save_pretrained(kind: str, out: Path) -> Path:
     import torch
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM)
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
     small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -167,8 +167,7 @@ def _vllm_class(config: dict):
 def vllm_cell(model: Path) -> dict:
     from safetensors import safe_open
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.model_executor.layers.quantization.compressed_tensors.utils import (
-        should_ignore_layer)
+    from vllm.model_executor.layers.quantization.compressed_tensors.utils import should_ignore_layer
     from vllm.model_executor.model_loader.weight_utils import maybe_remap_kv_scale_name
 
     out: dict = {}

@@ -81,7 +81,6 @@ def inspect(model: str | os.PathLike, *, endpoint: str | None = None) -> dict:
     ``hf://org/name[@rev]`` is read from the hub (``endpoint``) without its tensor data; the
     report's ``remote`` then says what that transferred."""
     from .model.inspect_model import inspect_model
-
     from .remote.model import is_remote
 
     if not is_remote(model) and str(model).endswith(".gguf") and Path(model).is_file():
@@ -132,7 +131,8 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
 
     from .execute.linking import predict_for_plan
     from .gguf.single_file import check_in_place, is_gguf_file
-    from .plan import PlanOptions, plan as make_plan
+    from .plan import PlanOptions
+    from .plan import plan as make_plan
 
     options = PlanOptions.of(options)
     if options.in_place and is_gguf_file(model):
@@ -176,7 +176,8 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
     from .execute.engine import apply_plan
     from .execute.linking import check_mode, predict_for_plan, warn_before_copying
     from .execute.locking import lock_directory
-    from .plan import PlanOptions, plan as make_plan, require_change
+    from .plan import PlanOptions, require_change
+    from .plan import plan as make_plan
 
     loaded = load(recipe)
     base_model = _checked_base_model(base_model)
@@ -211,8 +212,12 @@ def apply_stacked(recipes: list, model: str | os.PathLike, *, out: str | os.Path
     ``force`` replaces an earlier variant at ``out``, or an earlier stacked output of this
     same base (never a directory patched in place on another base)."""
     from .execute.locking import lock_new_path
-    from .execute.output_dir import (commit, refuse_to_replace_a_stranger, remove_stale_staging,
-                                     scratch_beside)
+    from .execute.output_dir import (
+        commit,
+        refuse_to_replace_a_stranger,
+        remove_stale_staging,
+        scratch_beside,
+    )
     from .fsops import remove_tree
 
     out, params = Path(out), params or {}
@@ -241,10 +246,9 @@ def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool 
     """Rehash ``directory`` against its provenance manifest; returns a ``VerifyReport``.
     ``executor`` and ``ray_address`` as for ``apply``."""
     from .execute.locking import lock_directory
-    from .integrity.verify import verify_dir
-
     from .gguf.readback import check_layouts
     from .gguf.single_file import model_directory
+    from .integrity.verify import verify_dir
 
     directory = model_directory(directory)
     _recovered(directory)
@@ -261,7 +265,8 @@ def recover(directory: str | os.PathLike) -> str | None:
 
     Every command calls this first; it returns a sentence saying what it did, or None.
     """
-    from .execute.journal import pending, recover as recover_journal
+    from .execute.journal import pending
+    from .execute.journal import recover as recover_journal
     from .execute.locking import lock_directory
 
     root = Path(directory)
@@ -310,9 +315,9 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     ``allow_noop``."""
     from .execute.inplace import apply_locked, prepare_directory
     from .execute.locking import lock_directory
-    from .plan import PlanOptions, plan as make_plan, require_change
-
     from .gguf.single_file import check_in_place, is_gguf_file
+    from .plan import PlanOptions, require_change
+    from .plan import plan as make_plan
 
     loaded = load(recipe)
     base_model = _checked_base_model(base_model)
@@ -364,8 +369,8 @@ def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None
            executor: str = "local", ray_address: str | None = None):
     """Undo the last patch (or all with ``all_patches``): in place, or rebuilt into ``out``
     (with ``executor`` and ``ray_address`` as for ``apply``)."""
-    from .execute.revert import rebuild_base, revert as revert_here
-    from .gguf.readback import check_layouts
+    from .execute.revert import rebuild_base
+    from .execute.revert import revert as revert_here
     from .gguf.single_file import model_directory
 
     directory = model_directory(directory)

@@ -16,12 +16,12 @@ from typing import Any
 
 from . import collector
 from .changes import FileAdded, FileDropped, changes_json
+from .config.jsonfile import dump_json_document, load_json_document, unified_diff
 from .config.ops import apply_config_ops
 from .errors import InputError, NothingToChange, PlanError
-from .config.jsonfile import dump_json_document, load_json_document, unified_diff
 from .model.model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir, fingerprint, read_fingerprint
-from .recipe.params.bind import bind_recipe
 from .recipe.load import Recipe
+from .recipe.params.bind import bind_recipe
 from .recipe.regex_bound import plan_wide
 
 
@@ -330,8 +330,8 @@ def _check_added_file(name: str, content: bytes, loc: str) -> None:
         raise PlanError(f"files: add cannot write {name}: shards and the shard index are made by "
                         f"the tensors: operations", where=loc)
     if name.endswith(".json"):
-        from .errors import InputError
         from .config.jsonfile import parse_json
+        from .errors import InputError
 
         try:
             parse_json(content, name, constants=False)

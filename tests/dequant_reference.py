@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
 from exact_reference import round_exact_product, round_exact_quotient
 
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)

@@ -11,7 +11,6 @@ import signal
 from pathlib import Path
 
 from click.testing import CliRunner
-
 from fault_helpers import ERROR_PREFIX, error_line, leftovers, run_cli, tree_state
 from model_helpers import entry, st_bytes
 

@@ -10,10 +10,9 @@ import textwrap
 from pathlib import Path
 
 import torch
+from exact_reference import round_exact_product
 from safetensors import safe_open
 from safetensors.torch import save_file
-
-from exact_reference import round_exact_product
 
 INDEX = "model.safetensors.index.json"
 E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)

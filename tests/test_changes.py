@@ -8,9 +8,21 @@ import json
 
 import pytest
 
-from patcher.changes import (ABSENT, ContentSource, FileAdded, FileDropped, GgufMetadata,
-                             GgufResharded, Resharded, TensorAdded, TensorConverted,
-                             TensorDropped, TensorRenamed, changes_json, grouped)
+from patcher.changes import (
+    ABSENT,
+    ContentSource,
+    FileAdded,
+    FileDropped,
+    GgufMetadata,
+    GgufResharded,
+    Resharded,
+    TensorAdded,
+    TensorConverted,
+    TensorDropped,
+    TensorRenamed,
+    changes_json,
+    grouped,
+)
 from patcher.integrity.canonical_json import canonical_json
 
 B = {"dtype": "F8_E4M3", "shape": [4, 4]}

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tensor_helpers import transformers_logits
 
 from patcher import api
 from patcher.errors import GuardRefused
-from tensor_helpers import transformers_logits
 
 REPO = Path(__file__).resolve().parents[1]
 #: where claims about a transformers version are written

@@ -38,16 +38,16 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from hostile_helpers import deadline
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hostile_helpers import deadline
 from patcher.errors import PatchError
 from patcher.integrity.manifest import build_statement, read_manifest
 from patcher.integrity.manifest_rules import check_relpath
-from patcher.recipe.load import builtin_recipe_dir, load_recipe
-from patcher.recipe.checks import NAME_RE
 from patcher.model.safetensors_io import DTYPE_BITS, MAX_HEADER_SIZE, read_header, tensor_nbytes
+from patcher.recipe.checks import NAME_RE
+from patcher.recipe.load import builtin_recipe_dir, load_recipe
 
 EXAMPLES = 300
 SAMPLED_EXAMPLES = 100

@@ -14,12 +14,24 @@ import sys
 import click
 
 from .. import __version__, collector
-from .error_report import FlagWording
-from .group import (DEBUG_HELP, JSON_HELP, QUIET_HELP, ModelpatchGroup, add_shared_options,
-                    base_model_option, emit_json, executor_options, quiet_option,
-                    refuse_in_place, set_debug, set_json, set_quiet)
-from .output import echo, echo_json, escape_log_lines
 from ..tensors.writing.thread_budget import quiet_openmp
+from .error_report import FlagWording
+from .group import (
+    DEBUG_HELP,
+    JSON_HELP,
+    QUIET_HELP,
+    ModelpatchGroup,
+    add_shared_options,
+    base_model_option,
+    emit_json,
+    executor_options,
+    quiet_option,
+    refuse_in_place,
+    set_debug,
+    set_json,
+    set_quiet,
+)
+from .output import echo, echo_json, escape_log_lines
 
 LOG_FORMAT = "modelpatch: %(message)s"
 
@@ -326,9 +338,8 @@ def verify(ctx, directory, jobs, fast, as_json, executor, ray_address):
     """Rehash DIRECTORY against its provenance manifest. Exit 1 on any mismatch. A .gguf file
     stands for the directory holding it."""
     from .. import api
-    from .render import render_verify
-
     from .progress import Meters
+    from .render import render_verify
 
     with Meters(bool(ctx.obj.get("quiet"))) as meters:
         meter = meters.meter("verifying")

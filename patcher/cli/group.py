@@ -14,10 +14,10 @@ import sys
 
 import click
 
-from .error_report import emit
-from .output import echo, echo_json
 from .. import interrupts
 from ..errors import PatchError
+from .error_report import emit
+from .output import echo, echo_json
 
 
 def _root_obj(ctx: click.Context) -> dict:

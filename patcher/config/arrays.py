@@ -21,11 +21,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..recipe import checks as rc
 from ..errors import PlanError
-from .json_pointer import join_pointer, json_equal, resolve
+from ..recipe import checks as rc
 from ..recipe.regex_bound import per_name
 from ..recipe.schema import ArrayOp
+from .json_pointer import join_pointer, json_equal, resolve
 
 ARRAY_KEYS = {"each": ("each", "match", "replace", "remove", "in", "missing_ok", "allow_empty",
                        "in_step"),

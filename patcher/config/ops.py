@@ -32,10 +32,19 @@ import jsonpatch
 import jsonpointer
 
 from ..errors import PlanError
-from .jsonfile import unified_diff  # re-exported: the plan renders config changes with it
-from .json_pointer import (MISSING, deepest_existing, join_pointer, json_equal, json_type,
-                           make_pointer, parent_pointer, resolve, split_pointer)
 from ..recipe.schema import ArrayOp, ConfigOp, DropOp, PatchOp, RenameOp, SetOp
+from .json_pointer import (
+    MISSING,
+    deepest_existing,
+    join_pointer,
+    json_equal,
+    json_type,
+    make_pointer,
+    parent_pointer,
+    resolve,
+    split_pointer,
+)
+from .jsonfile import unified_diff  # re-exported: the plan renders config changes with it
 
 __all__ = ["Change", "apply_config_ops", "unified_diff", "CHANGE_KINDS"]
 

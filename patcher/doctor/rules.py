@@ -28,11 +28,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
-from ..recipe import load as recipe_module
-from ..recipe import sections as recipe_sections
-from ..recipe import checks as rc
 from ..errors import RecipeError
 from ..fsops import NotRegularFile, TooLarge, read_capped
+from ..recipe import checks as rc
+from ..recipe import load as recipe_module
+from ..recipe import sections as recipe_sections
 from ..recipe.guards import evaluate as evaluate_guard
 from ..recipe.yaml_safe import YamlProblems, compose_recipe
 from .target import GPU_NAME, KNOWN_CAPABILITIES, Target

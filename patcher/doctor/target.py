@@ -45,7 +45,8 @@ def parse_engine(text: str | None) -> tuple[str | None, str | None]:
                          f"(optionally ==VERSION)")
     if version:
         return name, _checked_version(version.strip(), name)
-    from importlib.metadata import PackageNotFoundError, version as installed
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
 
     try:
         return name, _checked_version(installed(name), name)

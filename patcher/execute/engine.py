@@ -17,17 +17,28 @@ from typing import Callable
 
 from .. import faults, interrupts
 from ..errors import InputError, OperationFailed
-from ..model import header_cache
-from ..integrity.shared_inodes import remember_variant
 from ..fsops import link_or_copy, make_parents, remove_tree, write_file
-from .locking import lock_directory, lock_new_path
+from ..integrity.patch_record import (
+    PATCHES_DIR,
+    RECORD_NAME,
+    PatchRecord,
+    encode_record,
+    patch_dirs,
+)
+from ..integrity.shared_inodes import remember_variant
+from ..model import header_cache
 from ..model.model_dir import MANIFEST_NAME, STATE_DIR, ModelDir
-from ..integrity.patch_record import (PATCHES_DIR, RECORD_NAME, PatchRecord, encode_record,
-                                      patch_dirs)
-from .patch_builder import PatchBuilder, Progress
-from .output_dir import (commit, fsync_tree, make_staging_dir, refuse_to_replace_a_stranger,
-                         remove_stale_staging, restore_replaced)
 from ..plan import Action, Plan, check_unchanged
+from .locking import lock_directory, lock_new_path
+from .output_dir import (
+    commit,
+    fsync_tree,
+    make_staging_dir,
+    refuse_to_replace_a_stranger,
+    remove_stale_staging,
+    restore_replaced,
+)
+from .patch_builder import PatchBuilder, Progress
 
 log = logging.getLogger("modelpatch")
 

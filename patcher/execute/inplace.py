@@ -24,19 +24,19 @@ import posixpath
 from pathlib import Path
 
 from .. import faults
-from .engine import ApplyResult
-from .patch_builder import PatchBuilder, Progress
-from .output_dir import fsync_tree
 from ..errors import ModelDirError, OperationFailed
 from ..fsops import make_parents, write_file
-from .journal import Journal, recover, roll_back, switch
-from .locking import lock_directory
-from ..model.model_dir import MANIFEST_NAME, STATE_DIR, ModelDir
-from ..integrity.patch_record import PATCHES_DIR, RECORD_NAME, encode_record
 from ..gguf.header_inplace import apply_steps as header_apply_steps
 from ..gguf.header_inplace import header_rewrites, is_header_rewrite
 from ..gguf.header_inplace import stage_apply as stage_header_rewrites
+from ..integrity.patch_record import PATCHES_DIR, RECORD_NAME, encode_record
+from ..model.model_dir import MANIFEST_NAME, STATE_DIR, ModelDir
 from ..plan import Action, Plan, check_unchanged
+from .engine import ApplyResult
+from .journal import Journal, recover, roll_back, switch
+from .locking import lock_directory
+from .output_dir import fsync_tree
+from .patch_builder import PatchBuilder, Progress
 
 log = logging.getLogger("modelpatch")
 

@@ -56,9 +56,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import faults
+from ..config.jsonfile import parse_json
 from ..errors import ModelDirError
 from ..fsops import fsync_dir, remove_tree, write_file
-from ..config.jsonfile import parse_json
 from ..model.model_dir import STATE_DIR
 
 JOURNAL_NAME = f"{STATE_DIR}/journal.json"

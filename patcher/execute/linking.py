@@ -127,8 +127,8 @@ def predict_for_plan(plan, output: Path, mode: str):
 
 def _revert_data_bytes(base: Path) -> int:
     """The base's own manifest and patch stack, which a variant carries for revert."""
-    from ..model.model_dir import MANIFEST_NAME
     from ..integrity.patch_record import patch_dirs
+    from ..model.model_dir import MANIFEST_NAME
 
     files = [base / MANIFEST_NAME] + [p for d in patch_dirs(base) for p in d.rglob("*")]
     return sum(p.stat().st_size for p in files if p.is_file())

@@ -15,8 +15,8 @@ from pathlib import Path
 from .. import faults
 from ..errors import InputError
 from ..fsops import fsync_dir, remove_tree
-from .locking import lock_directory
 from ..model.model_dir import MANIFEST_NAME, STATE_DIR
+from .locking import lock_directory
 
 STAGING_MARK = ".modelpatch-staging-"
 REPLACED_MARK = ".modelpatch-replaced-"
@@ -49,8 +49,8 @@ def _own_revert_data(out: Path, stacked_on: Path | None = None) -> str | None:
     originals were moved there) unless all sit on a variant of ``stacked_on``, an interrupted
     operation, or records that cannot be read."""
     from ..errors import PatchError
-    from .journal import JOURNAL_NAME, JOURNAL_TMP
     from ..integrity.patch_record import patch_dirs, read_record
+    from .journal import JOURNAL_NAME, JOURNAL_TMP
 
     state = out / STATE_DIR
     if not os.path.lexists(state):

@@ -28,18 +28,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import faults
-from ..integrity.digests.digest_cache import KnownDigests
-from .output_dir import commit, fsync_tree, make_staging_dir, remove_stale_staging
 from ..errors import InputError, ModelDirError, OperationFailed, VerifyMismatch
 from ..fsops import link_or_copy, make_parents, remove_tree
-from .journal import JOURNAL_NAME, Journal, recover, switch
-from .locking import lock_directory, lock_new_path
-from ..model.model_dir import MANIFEST_NAME, STATE_DIR
-from ..integrity.patch_record import PATCHES_DIR, PatchRecord, patch_dirs, read_record
-from ..gguf.header_inplace import HEADERS_DIR, check_kept as check_kept_headers
+from ..gguf.header_inplace import HEADERS_DIR
+from ..gguf.header_inplace import check_kept as check_kept_headers
 from ..gguf.header_inplace import rebuild as rebuild_with_header
 from ..gguf.header_inplace import revert_steps as header_revert_steps
 from ..gguf.header_inplace import stage_revert as stage_current_headers
+from ..integrity.digests.digest_cache import KnownDigests
+from ..integrity.patch_record import PATCHES_DIR, PatchRecord, patch_dirs, read_record
+from ..model.model_dir import MANIFEST_NAME, STATE_DIR
+from .journal import JOURNAL_NAME, Journal, recover, switch
+from .locking import lock_directory, lock_new_path
+from .output_dir import commit, fsync_tree, make_staging_dir, remove_stale_staging
 
 log = logging.getLogger("modelpatch")
 

@@ -14,15 +14,16 @@ import re
 from collections import Counter
 from dataclasses import replace
 
-from ..changes import GgufMetadata, TensorDropped, TensorRenamed, layout as change_layout
+from ..changes import GgufMetadata, TensorDropped, TensorRenamed
+from ..changes import layout as change_layout
 from ..errors import GuardRefused, PlanError
 from ..plan import Action, FilePlan
 from ..recipe.regex_bound import per_name
 from .files import SPLIT_TENSORS, GGUFModel, gguf_models
 from .format import ARRAY, STRING, KeyValue, TensorInfo, encode_header, encode_value, layout
 from .header_inplace import refusal
-from .readback import check_header
 from .metadata import apply_meta_op, arch_key, check_rope_known, describe
+from .readback import check_header
 from .recipe_section import GGUFSection, TensorOp
 from .task import GGUFTask
 

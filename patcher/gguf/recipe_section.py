@@ -30,9 +30,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InputError
 from ..recipe import checks as rc
 from ..recipe.tensor_ops.parse import check_regex, check_replacement
-from ..errors import InputError
 
 TYPES = {"uint8": 0, "int8": 1, "uint16": 2, "int16": 3, "uint32": 4, "int32": 5,
          "float32": 6, "bool": 7, "string": 8, "uint64": 10, "int64": 11, "float64": 12}

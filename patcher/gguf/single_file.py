@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from ..errors import InputError
-from ..model.model_dir import ModelDir, model_file, hf_cache_repo
+from ..model.model_dir import ModelDir, hf_cache_repo, model_file
 from .files import SPLIT_NAME, gguf_models
 
 

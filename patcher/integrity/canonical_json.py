@@ -18,7 +18,7 @@ produces its bytes or raises its ``ValueError``/``TypeError``.
 from __future__ import annotations
 
 import json
-from json.encoder import encode_basestring   # the C escaper where available, as json uses
+from json.encoder import encode_basestring  # the C escaper where available, as json uses
 from typing import Any
 
 __all__ = ["EncodedArray", "canonical_json", "encode_array", "reference_canonical_json"]

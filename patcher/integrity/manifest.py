@@ -50,14 +50,23 @@ from typing import Any, Mapping
 
 from .. import __version__
 from ..changes import grouped
-from ..errors import InputError, OperationFailed
-from .digests.hashing import is_sha256_hex
-from ..fsops import NotRegularFile, TooLarge, read_capped, replace_file
 from ..config.jsonfile import parse_json
-from .canonical_json import canonical_json as _canonical_json, encode_array
-from .manifest_rules import (BASE_PROVENANCE_ROLE, PREDICATE_TYPE, STATEMENT_TYPE, DigestEntry,
-                             Invalid, check_relpath, is_excluded, validate_statement)
+from ..errors import InputError, OperationFailed
+from ..fsops import NotRegularFile, TooLarge, read_capped, replace_file
 from ..model.model_dir import MANIFEST_NAME, STATE_DIR
+from .canonical_json import canonical_json as _canonical_json
+from .canonical_json import encode_array
+from .digests.hashing import is_sha256_hex
+from .manifest_rules import (
+    BASE_PROVENANCE_ROLE,
+    PREDICATE_TYPE,
+    STATEMENT_TYPE,
+    DigestEntry,
+    Invalid,
+    check_relpath,
+    is_excluded,
+    validate_statement,
+)
 
 __all__ = [
     "BUILDER_ID",
@@ -119,7 +128,7 @@ def tool_versions() -> dict[str, str]:
     imported it, else from the installed distribution's metadata. Libraries not installed are
     left out (SLSA's version map holds strings only).
     """
-    import importlib.metadata        # here: verify and read_manifest never need it
+    import importlib.metadata  # here: verify and read_manifest never need it
 
     versions = {"modelpatch": __version__, "python": platform.python_version()}
     for dist in _VERSIONED_DISTS:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from .digests.hashing import is_sha256_hex
 from ..model.model_dir import MANIFEST_NAME, STATE_DIR, is_model_path
+from .digests.hashing import is_sha256_hex
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"

@@ -21,8 +21,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..errors import InputError
 from ..config.jsonfile import parse_json
+from ..errors import InputError
 from ..model.model_dir import STATE_DIR
 
 PATCHES_DIR = f"{STATE_DIR}/patches"

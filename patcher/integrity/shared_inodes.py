@@ -17,8 +17,8 @@ import json
 import os
 from pathlib import Path
 
-from .digests.digest_cache import default_cache_path
 from ..fsops import read_capped
+from .digests.digest_cache import default_cache_path
 
 REGISTRY_NAME = "variants.log"
 MAX_REGISTRY_BYTES = 4 << 20

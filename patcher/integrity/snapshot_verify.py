@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .digests.digest_cache import DigestCache, KnownDigests
 from ..errors import OperationFailed
+from .digests.digest_cache import DigestCache, KnownDigests
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SHA1 = re.compile(r"[0-9a-f]{40}")

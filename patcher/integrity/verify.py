@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import faults
-from .digests.digest_cache import DigestCache, KnownDigests
 from ..errors import InputError, OperationFailed, VerifyMismatch
+from .digests.digest_cache import DigestCache, KnownDigests
 from .digests.hashing import hash_files_stat
 from .manifest import MANIFEST_NAME, read_manifest
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .. import collector
-from ..errors import ModelDirError, ShardIndexError
 from ..config.jsonfile import parse_json
+from ..errors import ModelDirError, ShardIndexError
 from .header_cache import RACY_WINDOW_NS, HeaderCache, checked_key
 from .index_text import index_from_headers
 from .safetensors_io import ShardHeader, TensorInfo, parse_header, read_raw_header

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from ..errors import SafetensorsFormatError
 from ..config.jsonfile import no_duplicate_keys
+from ..errors import SafetensorsFormatError
 
 # The safetensors library refuses headers over 100 MB (MAX_HEADER_SIZE); so do we.
 MAX_HEADER_SIZE = 100_000_000

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable
 
-from ..errors import GuardRefused
 from ..config.json_pointer import MISSING, join_pointer, json_equal, resolve
+from ..errors import GuardRefused
 from .schema import AllOf, AnyOf, Check, Condition, Not, Recipe
 
 ReadJson = Callable[[str], Any]

@@ -34,14 +34,25 @@ from ..gguf import recipe_section as gguf_section
 from ..model.inspect_model import GROUP_NAMES
 from ..units import SIZE_UNITS
 from . import checks, load, sections
+from .json_schema_parts import (
+    ANY,
+    BOOLEAN,
+    REGEX,
+    any_case,
+    block_pair,
+    exactly_one,
+    fullmatch,
+    nullable,
+    one_or_many,
+    ref,
+    shared_defs,
+)
 from .params import parse as params
 from .schema import PARAM_TYPES, PATCH_OP_OPERAND, RECIPE_FORMAT_VERSIONS, PatchOp
 from .tensor_ops import parse as tensor_parse
 from .tensor_ops import schema as tensor_schema
 from .tensor_ops.dtype_names import spellings
 from .tensor_ops.split_scale import RECIPROCAL_MODES, SCALE_DTYPES
-from .json_schema_parts import (ANY, BOOLEAN, REGEX, any_case, block_pair, exactly_one, fullmatch,
-                                nullable, one_or_many, ref, shared_defs)
 
 SCHEMA_ID = ("https://github.com/modelpatch/modelpatch/blob/main/patcher/schemas/"
              "recipe.schema.json")

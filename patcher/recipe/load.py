@@ -25,9 +25,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import checks as rc
 from ..errors import InputError, RecipeError, YamlProblems
 from ..fsops import NotRegularFile, TooLarge, read_capped
+from . import checks as rc
 from .guards import check_guards, evaluate_guards  # noqa: F401  (re-exported)
 from .params.parse import parse_include, parse_params, template_ops
 from .schema import RECIPE_FORMAT_VERSIONS, ConfigOp, DropFile, FileOp, OutputLayout, Recipe

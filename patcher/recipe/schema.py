@@ -17,10 +17,25 @@ from typing import Any, Union
 
 from ..config.json_pointer import join_pointer
 from .tensor_ops.schema import (  # noqa: F401  (re-exported: the whole typed recipe)
-    DEFAULT_BLOCK, DEQUANT_SCHEMES, FLOAT_TARGETS, LAYER_COMPARISONS, LAYER_RE,
-    QUANT_COMBINATIONS, QUANT_LAYOUTS, QUANT_SCHEMES, SAFETENSORS_DTYPES, CastTensors,
-    CopyTensors, DequantizeTensors, DropTensors, QuantizeTensors, RenameTensors, TensorAction,
-    TensorOp, TensorSelect)
+    DEFAULT_BLOCK,
+    DEQUANT_SCHEMES,
+    FLOAT_TARGETS,
+    LAYER_COMPARISONS,
+    LAYER_RE,
+    QUANT_COMBINATIONS,
+    QUANT_LAYOUTS,
+    QUANT_SCHEMES,
+    SAFETENSORS_DTYPES,
+    CastTensors,
+    CopyTensors,
+    DequantizeTensors,
+    DropTensors,
+    QuantizeTensors,
+    RenameTensors,
+    TensorAction,
+    TensorOp,
+    TensorSelect,
+)
 
 RECIPE_FORMAT_VERSIONS = (1,)
 

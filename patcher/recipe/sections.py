@@ -7,11 +7,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import checks as rc
 from ..config.arrays import parse_array_op
+from . import checks as rc
+from .schema import (
+    PATCH_OP_OPERAND,
+    AddFile,
+    AllOf,
+    AnyOf,
+    Check,
+    Condition,
+    ConfigOp,
+    DropFile,
+    DropOp,
+    FileOp,
+    Not,
+    PatchOp,
+    RenameOp,
+    SetOp,
+)
 from .sources import parse_from
-from .schema import (PATCH_OP_OPERAND, AddFile, AllOf, AnyOf, Check, ConfigOp, Condition,
-                     DropFile, DropOp, FileOp, Not, PatchOp, RenameOp, SetOp)
 
 PREDICATES = ("exists", "equals", "contains", "one_of")
 COMBINATORS = ("any_of", "all_of", "not")

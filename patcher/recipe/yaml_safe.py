@@ -14,8 +14,15 @@ from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
-from ruamel.yaml.events import (AliasEvent, CollectionEndEvent, CollectionStartEvent,
-                                DocumentStartEvent, MappingStartEvent, NodeEvent, ScalarEvent)
+from ruamel.yaml.events import (
+    AliasEvent,
+    CollectionEndEvent,
+    CollectionStartEvent,
+    DocumentStartEvent,
+    MappingStartEvent,
+    NodeEvent,
+    ScalarEvent,
+)
 
 from ..errors import YamlProblems
 

@@ -13,14 +13,16 @@ import re
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from ..changes import (TensorAdded, TensorConverted, TensorDropped, TensorRenamed,
-                       layout as change_layout)
+from ..changes import TensorAdded, TensorConverted, TensorDropped, TensorRenamed
+from ..changes import layout as change_layout
 from ..errors import CompanionError, GuardRefused, InputError, NotThisScheme, PlanError
 from ..model.model_dir import ModelDir
+from ..model.safetensors_io import OutputTensor
 from ..plan import FilePlan
 from ..recipe.regex_bound import per_name
 from ..units import human_bytes
-from ..model.safetensors_io import OutputTensor
+from .fused_groups import fused_peers
+from .scale_planning import plan_refuse, plan_scale, plan_split
 from .schemes import (
     Fp8Block,
     QuantScheme,
@@ -28,8 +30,6 @@ from .schemes import (
     find_scheme,
     scheme_named,
 )
-from .fused_groups import fused_peers
-from .scale_planning import plan_refuse, plan_scale, plan_split
 from .tasks import TensorJob, TensorSource
 from .view import VirtualTensor, initial_view, refuse_unless_equal, select, shard_plans
 

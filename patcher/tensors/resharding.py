@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from ..changes import Resharded
 from ..errors import PlanError
-from ..units import parse_shard_size  # noqa: F401  (re-exported)
 from ..model.model_dir import INDEX_NAME, ModelDir
-from ..plan import Action, FilePlan
 from ..model.safetensors_io import tensor_nbytes
+from ..plan import Action, FilePlan
+from ..units import parse_shard_size  # noqa: F401  (re-exported)
 from .tasks import ShardTask, index_document
 
 FILENAME_PATTERN = "model{suffix}.safetensors"

@@ -18,7 +18,6 @@ import click
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from gguf_fixtures import gguf, needs_gguf
 from hostile_helpers import S1, S2, make_model
 

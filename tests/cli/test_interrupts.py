@@ -11,7 +11,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from interrupt_harness import MODELPATCH, interrupt
 
 

@@ -11,8 +11,8 @@ import pty
 import re
 import select
 import shutil
-import subprocess
 import struct
+import subprocess
 import sys
 import termios
 from pathlib import Path

@@ -17,10 +17,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from patcher.config.jsonfile import (
+    JsonFloat,
+    JsonStyle,
+    dump_json_document,
+    load_json_document,
+    parse_json,
+)
 from patcher.config.ops import Change, apply_config_ops, unified_diff
 from patcher.errors import PlanError
-from patcher.config.jsonfile import (JsonFloat, JsonStyle, dump_json_document, load_json_document,
-                                     parse_json)
 from patcher.recipe.load import load_recipe, resolve_recipe
 
 HEAD = "modelpatch: 1\nname: t\ndescription: d\nconfig:\n  config.json:\n"

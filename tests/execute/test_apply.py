@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from tensor_helpers import snapshot  # bytes, mode, inode and mtime of every entry
 
 from patcher import api
 from patcher.cli import main
 from patcher.integrity.manifest import read_manifest
-from tensor_helpers import snapshot  # bytes, mode, inode and mtime of every entry
 
 RECIPE_DIR = Path(__file__).resolve().parents[2] / "recipes"
 

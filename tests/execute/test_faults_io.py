@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-
 from fault_helpers import error_line, leftovers, run_cli, state_diff, tree_state
 
 from patcher import api

@@ -87,10 +87,21 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from fault_helpers import error_line, leftovers, run_cli, tree_state
-from hostile_helpers import (INDEX, MANIFEST, RECIPE_HEAD, S1, S2, SHARDS, Untouched, invoke,
-                             make_model, refuse_apply, tensors_bytes, write_recipe)
+from hostile_helpers import (
+    INDEX,
+    MANIFEST,
+    RECIPE_HEAD,
+    S1,
+    S2,
+    SHARDS,
+    Untouched,
+    invoke,
+    make_model,
+    refuse_apply,
+    tensors_bytes,
+    write_recipe,
+)
 from model_helpers import entry, st_bytes
 
 from patcher import api

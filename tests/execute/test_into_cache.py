@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from hub_fixtures import hub  # noqa: F401
+
 from patcher.cli import main
 
 REPO = "alice/tiny"

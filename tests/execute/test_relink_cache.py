@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from gguf_fixtures import tiny_dir
+
 from patcher import api
 from patcher.integrity.digests.digest_cache import KnownDigests
 

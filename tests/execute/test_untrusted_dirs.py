@@ -12,11 +12,10 @@ import time
 
 import pytest
 from click.testing import CliRunner
-
 from fault_helpers import tree_state
-from hub_fixtures import hub  # noqa: F401
 from fs_snapshot import cli
 from hostile_helpers import Untouched, invoke, make_model, write_recipe
+from hub_fixtures import hub  # noqa: F401
 from model_helpers import entry, st_bytes
 
 from patcher.cli import main

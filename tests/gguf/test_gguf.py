@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from fs_snapshot import cli, diff, snapshot
-
 from gguf_fixtures import gguf, needs_gguf, read_back, tiny_dir, write_tiny
+
 from patcher import api
 from patcher.cli import main
 from patcher.errors import GuardRefused, PlanError, RecipeError
@@ -360,8 +360,9 @@ def test_a_header_larger_than_the_first_read(tmp_path):
 
 
 def test_in_place_on_a_hugging_face_cache_snapshot_never_touches_the_blobs(tmp_path):
-    from examples.generate import make_hf_cache_snapshot
     from fs_snapshot import blobs
+
+    from examples.generate import make_hf_cache_snapshot
 
     source = tiny_dir(tmp_path)
     (source / "chat_template.jinja").write_text(NEW_TEMPLATE)

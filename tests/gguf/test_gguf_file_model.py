@@ -9,8 +9,8 @@ import os
 import pytest
 from click.testing import CliRunner
 from fs_snapshot import diff, snapshot
-
 from gguf_fixtures import gguf, needs_gguf, read_back, write_tiny
+
 from patcher import api
 from patcher.cli import main
 from patcher.model.model_dir import MANIFEST_NAME
@@ -117,8 +117,9 @@ def test_a_missing_file_is_named_in_one_line(tmp_path):
 
 def test_a_file_of_a_hugging_face_cache_snapshot_writes_its_variant_outside_the_cache(
         tmp_path, monkeypatch):
-    from examples.generate import make_hf_cache_snapshot
     from fs_snapshot import blobs
+
+    from examples.generate import make_hf_cache_snapshot
 
     source = quants_dir(tmp_path)
     root = make_hf_cache_snapshot(source, tmp_path / "hub", "org/tiny-GGUF")

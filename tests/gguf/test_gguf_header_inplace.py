@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from fs_snapshot import blobs, cli, copy_tree, diff, snapshot
-
 from gguf_fixtures import needs_gguf, read_back, tiny_dir
+
 from patcher import api
 from patcher.cli import main
 from patcher.execute.journal import Journal, undo_switch

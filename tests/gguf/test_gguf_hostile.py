@@ -8,10 +8,10 @@ import sys
 
 import pytest
 from click.testing import CliRunner
+from gguf_fixtures import needs_gguf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gguf_fixtures import needs_gguf
 from patcher.cli import main
 from patcher.errors import InputError
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
+from gguf_fixtures import needs_gguf, read_back, tiny_dir
 from hub_fixtures import hub  # noqa: F401
 
-from gguf_fixtures import needs_gguf, read_back, tiny_dir
 from patcher import api
 from patcher.cli import main
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-
 from gguf_fixtures import gguf, needs_gguf, read_back
+
 from patcher import api
 from patcher.cli import main
 from patcher.errors import OperationFailed

@@ -9,8 +9,8 @@ import os
 import pytest
 from click.testing import CliRunner
 from fs_snapshot import cli, diff, snapshot
-
 from gguf_fixtures import gguf, needs_gguf, read_back, write_tiny
+
 from patcher import api
 from patcher.cli import main
 from patcher.gguf.format import read_header

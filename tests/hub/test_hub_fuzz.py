@@ -23,10 +23,10 @@ import socket
 from urllib.parse import quote
 
 import pytest
+from hub_fixtures import running_hub
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hub_fixtures import running_hub
 from patcher.hub.store.commit_ops import Op
 from patcher.hub.store.git_objects import regular_entry
 from patcher.hub.store.storage import Store

@@ -12,11 +12,10 @@ import statistics
 import threading
 import time
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
-
 from hub_fixtures import running_hub
+
 from patcher.hub.store.commit_ops import Op
 from patcher.hub.store.git_objects import regular_entry
 from patcher.hub.store.storage import Store

@@ -14,19 +14,28 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
-from huggingface_hub import (CommitOperationAdd, CommitOperationDelete, hf_hub_download,
-                             hf_hub_url, snapshot_download)
-from huggingface_hub.errors import (EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError,
-                                    RevisionNotFoundError)
+from hub_fixtures import RunningHub, hub, running_hub  # noqa: F401  (hub is a fixture)
+from huggingface_hub import (
+    CommitOperationAdd,
+    CommitOperationDelete,
+    hf_hub_download,
+    hf_hub_url,
+    snapshot_download,
+)
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    HfHubHTTPError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
 from huggingface_hub.file_download import get_hf_file_metadata
 from huggingface_hub.hf_api import RepoFile, RepoFolder
 from huggingface_hub.lfs import UploadInfo, post_lfs_batch_info
 from huggingface_hub.utils import get_session
 
-from hub_fixtures import RunningHub, hub, running_hub  # noqa: F401  (hub is a fixture)
 from patcher.errors import InputError
-from patcher.hub.store.git_objects import lfs_pointer, regular_entry
 from patcher.hub.store.commit_ops import Op
+from patcher.hub.store.git_objects import lfs_pointer, regular_entry
 from patcher.hub.store.storage import Store
 
 REPO = "alice/tiny-model"

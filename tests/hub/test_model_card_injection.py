@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import json
 
+from hostile_helpers import S1, S2, make_model
 from huggingface_hub import ModelCard
 from markdown_it import MarkdownIt
-
-from hostile_helpers import S1, S2, make_model
 
 from patcher import api
 from patcher.hub.client.model_card import BEGIN, END, code, render_card

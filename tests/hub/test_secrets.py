@@ -24,7 +24,6 @@ import traceback
 from pathlib import Path
 
 import pytest
-
 from fault_helpers import run_cli
 from hub_fixtures import configure_hf_client, running_hub
 

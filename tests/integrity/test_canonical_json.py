@@ -8,8 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from patcher.integrity.canonical_json import (EncodedArray, canonical_json, encode_array,
-                                    reference_canonical_json)
+from patcher.integrity.canonical_json import (
+    EncodedArray,
+    canonical_json,
+    encode_array,
+    reference_canonical_json,
+)
 
 _scalars = (st.none() | st.booleans() | st.integers() | st.text()
             | st.floats(allow_nan=False, allow_infinity=False))

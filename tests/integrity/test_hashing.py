@@ -10,10 +10,15 @@ import random
 
 import pytest
 
-from patcher.integrity.digests import hash_writer, hashing
 from patcher.errors import InputError, OperationFailed
+from patcher.integrity.digests import hash_writer, hashing
 from patcher.integrity.digests.hash_writer import HashingWriter, hash_while_copying
-from patcher.integrity.digests.hashing import hash_files, hash_files_stat, hf_blob_sha256, sha256_file
+from patcher.integrity.digests.hashing import (
+    hash_files,
+    hash_files_stat,
+    hf_blob_sha256,
+    sha256_file,
+)
 
 CHUNK = hashing.CHUNK_SIZE
 

@@ -14,9 +14,17 @@ import sys
 import pytest
 
 from patcher.errors import InputError
-from patcher.integrity.manifest import (BUILD_TYPE, MANIFEST_NAME, PREDICATE_TYPE, STATEMENT_TYPE,
-                                        Manifest, build_statement, canonical_json, read_manifest,
-                                        write_manifest)
+from patcher.integrity.manifest import (
+    BUILD_TYPE,
+    MANIFEST_NAME,
+    PREDICATE_TYPE,
+    STATEMENT_TYPE,
+    Manifest,
+    build_statement,
+    canonical_json,
+    read_manifest,
+    write_manifest,
+)
 
 T0 = dt.datetime(2025, 3, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
 T1 = dt.datetime(2025, 3, 1, 12, 0, 7, 250000, tzinfo=dt.timezone.utc)

@@ -15,8 +15,8 @@ from fs_snapshot import copy_tree, diff, snapshot
 
 from patcher import api
 from patcher.integrity.digests.digest_cache import KnownDigests
-from patcher.model.model_dir import ModelDir
 from patcher.integrity.digests.source_digest import SourceDigest, single_source_in_order
+from patcher.model.model_dir import ModelDir
 from patcher.tensors.tasks import ShardTask, TensorJob, TensorSource
 
 KV_SHARDS = {"model-00002-of-00004.safetensors", "model-00003-of-00004.safetensors"}

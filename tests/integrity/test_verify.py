@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from patcher.integrity.digests.digest_cache import DigestCache
 from patcher.errors import InputError, VerifyMismatch
+from patcher.integrity.digests.digest_cache import DigestCache
 from patcher.integrity.manifest import MANIFEST_NAME, build_statement, write_manifest
 from patcher.integrity.verify import Mismatch, compare_maps, list_files, verify_dir
 

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 from hub_fixtures import hub  # noqa: F401
 
 from patcher import api
-from patcher.model.base_identity import LOCAL_DIR_METADATA, identify
 from patcher.cli import main
 from patcher.integrity.manifest import read_manifest
+from patcher.model.base_identity import LOCAL_DIR_METADATA, identify
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

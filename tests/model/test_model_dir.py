@@ -17,17 +17,34 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_helpers import (
+    SHARD1,
+    SHARD2,
+    F32x2,
+    assert_cli_error,
+    entry,
+    expect_error,
+    invoke,
+    raw_bytes,
+    save_shard,
+    shard_tensors,
+    sharded_model,
+    st_bytes,
+    tensor_bytes,
+    write_index,
+)
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from model_helpers import (F32x2, SHARD1, SHARD2, assert_cli_error, entry, expect_error, invoke,
-                           raw_bytes, save_shard, shard_tensors, sharded_model, st_bytes,
-                           tensor_bytes, write_index)
-
 from patcher.errors import ModelDirError, SafetensorsFormatError, ShardIndexError
 from patcher.model.model_dir import INDEX_NAME, ModelDir
-from patcher.model.safetensors_io import (MAX_HEADER_SIZE, OutputTensor, encode_header,
-                                          read_header, tensor_nbytes)
+from patcher.model.safetensors_io import (
+    MAX_HEADER_SIZE,
+    OutputTensor,
+    encode_header,
+    read_header,
+    tensor_nbytes,
+)
 
 HEADER_DEFECTS = [
     ("header-length-past-eof", struct.pack("<Q", 64) + b"{}", "runs past the end of the 10-byte",

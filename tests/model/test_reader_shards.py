@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensor_helpers import write_model
 from model_helpers import assert_cli_error, expect_error, invoke, save_shard
+from tensor_helpers import write_model
 
 from patcher import api
 from patcher.errors import ShardIndexError

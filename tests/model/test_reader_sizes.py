@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from safetensors import safe_open
 from model_helpers import assert_cli_error, entry, expect_error, st_bytes
+from safetensors import safe_open
 
 from patcher.errors import SafetensorsFormatError
 from patcher.model.model_dir import ModelDir

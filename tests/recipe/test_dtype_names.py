@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from patcher import api
-from patcher.recipe.tensor_ops.dtype_names import ALIASES, canonical_dtype, spellings
 from patcher.errors import PlanError, RecipeError
 from patcher.recipe.load import load_recipe
 from patcher.recipe.schema import FLOAT_TARGETS, SAFETENSORS_DTYPES, CastTensors, DequantizeTensors
+from patcher.recipe.tensor_ops.dtype_names import ALIASES, canonical_dtype, spellings
 
 REPO = Path(__file__).resolve().parents[2]
 HEAD = "modelpatch: 1\nname: t\ndescription: d\n"

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from tensor_helpers import read_tensors, write_model
 
 from patcher import api
 from patcher.cli import main
 from patcher.errors import GuardRefused, PlanError
 from patcher.model.inspect_model import inspect_model
 from patcher.model.model_dir import ModelDir
-from tensor_helpers import read_tensors, write_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from examples import kv_spellings  # noqa: E402

@@ -13,13 +13,34 @@ from pathlib import Path
 
 import pytest
 
-from patcher.recipe import load as recipe_mod
 from patcher.errors import GuardRefused, InputError, RecipeError
-from patcher.recipe.load import (builtin_recipe_dir, builtin_recipe_names, check_guards,
-                                 evaluate_guards, load_recipe, resolve_recipe)
-from patcher.recipe.schema import (AddFile, AllOf, AnyOf, CastTensors, Check, DequantizeTensors,
-                                   DropFile, DropOp, DropTensors, Not, PatchOp, QuantizeTensors,
-                                   Recipe, RenameOp, RenameTensors, SetOp)
+from patcher.recipe import load as recipe_mod
+from patcher.recipe.load import (
+    builtin_recipe_dir,
+    builtin_recipe_names,
+    check_guards,
+    evaluate_guards,
+    load_recipe,
+    resolve_recipe,
+)
+from patcher.recipe.schema import (
+    AddFile,
+    AllOf,
+    AnyOf,
+    CastTensors,
+    Check,
+    DequantizeTensors,
+    DropFile,
+    DropOp,
+    DropTensors,
+    Not,
+    PatchOp,
+    QuantizeTensors,
+    Recipe,
+    RenameOp,
+    RenameTensors,
+    SetOp,
+)
 from patcher.recipe.yaml_safe import MAX_RECIPE_BYTES
 
 REPO = Path(__file__).resolve().parents[2]

@@ -153,6 +153,7 @@ def test_a_catastrophic_pattern_over_273k_names_is_refused_in_one_line(monkeypat
     from types import SimpleNamespace
 
     from hostile_helpers import deadline
+
     from patcher.errors import PlanError
     from patcher.recipe import regex_bound
     from patcher.tensors.view import select
@@ -212,6 +213,7 @@ def test_config_array_patterns_draw_on_the_plan_budget(tmp_path, monkeypatch):
     """each: matches a recipe's regex against every element of a model's config array (an
     ignore list of thousands of module names): the same plan budget bounds it."""
     from hostile_helpers import make_model, refuse_apply, write_recipe
+
     from patcher.recipe import regex_bound
 
     monkeypatch.setattr(regex_bound, "PLAN_MATCH_CPU_SECONDS", 0.5)
@@ -269,8 +271,8 @@ def test_a_model_ignore_pattern_draws_on_the_plan_budget(monkeypatch):
 
 def _plan_cli(tmp_path, tensors: dict, ops: str):
     from click.testing import CliRunner
-
     from hostile_helpers import make_model, write_recipe
+
     from patcher.cli import main
 
     model = make_model(tmp_path / "m", shards={"model.safetensors": tensors},
@@ -329,6 +331,7 @@ def test_copying_every_tensor_of_a_large_model_is_planned_in_linear_time():
     """copy: over 100k names (within the budget: as many tensors as the base) checks its
     collisions once, not once per name (that was 1e10 comparisons, minutes of CPU)."""
     from hostile_helpers import deadline
+
     from patcher.model.safetensors_io import OutputTensor
     from patcher.tensors import planning
     from patcher.tensors.tasks import TensorJob, TensorSource

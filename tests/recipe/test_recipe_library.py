@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tensor_helpers import transformers_logits
 
 from patcher import api
 from patcher.errors import GuardRefused, InputError
-from tensor_helpers import transformers_logits
 
 QWEN3 = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, head_dim=8,
@@ -272,8 +272,12 @@ def test_no_remote_code_loads_natively(qwen3_dirs, tmp_path):
 def llava_dir(tmp_path_factory) -> Path:
     """A tiny LlavaForConditionalGeneration (Llama text model, CLIP vision tower) saved by
     transformers: tensors under language_model., vision_tower., multi_modal_projector."""
-    from transformers import (CLIPVisionConfig, LlamaConfig, LlavaConfig,
-                              LlavaForConditionalGeneration)
+    from transformers import (
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+    )
 
     text = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from tensor_helpers import read_tensors, write_model
 
 from patcher import api
 from patcher.cli import main
 from patcher.errors import InputError, PlanError, RecipeError, TemplateError
 from patcher.recipe.load import load_recipe
 from patcher.recipe.params.expr import parse_template
-from tensor_helpers import read_tensors, write_model
 
 HEAD = "modelpatch: 1\nname: t\ndescription: d\n"
 

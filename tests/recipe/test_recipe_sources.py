@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
 from hub_fixtures import TOKENS, configure_hf_client, running_hub
 from remote_fixtures import store_model
+
 from patcher import api
 from patcher.changes import changes_json
 from patcher.cli import main

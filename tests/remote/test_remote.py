@@ -6,9 +6,9 @@ import json
 import struct
 
 import pytest
-
 from hub_fixtures import TOKENS, configure_hf_client, running_hub
 from remote_fixtures import big_sharded_model, store_model
+
 from patcher import api
 from patcher.errors import HubError, SafetensorsFormatError, ShardIndexError
 from patcher.remote.model import RemoteModel

@@ -7,9 +7,9 @@ import json
 
 import pytest
 from click.testing import CliRunner
-
 from hub_fixtures import TOKENS, configure_hf_client, running_hub
 from remote_fixtures import store_model
+
 from patcher.cli import main
 
 REPO = "alice/llama"

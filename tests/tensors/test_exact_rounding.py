@@ -27,6 +27,8 @@ import os
 import numpy as np
 import pytest
 import torch
+from exact_reference import round_exact_product, round_exact_quotient
+from tensor_helpers import pack_nibbles
 
 import patcher.tensors.quant.kernel_args as chunks_mod
 from patcher.tensors.quant import (
@@ -36,8 +38,6 @@ from patcher.tensors.quant import (
     dequantize_nvfp4_modelopt,
 )
 from patcher.tensors.quant.rounding import round_exact, round_via_f32
-from exact_reference import round_exact_product, round_exact_quotient
-from tensor_helpers import pack_nibbles
 
 OUT = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from tensor_helpers import random_fp8, read_tensors, ref_fp8_block, write_model
 
 from patcher import api
 from patcher.cli import main
 from patcher.tensors.quant import dequantize_fp8_block
-from tensor_helpers import random_fp8, read_tensors, ref_fp8_block, write_model
 
 TRANSFORMERS_FP8 = Path(__file__).parent.parent / "fixtures" / "transformers_fp8_moe"
 FP8_CONFIG = {"model_type": "qwen3_moe",

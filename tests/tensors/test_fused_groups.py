@@ -4,10 +4,10 @@ a group, and an FP8 per-tensor quantization whose members sit in different shard
 from __future__ import annotations
 
 import torch
+from tensor_helpers import assert_bits_equal, read_tensors, write_model, write_recipe
 
 from patcher import api
 from patcher.tensors.fused_groups import fused_peers
-from tensor_helpers import assert_bits_equal, read_tensors, write_model, write_recipe
 
 
 def test_groups_follow_vllms_packed_modules():

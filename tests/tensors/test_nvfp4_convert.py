@@ -14,15 +14,15 @@ import json
 import shutil
 from pathlib import Path
 
+import dequant_reference as ref
 import numpy as np
 import pytest
 import torch
-
-import dequant_reference as ref
-from patcher import api
-from patcher.errors import GuardRefused
 from safetensors.torch import save_file
 from tensor_helpers import assert_bits_equal, read_tensors
+
+from patcher import api
+from patcher.errors import GuardRefused
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "modelopt"
 EXPORTS = ("llama-nvfp4", "deepseek-v3-nvfp4")
@@ -43,7 +43,8 @@ def _converter_output(base: Path, out: Path, with_kv: bool) -> Path:
     none)."""
     from compressed_tensors.entrypoints.convert.convert_checkpoint import convert_checkpoint
     from compressed_tensors.entrypoints.convert.converters.modelopt_nvfp4 import (
-        ModelOptNvfp4Converter)
+        ModelOptNvfp4Converter,
+    )
     from compressed_tensors.quantization import QuantizationArgs
 
     hf = _json(base / "hf_quant_config.json")["quantization"]

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from tensor_helpers import assert_bits_equal, listing, read_tensors, write_model, write_recipe
 
 from patcher import api
 from patcher.cli import main
-from tensor_helpers import assert_bits_equal, listing, read_tensors, write_model, write_recipe
 
 
 @pytest.fixture(autouse=True)
@@ -63,8 +63,12 @@ _FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 def _compressed_tensors_nvfp4a16(model, out: Path) -> Path:
     """``model`` quantized and saved by compressed-tensors with its NVFP4A16 preset."""
     from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import (QuantizationConfig, QuantizationScheme,
-                                                 apply_quantization_config, quant_scheme)
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationScheme,
+        apply_quantization_config,
+        quant_scheme,
+    )
     from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam
 
     scheme = QuantizationScheme(targets=["Linear"], **quant_scheme.NVFP4A16)
@@ -234,8 +238,9 @@ def test_nvfp4a16_refuses_a_quantized_model_and_unknown_weights(dirs, tmp_path):
 def test_nvfp4a16_refuses_a_gpt2_style_model(tmp_path):
     """GPT-2 keeps its projections as Conv1D weights stored [in, out] (transformers
     ``pytorch_utils.Conv1D``): NVFP4's groups of 16 would run along the output dimension."""
-    from patcher.errors import GuardRefused
     from transformers import GPT2Config, GPT2LMHeadModel
+
+    from patcher.errors import GuardRefused
 
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64,

@@ -16,17 +16,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from exact_reference import round_exact_product, round_exact_quotient
 from tensor_helpers import ct_fp8
+from test_exact_rounding import (
+    E2M1,
+    E4M3_BYTES,
+    _all_nvfp4_pairs,
+    _decode_e4m3,
+    bf16_amaxes,
+    modelopt_scale_2,
+)
+
 from patcher.tensors.quant import (
     dequantize_fp8_block,
     dequantize_fp8_per_tensor,
     dequantize_nvfp4_compressed_tensors,
     dequantize_nvfp4_modelopt,
 )
-from test_exact_rounding import (E2M1, E4M3_BYTES, _all_nvfp4_pairs, _decode_e4m3, bf16_amaxes,
-                                 modelopt_scale_2)
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 

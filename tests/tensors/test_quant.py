@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import patcher.tensors.quant.kernel_args as chunks_mod
 from exact_reference import round_exact_product
 from tensor_helpers import pack_nibbles
+
+import patcher.tensors.quant.kernel_args as chunks_mod
 from patcher.tensors.quant import (
     E2M1_VALUES,
     check_fp8_block_shapes,

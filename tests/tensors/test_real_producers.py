@@ -16,13 +16,13 @@ import json
 import shutil
 from pathlib import Path
 
+import dequant_reference as ref
 import pytest
 import torch
 from safetensors.torch import save_file
-
-import dequant_reference as ref
-from patcher import api
 from tensor_helpers import assert_bits_equal, read_tensors
+
+from patcher import api
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "modelopt"
 EXPORTS = ("llama-fp8", "llama-nvfp4", "llama-nvfp4-affine-kv", "deepseek-v3-nvfp4")

@@ -10,14 +10,20 @@ from pathlib import Path
 import pytest
 import torch
 from fs_snapshot import blobs, cli, copy_tree, diff, snapshot
-from tensor_helpers import (INDEX, assert_bits_equal, read_tensors, shard_metadata,
-                            transformers_logits, write_model)
+from tensor_helpers import (
+    INDEX,
+    assert_bits_equal,
+    read_tensors,
+    shard_metadata,
+    transformers_logits,
+    write_model,
+)
 
 from patcher import api
 from patcher.errors import PlanError, RecipeError
+from patcher.model.safetensors_io import read_header
 from patcher.recipe.load import load_recipe
 from patcher.tensors.resharding import parse_shard_size
-from patcher.model.safetensors_io import read_header
 
 CONFIG_ONLY = "modelpatch: 1\nname: c\ndescription: x\nconfig:\n  config.json:\n" \
               "    - set: /use_cache\n      value: false\n"

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from exact_reference import round_exact_product
+
 from patcher.tensors.quant.rounding import _on_boundary, _on_boundary_np, round_via_f32
 
 OUT = {"bfloat16": torch.bfloat16, "float16": torch.float16}

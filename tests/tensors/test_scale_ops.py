@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from tensor_helpers import assert_bits_equal, read_tensors, write_model, write_recipe
 
 from patcher import api
 from patcher.cli import main
 from patcher.errors import GuardRefused, NothingToChange, PlanError, RecipeError
 from patcher.recipe.load import load_recipe
-from tensor_helpers import assert_bits_equal, read_tensors, write_model, write_recipe
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "modelopt"
 SCHEMA = Path(__file__).resolve().parents[2] / "patcher" / "schemas" / "recipe.schema.json"

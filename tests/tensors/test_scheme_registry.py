@@ -9,11 +9,11 @@ import sys
 
 import torch
 
+from patcher.model.safetensors_io import OutputTensor
 from patcher.recipe.tensor_ops.schema import DEQUANT_SCHEMES, QUANT_COMBINATIONS, QUANT_SCHEMES
 from patcher.tensors import compute as compute_module
 from patcher.tensors.schemes import SCHEMES, QuantScheme
 from patcher.tensors.tasks import TensorJob, TensorSource
-from patcher.model.safetensors_io import OutputTensor
 
 
 def test_recipe_validation_reads_the_scheme_names_from_the_registry():

@@ -10,10 +10,10 @@ import hashlib
 import threading
 
 import pytest
+from test_tensor_speed import _interleaved
 
 from patcher.tensors import compute as compute_module
 from patcher.tensors.writing import shard_pool, shard_writer
-from test_tensor_speed import _interleaved
 
 
 def _tasks(tmp_path, counts=(9, 5, 7)):

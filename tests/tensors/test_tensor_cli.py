@@ -15,11 +15,21 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
+from tensor_helpers import (
+    INDEX,
+    assert_bits_equal,
+    listing,
+    random_fp8,
+    read_tensors,
+    shard_files,
+    snapshot,
+    tensor_shards,
+    write_model,
+    write_recipe,
+)
 
 from patcher import api
 from patcher.cli import main
-from tensor_helpers import (INDEX, assert_bits_equal, listing, random_fp8, read_tensors,
-                            shard_files, snapshot, tensor_shards, write_model, write_recipe)
 
 REPO = Path(__file__).resolve().parents[2]
 KV = ("k_proj.k_scale", "v_proj.v_scale", "self_attn.k_scale", "self_attn.v_scale")

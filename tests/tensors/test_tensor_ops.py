@@ -24,16 +24,30 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors import safe_open
+from tensor_helpers import (
+    INDEX,
+    OUT_DTYPES,
+    assert_bits_equal,
+    ct_fp8,
+    nbytes,
+    random_fp8,
+    read_tensors,
+    ref_fp8_block,
+    ref_fp8_tensor,
+    ref_nvfp4_modelopt,
+    shard_files,
+    shard_metadata,
+    snapshot,
+    tensor_shards,
+    write_model,
+    write_recipe,
+)
 
 from patcher import api
-from patcher.cli import main
 from patcher.changes import TENSOR_KINDS, changes_json, grouped
+from patcher.cli import main
 from patcher.errors import PlanError
 from patcher.integrity.manifest import read_manifest
-from tensor_helpers import (INDEX, OUT_DTYPES, assert_bits_equal, ct_fp8, nbytes, random_fp8,
-                            read_tensors, ref_fp8_block, ref_fp8_tensor, ref_nvfp4_modelopt,
-                            shard_files, shard_metadata, snapshot, tensor_shards, write_model,
-                            write_recipe)
 
 KV_SUFFIXES = ("k_proj.k_scale", "v_proj.v_scale", "self_attn.k_scale", "self_attn.v_scale")
 

@@ -9,16 +9,15 @@ import json
 
 import pytest
 import torch
+from tensor_helpers import read_tensors, write_model
+from test_tensor_cli import run
 
-from patcher.tensors.writing import shard_writer
 from patcher.integrity.digests.hash_writer import HashingWriter
 from patcher.model.safetensors_io import OutputTensor
 from patcher.tensors.compute import _cannot_overflow
 from patcher.tensors.tasks import ShardTask, TensorJob, TensorSource
+from patcher.tensors.writing import shard_writer
 from patcher.tensors.writing.thread_budget import quiet_openmp, split
-from tensor_helpers import read_tensors, write_model
-
-from test_tensor_cli import run
 
 
 @pytest.mark.parametrize("jobs, tasks, cores, expected", [

@@ -25,16 +25,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import dequant_reference as ref
 import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
 from safetensors.torch import save_file
+from tensor_helpers import assert_bits_equal, read_tensors, write_recipe
 
-import dequant_reference as ref
 from patcher import api
 from patcher.cli import main
-from tensor_helpers import assert_bits_equal, read_tensors, write_recipe
 
 
 @pytest.fixture(autouse=True)
@@ -55,8 +55,12 @@ def _tiny_llama():
 def _compressed_tensors_llama(preset: str, out: Path) -> Path:
     """A tiny Llama quantized and saved by compressed-tensors with one of its preset schemes."""
     from compressed_tensors.compressors import ModelCompressor
-    from compressed_tensors.quantization import (QuantizationConfig, QuantizationScheme,
-                                                 apply_quantization_config, quant_scheme)
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationScheme,
+        apply_quantization_config,
+        quant_scheme,
+    )
     from compressed_tensors.quantization.utils.helpers import calculate_qparams, generate_gparam
 
     model = _tiny_llama()

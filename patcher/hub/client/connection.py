@@ -75,8 +75,12 @@ def client(endpoint: str | None):
 def hub_call(what: str, repo_id: str, fn, *args, **kwargs):
     """Run a huggingface_hub call, turning its errors into one-line ``HubError``s (an argument
     its validators refuse: an ``InputError``)."""
-    from huggingface_hub.errors import (HfHubHTTPError, HFValidationError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        HFValidationError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     try:
         return fn(*args, **kwargs)
@@ -121,8 +125,7 @@ def progress_bars(enabled: bool):
         disable_progress_bars,
         enable_progress_bars,
     )
-
-    from huggingface_hub.utils import logging as hf_logging   # configures its logger on import
+    from huggingface_hub.utils import logging as hf_logging  # configures its logger on import
 
     hf_log = hf_logging.get_logger()
     saved = hf_log.level, hf_log.propagate

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from ...errors import HubError, VerifyMismatch
 from ...integrity.manifest import read_manifest
-from ...model.model_dir import MANIFEST_NAME
 from ...integrity.patch_record import patch_dirs, read_record
+from ...model.model_dir import MANIFEST_NAME
 from .connection import check_endpoint, check_repo_id, client, hub_call, progress_bars
 from .model_card import CARD_NAME, ORIGINAL_README, render_card
 from .server_copies import TransferPlan, plan_transfer
@@ -43,9 +43,9 @@ def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None 
     no progress bars; ``plan_only``: decide what to copy and upload, change nothing). The card's
     ``base_model`` is ``base_model`` if given, else what the variant records or its base's path
     says (``patcher.base_identity``), else left out."""
-    from ...model.base_identity import check_repo_id as check_base_model
     from ...execute.locking import lock_directory
     from ...integrity.verify import verify_dir
+    from ...model.base_identity import check_repo_id as check_base_model
 
     check_endpoint(endpoint)                      # bad usage, before hashing the variant
     check_repo_id(repo_id)

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from ...errors import InputError, PatchError, VerifyMismatch
 from ...fsops import remove_tree
-from ...units import human_bytes
 from ...integrity.manifest import read_manifest
 from ...integrity.snapshot_verify import git_blob_sha1
 from ...model.model_dir import MANIFEST_NAME, SKIPPED_DIRS
+from ...units import human_bytes
 from .connection import check_repo_id, client, hub_call, progress_bars
 from .model_card import CARD_NAME, HUB_CARD_COPY, HUB_FILES, ORIGINAL_README
 from .reuse import Reuse, find_local, link_into

@@ -27,9 +27,8 @@ from ...integrity.manifest import build_statement, read_manifest, write_manifest
 from ...model.model_dir import MANIFEST_NAME
 from ...plan import Action, PlanOptions, require_change
 from .connection import check_repo_id, client, hub_call
-from .model_card import ORIGINAL_README
-from .model_card import CARD_NAME, render_card
-from .publish import existing_card, commit_variant
+from .model_card import CARD_NAME, ORIGINAL_README, render_card
+from .publish import commit_variant, existing_card
 from .server_copies import BaseSource, TransferPlan
 
 log = logging.getLogger("modelpatch")
@@ -49,8 +48,8 @@ def apply_and_publish(recipe, url: str, repo_id: str, *, endpoint: str | None = 
                       message: str | None = None, base_model: str | None = None,
                       allow_noop: bool = False,
                       params: dict | None = None) -> RemotePublishResult:
-    from ...recipe.load import load_recipes
     from ...plan import plan as make_plan
+    from ...recipe.load import load_recipes
     from ...remote.model import RemoteModel
 
     check_repo_id(repo_id)

@@ -55,9 +55,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise HubError("the embedded hub needs Starlette and uvicorn",
                    hint="pip install -e '.[hub]' in the modelpatch checkout") from exc
 
-from . import routes_copy, routes_files, routes_repo, routes_upload
 from ..request_errors import BadRequest, HubRequestError
 from ..store.storage import Store
+from . import routes_copy, routes_files, routes_repo, routes_upload
 from .tokens import TokenTable
 from .traffic import CountBytes, Traffic
 from .web import Hub, UrlSigner, error_response, new_signing_key

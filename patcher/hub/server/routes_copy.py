@@ -24,9 +24,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ..request_errors import BadRequest
 from ..store.naming import REPO_KINDS, SHA256_HEX
 from ..store.records import RepoMeta
-from ..request_errors import BadRequest
 from ..store.storage import Store
 from .web import LIST_BODY_LIMIT, Hub, in_thread, json_list, read_json_object, require_write
 

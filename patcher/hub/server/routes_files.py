@@ -13,8 +13,8 @@ import os
 from starlette.requests import Request
 from starlette.responses import FileResponse, Response
 
-from ..store.naming import check_path
 from ..request_errors import EntryNotFound, HubRequestError
+from ..store.naming import check_path
 from .web import Hub, in_thread
 
 

@@ -11,14 +11,23 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from ..request_errors import BadRequest, EntryNotFound, PayloadTooLarge, Unauthorized
 from ..store.git_objects import lfs_pointer
 from ..store.naming import DEFAULT_BRANCH, REPO_KINDS, split_repo_id
 from ..store.records import Commit, RepoMeta
-from ..request_errors import BadRequest, EntryNotFound, PayloadTooLarge, Unauthorized
 from ..store.storage import Store
 from .routes_copy import copy_handle
-from .web import (INVALID_CREDENTIALS, LIST_BODY_LIMIT, Hub, in_thread, read_form_or_json,
-                  read_json_object, repo_url, require_write, truthy)
+from .web import (
+    INVALID_CREDENTIALS,
+    LIST_BODY_LIMIT,
+    Hub,
+    in_thread,
+    read_form_or_json,
+    read_json_object,
+    repo_url,
+    require_write,
+    truthy,
+)
 
 TREE_PAGE_SIZE = 1000
 MAX_INFO_PATHS = 1000                   # huggingface_hub asks for at most 500 at a time

@@ -22,12 +22,20 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from ..request_errors import BadRequest, PayloadTooLarge, RevisionNotFound
 from ..store.commit_ops import Op
 from ..store.git_objects import lfs_entry, regular_entry, upload_mode
 from ..store.naming import SHA256_HEX, check_path
-from ..request_errors import BadRequest, PayloadTooLarge, RevisionNotFound
-from .web import (LIST_BODY_LIMIT, Hub, in_thread, json_list, ndjson_lines, parse_json,
-                  read_json_object, repo_url)
+from .web import (
+    LIST_BODY_LIMIT,
+    Hub,
+    in_thread,
+    json_list,
+    ndjson_lines,
+    parse_json,
+    read_json_object,
+    repo_url,
+)
 
 LFS_JSON = "application/vnd.git-lfs+json"
 MAX_COMMIT_LINE = 64 * 1024 * 1024  # a regular file (< 10 MiB) base64-encoded fits easily

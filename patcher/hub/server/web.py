@@ -18,9 +18,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from ...display import printable
+from ..request_errors import (
+    BadRequest,
+    Forbidden,
+    HubRequestError,
+    PayloadTooLarge,
+    RepoNotFound,
+    Unauthorized,
+)
 from ..store.records import RepoMeta
-from ..request_errors import (BadRequest, Forbidden, HubRequestError, PayloadTooLarge,
-                              RepoNotFound, Unauthorized)
 from ..store.storage import Store
 from .tokens import Identity, TokenTable
 

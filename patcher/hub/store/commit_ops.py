@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .naming import check_path
 from ..request_errors import BadRequest, EntryNotFound
+from .naming import check_path
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import fnmatch
 from typing import Any
 
-from huggingface_hub.utils.sha import git_hash    # a blob's git object id: sha1("blob N\0" + data)
+from huggingface_hub.utils.sha import git_hash  # a blob's git object id: sha1("blob N\0" + data)
 
 
 def lfs_pointer(sha256: str, size: int) -> bytes:

@@ -49,13 +49,26 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ...fsops import fsync_dir, replace_file
+from ..request_errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    HubRequestError,
+    PreconditionFailed,
+    RepoNotFound,
+    RevisionNotFound,
+)
 from .blob_store import BlobStore
 from .commit_ops import Op, apply_ops
-from .naming import (COMMIT_ID, DEFAULT_BRANCH, REPO_KINDS, RESERVED_NAMESPACES, check_ref_name,
-                     split_repo_id)
+from .naming import (
+    COMMIT_ID,
+    DEFAULT_BRANCH,
+    REPO_KINDS,
+    RESERVED_NAMESPACES,
+    check_ref_name,
+    split_repo_id,
+)
 from .records import Commit, RepoMeta, commit_id_of, utc_timestamp
-from ..request_errors import (BadRequest, Conflict, Forbidden, HubRequestError, PreconditionFailed,
-                              RepoNotFound, RevisionNotFound)
 
 
 class Store(BlobStore):

@@ -23,8 +23,8 @@ import os
 import threading
 
 from ...errors import OperationFailed
-from .hashing import CHUNK_SIZE, HashResult
 from ...tensors.tasks import ShardTask
+from .hashing import CHUNK_SIZE, HashResult
 
 
 def single_source_in_order(task: ShardTask) -> str | None:

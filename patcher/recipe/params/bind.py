@@ -15,18 +15,17 @@ import hashlib
 from dataclasses import replace
 from typing import Any, Callable
 
-from ...errors import InputError, PlanError
-from ..guards import check_guards, evaluate as evaluate_condition
 from ...config.json_pointer import join_pointer, json_equal
-from ...errors import TemplateError
-from .expr import Template, config_ref, read_config_ref, walk_templates
-from .parse import bind_tensor_ops, parse_set_value, range_problem, range_text, type_problem
-from .in_turn import read_after
-from .tokens import token_problem
-from .scope import split_values
-from ..schema import (REQUIRED, AddFile, ArrayOp, DropOp, Include, PatchOp, Recipe, RenameOp,
-                      SetOp)
+from ...errors import InputError, PlanError, TemplateError
+from ..guards import check_guards
+from ..guards import evaluate as evaluate_condition
+from ..schema import REQUIRED, AddFile, ArrayOp, DropOp, Include, PatchOp, Recipe, RenameOp, SetOp
 from ..sources import Given, resolve_from
+from .expr import Template, config_ref, read_config_ref, walk_templates
+from .in_turn import read_after
+from .parse import bind_tensor_ops, parse_set_value, range_problem, range_text, type_problem
+from .scope import split_values
+from .tokens import token_problem
 
 ReadJson = Callable[[str], Any]
 

@@ -28,9 +28,18 @@ from typing import Any, Callable
 from ...errors import InputError, RecipeError, TemplateError, UnsafeName
 from ...names import checked_name
 from .. import checks as rc
+from ..schema import (
+    LAYER_COMPARISONS,
+    PARAM_TYPES,
+    REQUIRED,
+    ArrayOp,
+    Include,
+    Param,
+    PatchOp,
+    SetOp,
+    TensorOp,
+)
 from .expr import CONFIG_FILES, Template, config_ref, parse_template, walk_templates
-from ..schema import (LAYER_COMPARISONS, PARAM_TYPES, REQUIRED, ArrayOp, Include, PatchOp, Param,
-                     SetOp, TensorOp)
 
 PARAM_KEYS = ("type", "default", "description", "minimum", "maximum", "exclusive_minimum",
               "enum")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 
-from ..schema import FLOAT_TARGETS, SAFETENSORS_DTYPES
+from ..schema import SAFETENSORS_DTYPES
 
 _SPELLINGS = {
     "BOOL": ("bool",),

@@ -34,13 +34,26 @@ import re
 from typing import Any
 
 from .. import checks as rc
+from ..schema import (
+    DEFAULT_BLOCK,
+    DEQUANT_SCHEMES,
+    FLOAT_TARGETS,
+    QUANT_COMBINATIONS,
+    QUANT_LAYOUTS,
+    QUANT_SCHEMES,
+    CastTensors,
+    CopyTensors,
+    DequantizeTensors,
+    DropTensors,
+    QuantizeTensors,
+    RenameTensors,
+    TensorAction,
+    TensorOp,
+    TensorSelect,
+)
 from .dtype_names import canonical_dtype, dtype_problem
-from .split_scale import parse_refuse, parse_scale, parse_split
-from ..schema import (DEFAULT_BLOCK, DEQUANT_SCHEMES, FLOAT_TARGETS, QUANT_COMBINATIONS,
-                     QUANT_LAYOUTS, QUANT_SCHEMES, CastTensors, CopyTensors, DequantizeTensors,
-                     DropTensors, QuantizeTensors, RenameTensors, TensorAction, TensorOp,
-                     TensorSelect)
 from .schema import ACTION_KEYS, ACTION_REQUIRED, DEQUANT_BLOCK_SCHEMES, QUANT_BLOCK_SCHEMES
+from .split_scale import parse_refuse, parse_scale, parse_split
 
 TENSOR_ACTIONS = ("drop", "rename", "copy", "split", "scale", "refuse", "cast", "dequantize",
                   "quantize")
@@ -187,7 +200,8 @@ def check_replacement(v: rc.Validator, pattern: str, to: str, pos: rc.Pos) -> bo
 # atomic groups never backtrack into themselves and are allowed.
 
 try:
-    from re import _constants as _sre, _parser as _sre_parse   # Python 3.11+
+    from re import _constants as _sre  # Python 3.11+
+    from re import _parser as _sre_parse
 except ImportError:                                             # pragma: no cover
     import sre_constants as _sre  # type: ignore[no-redef]
     import sre_parse as _sre_parse  # type: ignore[no-redef]

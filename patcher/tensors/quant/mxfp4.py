@@ -27,8 +27,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .kernel_args import row_chunks
-from .kernel_args import check_out_dtype, torch_device
+from .kernel_args import check_out_dtype, row_chunks, torch_device
 from .rounding import round_exact
 
 #: Bytes per 32-element block (two e2m1 codes per byte).

@@ -24,8 +24,8 @@ from ...errors import OperationFailed, ShardStopped
 from ...integrity.digests.hash_writer import HashingWriter, hash_while_copying
 from ...integrity.digests.hashing import HashResult
 from ...integrity.digests.source_digest import SourceDigest, single_source_in_order
-from .shard_pipeline import Pipeline, read_ahead
 from ..tasks import ShardTask, TensorJob
+from .shard_pipeline import Pipeline, read_ahead
 from .thread_budget import apply_threads
 
 # safetensors dtype name -> torch dtype attribute name

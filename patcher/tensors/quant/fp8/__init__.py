@@ -28,8 +28,7 @@ codec) and ``quantize``.
 """
 
 from ..kernel_args import OUT_DTYPES
-from .dequantize import dequantize_fp8_block, dequantize_fp8_per_tensor
-from .dequantize import FP8_E4M3_MAX
+from .dequantize import FP8_E4M3_MAX, dequantize_fp8_block, dequantize_fp8_per_tensor
 from .quantize import quantize_fp8_block, quantize_fp8_per_tensor
 from .shapes import check_fp8_block_shapes, check_fp8_scale_shape, fp8_block_scale_shape
 

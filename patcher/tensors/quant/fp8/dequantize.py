@@ -17,8 +17,12 @@ import torch
 
 from ..kernel_args import check_out_dtype, row_chunks, scale_f64, torch_device
 from ..rounding import round_exact, round_via_f32
-from .shapes import (check_block, check_fp8_block_shapes, check_fp8_scale_shape,
-                     fp8_block_scale_shape)
+from .shapes import (
+    check_block,
+    check_fp8_block_shapes,
+    check_fp8_scale_shape,
+    fp8_block_scale_shape,
+)
 
 _FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 

@@ -6,8 +6,7 @@ import math
 
 import torch
 
-from ..kernel_args import abs_max, row_chunks
-from ..kernel_args import check_finite_amax, torch_device
+from ..kernel_args import abs_max, check_finite_amax, row_chunks, torch_device
 from .dequantize import FP8_E4M3_MAX, to_e4m3
 from .shapes import check_block, fp8_block_scale_shape
 

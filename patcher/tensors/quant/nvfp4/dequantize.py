@@ -15,13 +15,10 @@ from typing import NamedTuple
 
 import torch
 
-from ..kernel_args import row_chunks
-from ..kernel_args import check_out_dtype, scalar_f64, scale_f64, torch_device
+from ..kernel_args import check_out_dtype, row_chunks, scalar_f64, scale_f64, torch_device
 from ..rounding import round_exact, round_via_f32
-from .e2m1 import (E2M1_VALUES, E2M1_VALUES_CT, E2M1_VALUES_CT_F64, E2M1_VALUES_F64,
-                   decode_packed)
+from .e2m1 import E2M1_VALUES, E2M1_VALUES_CT, E2M1_VALUES_CT_F64, E2M1_VALUES_F64, decode_packed
 from .shapes import NVFP4_GROUP_SIZE, check_nvfp4_shapes
-
 
 _GROUP_SCALE_DTYPES = (torch.float8_e4m3fn, torch.bfloat16, torch.float16)
 

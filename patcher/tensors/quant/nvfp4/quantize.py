@@ -6,9 +6,8 @@ from collections.abc import Callable
 
 import torch
 
-from ..kernel_args import abs_max, row_chunks
 from ..fp8.dequantize import FP8_E4M3_MAX
-from ..kernel_args import check_finite_amax, torch_device
+from ..kernel_args import abs_max, check_finite_amax, row_chunks, torch_device
 from .e2m1 import E2M1_MAX, round_to_e2m1_codes
 from .shapes import NVFP4_GROUP_SIZE
 

@@ -311,8 +311,8 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
                    base_model: str | None = None, allow_noop: bool = False,
                    params: dict | None = None, endpoint: str | None = None) -> ApplyResult:
     """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model``,
-    ``params`` and ``endpoint`` as for ``apply``. A plan that changes nothing raises ``NothingToChange`` unless
-    ``allow_noop``."""
+    ``params`` and ``endpoint`` as for ``apply``. A plan that changes nothing raises
+    ``NothingToChange`` unless ``allow_noop``."""
     from .execute.inplace import apply_locked, prepare_directory
     from .execute.locking import lock_directory
     from .gguf.single_file import check_in_place, is_gguf_file
@@ -365,10 +365,12 @@ def _log_warnings(plan: Plan) -> None:
 
 
 def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None,
-           all_patches: bool = False, force: bool = False, jobs: int | None = None,
-           executor: str = "local", ray_address: str | None = None):
+           all_patches: bool = False, ignore_changes: bool = False, force: bool = False,
+           jobs: int | None = None, executor: str = "local", ray_address: str | None = None):
     """Undo the last patch (or all with ``all_patches``): in place, or rebuilt into ``out``
-    (with ``executor`` and ``ray_address`` as for ``apply``)."""
+    (with ``executor`` and ``ray_address`` as for ``apply``; ``force`` replaces an earlier
+    rebuild of the same base there). ``ignore_changes`` reverts a directory changed since the
+    patch (or whose revert data is damaged) anyway."""
     from .execute.revert import rebuild_base
     from .execute.revert import revert as revert_here
     from .gguf.single_file import model_directory
@@ -377,11 +379,18 @@ def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None
     _recovered(directory)
     if out is not None:
         with _executor(executor, ray_address):
-            return rebuild_base(directory, out, all_patches=all_patches, force=force, jobs=jobs)
+            return rebuild_base(directory, out, all_patches=all_patches,
+                                ignore_changes=ignore_changes, force=force, jobs=jobs)
+    if force:
+        raise InputError("force=True replaces an existing output, so it goes with out=OUT",
+                         where=directory,
+                         hint="to revert a directory changed since its patch: "
+                              "ignore_changes=True")
     if executor != "local":
         raise InputError(f"--executor {executor} rebuilds the base into a new directory: "
                          f"give -o", where=directory)
-    return revert_here(directory, all_patches=all_patches, force=force, jobs=jobs)
+    return revert_here(directory, all_patches=all_patches, ignore_changes=ignore_changes,
+                       jobs=jobs)
 
 
 HF_SCHEME = "hf://"

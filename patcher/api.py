@@ -88,11 +88,8 @@ def inspect(model: str | os.PathLike, *, endpoint: str | None = None) -> dict:
 
         return inspect_gguf_file(Path(model))
     opened = open_model(model, endpoint=endpoint)
-    has_gguf = any(rel.endswith(".gguf") for rel in opened.files)
+    has_gguf = require_model(opened)
     if not opened.has("config.json") and not opened.shards:
-        if not has_gguf:
-            raise ModelDirError("not a model directory (no config.json, no *.safetensors, "
-                                "no *.gguf)", where=opened.root)
         from .gguf.inspect import inspect_gguf_dir
 
         return {"format": "gguf", "path": str(opened.root), "models": inspect_gguf_dir(opened)}
@@ -116,6 +113,23 @@ def open_model(model: str | os.PathLike, *, endpoint: str | None = None,
     if is_remote(model):
         return RemoteModel.open(str(model), endpoint=endpoint, what=what)
     return _open(model)
+
+
+def require_model(opened: ModelDir) -> bool:
+    """Refuse a directory with neither a config.json, a safetensors file nor a GGUF file at its
+    top: that is not a model (a report of it would find nothing wrong), a folder of models
+    (``examples/out``) included, whose hint names them. Returns whether it holds GGUF."""
+    has_gguf = any(rel.endswith(".gguf") for rel in opened.files)
+    top = [rel for rel in opened.files if "/" not in rel]
+    if not ({"config.json"} & set(top) or any(rel.endswith((".safetensors", ".gguf"))
+                                               for rel in top)):
+        inside = sorted(rel.rsplit("/", 1)[0] for rel in opened.files
+                        if rel.endswith("/config.json"))
+        hint = (f"models in subdirectories: {', '.join(inside[:3])}"
+                f"{', ...' if len(inside) > 3 else ''}" if inside else None)
+        raise ModelDirError("not a model directory (no config.json, no *.safetensors, no "
+                            "*.gguf)", where=opened.root, hint=hint)
+    return has_gguf
 
 
 def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
@@ -203,14 +217,16 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
 
 
 def apply_stacked(recipes: list, model: str | os.PathLike, *, out: str | os.PathLike,
-                  force: bool = False, params: dict[str, dict] | None = None) -> Path:
+                  force: bool = False, params: dict[str, dict] | None = None,
+                  link: str = "auto") -> Path:
     """Apply ``recipes`` one after the other into one variant at ``out`` that appears whole or
     not at all: the first out of place into a scratch directory beside ``out``, the others
     stacked on it in place (each a revertible patch: ``revert`` undoes them one by one), then
     the scratch directory renamed to ``out``. A recipe that refuses (a guard, a bad input)
     raises its error and leaves nothing: ``out`` is as it was. ``params``: recipe -> its params.
     ``force`` replaces an earlier variant at ``out``, or an earlier stacked output of this
-    same base (never a directory patched in place on another base)."""
+    same base (never a directory patched in place on another base). ``link``: how the base's
+    unchanged files are carried, as for ``apply``."""
     from .execute.locking import lock_new_path
     from .execute.output_dir import (
         commit,
@@ -230,7 +246,7 @@ def apply_stacked(recipes: list, model: str | os.PathLike, *, out: str | os.Path
             refuse_to_replace_a_stranger(out, stacked_on=Path(model))
         scratch = scratch_beside(out)
         try:
-            apply(recipes[0], model, out=scratch, params=params.get(recipes[0]))
+            apply(recipes[0], model, out=scratch, params=params.get(recipes[0]), link=link)
             for recipe in recipes[1:]:
                 apply_in_place(recipe, scratch, params=params.get(recipe))
             commit(scratch, out)
@@ -433,6 +449,7 @@ def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | No
     target = Target(name, version, parse_gpu(gpu))
     loaded = load_rules(tuple(rules), allow_recipe_files=allow_recipe_files)
     opened = open_model(model, endpoint=endpoint, what="doctor")
+    require_model(opened)
     report = diagnose(opened, target, loaded)
     if hasattr(opened, "transfer_report"):
         report["remote"] = opened.transfer_report()

@@ -50,7 +50,8 @@ LOG_FORMAT = "modelpatch: %(message)s"
               callback=set_debug, help=DEBUG_HELP)
 @click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=set_quiet,
               help=QUIET_HELP)
-@click.option("--json", is_flag=True, expose_value=False, callback=set_json, help=JSON_HELP)
+@click.option("--json", "as_json", is_flag=True, expose_value=False, callback=set_json,
+              help=JSON_HELP)
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """Declarative, verifiable, reversible patches for model checkpoints."""

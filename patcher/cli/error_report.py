@@ -94,7 +94,9 @@ def describe(exc: BaseException, exit_code: int | None = None) -> ErrorReport:
         return ErrorReport(type(exc).__name__, str(exc.strerror or exc), 3,
                            os.fsdecode(exc.filename) if exc.filename else None)
     if isinstance(exc, click.ClickException):
-        return ErrorReport(type(exc).__name__, exc.format_message(), exc.exit_code)
+        return ErrorReport(type(exc).__name__, getattr(exc, "one_line", None)
+                           or exc.format_message(), exc.exit_code,
+                           hint=getattr(exc, "hint", None))
     return ErrorReport(type(exc).__name__, str(exc) or "interrupted", exit_code or 1)
 
 

@@ -44,6 +44,7 @@ def model_facts(model: ModelDir) -> dict:
     ``tensor_count``: tensors the model loads; ``tensor_groups``: their count per module group
     of ``inspect`` (only groups that have tensors: ``/tensor_groups/lm_head`` exists or not);
     ``unloaded_shards``: safetensors files the model does not load (not in its index);
+    ``safetensors``: every safetensors file;
     ``tensors``: tensor name -> shard (``/tensors/lm_head.weight`` exists or not); ``eos``,
     ``quant_ignore``, ``kv_scale_names``, ``layers_past_config``, ``gguf``: see
     ``patcher.doctor.facts``."""
@@ -57,6 +58,7 @@ def model_facts(model: ModelDir) -> dict:
         "tensor_count": lambda: len(model.tensor_shards),
         "tensor_groups": lambda: _tensor_groups(model),
         "unloaded_shards": lambda: sorted(set(model.shards) - set(model.model_shards)),
+        "safetensors": lambda: sorted(model.shards),
         "tensors": lambda: model.tensor_shards,
         "eos": lambda: facts.eos_facts(model),
         "quant_ignore": lambda: facts.ignore_facts(model),

@@ -8,6 +8,7 @@ loads JSON files lazily and strictly. Every other command builds on it.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -84,7 +85,8 @@ class ModelDir:
         if not root.is_dir():
             raise ModelDirError("not a directory" if root.exists() else "no such directory",
                                 where=root, hint="a model is a directory, one .gguf file or "
-                                                 "hf://ORG/NAME[@REV]" if root.exists() else None)
+                                                 "hf://ORG/NAME[@REV]" if root.exists()
+                                else _hub_hint(os.fspath(path)))
         cache_repo = hf_cache_repo(root)
         files = dict(_list_files(root, cache_repo))
         shard_names = sorted(p for p in files if p.endswith(".safetensors"))
@@ -104,7 +106,8 @@ class ModelDir:
         return self.files[relpath].path.read_bytes()
 
     def json(self, relpath: str) -> Any:
-        """The parsed JSON file ``relpath`` (strict: UTF-8, no duplicate keys), or None if absent."""
+        """The parsed JSON file ``relpath`` (strict: UTF-8, no duplicate keys), or None if
+        absent."""
         if relpath not in self._json:
             if relpath not in self.files:
                 return None
@@ -209,11 +212,22 @@ def hf_cache_repo(root: Path) -> Path | None:
     return None
 
 
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[^\s/@]+)?")
+
+
+def _hub_hint(text: str) -> str | None:
+    """``org/name`` that is no directory here is most likely a hub repository."""
+    if _REPO_ID.fullmatch(text) and not os.path.lexists(text.split("/", 1)[0]):
+        return f"did you mean hf://{text}?"
+    return None
+
+
 def _list_files(root: Path, cache_repo: Path | None) -> Iterator[tuple[str, ModelFile]]:
     real_root = os.path.realpath(root)
     allowed = [real_root] + ([str(cache_repo)] if cache_repo else [])
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not (dirpath == str(root) and d in SKIPPED_DIRS))
+        dirnames[:] = sorted(d for d in dirnames
+                             if not (dirpath == str(root) and d in SKIPPED_DIRS))
         for name in dirnames:
             if os.path.islink(os.path.join(dirpath, name)):
                 raise ModelDirError("symlinked directories are not supported",

@@ -52,15 +52,18 @@ DEBUG_HELP = ("List every problem of a bad input; twice (or MODELPATCH_TRACEBACK
               "traceback.")
 QUIET_HELP = "No progress bars or informational logs."
 JSON_HELP = "Machine-readable output; errors too, as {\"error\": {...}} on stdout."
+JSON_ERRORS_HELP = ("Errors as {\"error\": {...}} on stdout (what this command prints otherwise "
+                    "is unchanged: it has no result of its own to shape).")
 
 
 def _shared_options() -> list[click.Option]:
+    """The global options a subcommand lacks; its ``--json`` then shapes errors only."""
     return [click.Option(["--debug"], count=True, expose_value=False, callback=set_debug,
                          help=DEBUG_HELP),
             click.Option(["-q", "--quiet"], is_flag=True, expose_value=False,
                          callback=set_quiet, help=QUIET_HELP),
             click.Option(["--json", "as_json"], is_flag=True, expose_value=False,
-                         callback=set_json, help=JSON_HELP)]
+                         callback=set_json, help=JSON_ERRORS_HELP)]
 
 
 def _with_group_json(callback):

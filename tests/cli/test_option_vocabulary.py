@@ -62,6 +62,15 @@ def test_no_help_shows_a_parameter_name_as_a_default():
         assert "(as_json)" not in text and "[default: (" not in text, name
 
 
+def test_json_shapes_the_result_of_every_command_that_has_one():
+    errors_only = sorted(name for name, command in _commands(main) for param in command.params
+                         if "--json" in param.opts and not param.expose_value)
+    assert errors_only == ["hub serve", "recipes schema"]       # a server; JSON already
+    for name, command in _commands(main):
+        (json_param,) = [p for p in command.params if "--json" in p.opts]
+        assert json_param.help.startswith("Errors as") is (name in errors_only), name
+
+
 # --- one line for a usage error -------------------------------------------------------------
 
 @pytest.mark.parametrize("args, line", [

@@ -116,13 +116,14 @@ def open_model(model: str | os.PathLike, *, endpoint: str | None = None,
 
 
 def require_model(opened: ModelDir) -> bool:
-    """Refuse a directory with neither a config.json, a safetensors file nor a GGUF file at its
-    top: that is not a model (a report of it would find nothing wrong), a folder of models
-    (``examples/out``) included, whose hint names them. Returns whether it holds GGUF."""
+    """Refuse a directory with neither a config.json nor a safetensors file at its top, nor a
+    GGUF file (GGUF repositories keep quantizations in subfolders): that is not a model (a
+    report of it would find nothing wrong), a folder of models (``examples/out``) included,
+    whose hint names them. Returns whether it holds GGUF."""
     has_gguf = any(rel.endswith(".gguf") for rel in opened.files)
     top = [rel for rel in opened.files if "/" not in rel]
-    if not ({"config.json"} & set(top) or any(rel.endswith((".safetensors", ".gguf"))
-                                               for rel in top)):
+    if not (has_gguf or "config.json" in top or any(rel.endswith(".safetensors")
+                                                    for rel in top)):
         inside = sorted(rel.rsplit("/", 1)[0] for rel in opened.files
                         if rel.endswith("/config.json"))
         hint = (f"models in subdirectories: {', '.join(inside[:3])}"

@@ -105,3 +105,14 @@ def test_link_goes_with_fix_out_of_place(tmp_path):
     assert refused.stderr.startswith("modelpatch: error: --in-place excludes -o/--output, "
                                      "--link and --copy")
     shutil.rmtree(model)
+
+
+def test_a_gguf_in_a_subfolder_is_still_a_model(tmp_path):
+    from gguf_fixtures import write_tiny
+
+    repo = tmp_path / "repo"
+    (repo / "Q8_0").mkdir(parents=True)          # how GGUF repositories keep quantizations
+    write_tiny(repo / "Q8_0" / "tiny-Q8_0.gguf")
+    assert run("inspect", repo).exit_code == 0
+    result = run("doctor", repo)
+    assert result.exit_code == 0 and "not a model" not in result.output

@@ -150,9 +150,16 @@ class ModelpatchGroup(click.Group):
             raise
 
 
+# click >= 8.2 raises this (a UsageError) for a group given no command; it prints the help
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 def _click_error(exc: click.ClickException, obj: dict | None) -> None:
     """A usage error (bad option, missing argument, options that exclude each other) as every
-    other error: one ``modelpatch: error:`` line naming the help to read, exit 2."""
+    other error: one ``modelpatch: error:`` line naming the help to read, exit 2. The help a
+    group shows when given no command is no error: click prints it."""
+    if isinstance(exc, _NO_ARGS_IS_HELP):
+        raise exc
     if isinstance(exc, click.UsageError):
         words = ["modelpatch"]
         ctx = exc.ctx

@@ -90,6 +90,12 @@ def test_a_usage_error_is_one_line(args, line):
     assert (result.exit_code, result.stdout, result.stderr) == (2, "", line + "\n")
 
 
+@pytest.mark.parametrize("args", [[], ["recipes"], ["hub"]])
+def test_a_group_without_a_command_shows_its_help_whole(args):
+    result = run(*args)
+    assert "Commands:" in result.output and "modelpatch: error" not in result.output
+
+
 def test_a_usage_error_under_json_is_a_json_error_too():
     result = run("--json", "plan")
     assert result.exit_code == 2

@@ -161,14 +161,12 @@ def _click_error(exc: click.ClickException, obj: dict | None) -> None:
     if isinstance(exc, _NO_ARGS_IS_HELP):
         raise exc
     if isinstance(exc, click.UsageError):
-        words = ["modelpatch"]
-        ctx = exc.ctx
-        names = []
+        names, ctx = [], exc.ctx        # the subcommands' names; the program's is modelpatch
         while ctx is not None and ctx.parent is not None:
-            names.append(ctx.info_name)
+            names.insert(0, ctx.info_name)
             ctx = ctx.parent
         exc.one_line = usage_message(exc.format_message())
-        exc.hint = f"see `{' '.join(words + names[::-1] + ['--help'])}`"
+        exc.hint = f"see `{' '.join(['modelpatch', *names, '--help'])}`"
     emit(exc, obj)
     raise click.exceptions.Exit(exc.exit_code)
 

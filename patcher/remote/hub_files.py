@@ -75,9 +75,8 @@ class HubFiles:
 
     def read(self, path: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes ``start`` to ``end - 1`` of ``path`` (default: to its end), by one request."""
-        from ..hub.client.connection import hub_call
-
         from ..hub.client import guard
+        from ..hub.client.connection import hub_call
 
         size = self.sizes[path]
         end = size if end is None else end

@@ -10,9 +10,9 @@ Where it looks, for each wanted sha256:
 
 A name is only a claim: a match is linked (reflink, else hardlink, else copy) into the staging
 directory and hashed there (a file this user does not own is reflinked or copied, never
-hard-linked: its owner's later edits would change the pulled variant); a file whose bytes do not have the sha256 is removed and
-downloaded instead. Pull then checks the reused files against the hub's digests and the
-manifest like every downloaded one.
+hard-linked: its owner's later edits would change the pulled variant); a file whose bytes do
+not have the sha256 is removed and downloaded instead. Pull then checks the reused files
+against the hub's digests and the manifest like every downloaded one.
 """
 
 from __future__ import annotations

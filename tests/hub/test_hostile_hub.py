@@ -83,8 +83,20 @@ def _names(root: Path) -> list[str]:
     return [str(root / "planted-abs"), climb + str(root / "planted-rel").lstrip("/")]
 
 
+@pytest.fixture(params=["client", "command"])
+def checked_by(request, monkeypatch):
+    """``client``: the HTTP client refuses the answer; ``command``: its listing checks are
+    switched off, and the command's own checks must refuse the names before any file call."""
+    if request.param == "command":
+        from patcher.hub.client import guard
+
+        monkeypatch.setattr(guard, "_check_listing", lambda data: None)
+    return request.param
+
+
 @pytest.mark.parametrize("which", [0, 1], ids=["absolute", "dotdot"])
-def test_apply_publish_writes_no_listed_name_outside_its_temporary_directory(world, which):
+def test_apply_publish_writes_no_listed_name_outside_its_temporary_directory(world, which,
+                                                                            checked_by):
     tmp_path, recipe = world
     name = _names(tmp_path)[which]
     hub = HostileHub(files={"config.json": CONFIG, name: b"ssh-ed25519 AAAA attacker\n"})
@@ -97,7 +109,7 @@ def test_apply_publish_writes_no_listed_name_outside_its_temporary_directory(wor
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["absolute", "dotdot"])
-def test_pull_links_no_cached_blob_outside_its_staging_directory(world, which):
+def test_pull_links_no_cached_blob_outside_its_staging_directory(world, which, checked_by):
     """The attacker names a blob of the user's Hugging Face cache by its sha256 and lists it
     under a name out of the staging directory: nothing is linked there, before or after the
     pull fails."""
@@ -115,7 +127,7 @@ def test_pull_links_no_cached_blob_outside_its_staging_directory(world, which):
     one_line_error(result, 2)
 
 
-def test_pull_refuses_a_traversal_sha256_before_looking_for_it(world):
+def test_pull_refuses_a_traversal_sha256_before_looking_for_it(world, checked_by):
     tmp_path, _ = world
     (tmp_path / "planted-source").write_bytes(b"x" * 10)
     hub = HostileHub(files={"config.json": CONFIG, "model.safetensors": b"x" * 10},
@@ -179,10 +191,7 @@ def test_every_api_answer_is_checked(world, route):
         calls = {
             "paths-info": lambda: api.get_paths_info(hub.repo, ["config.json"]),
             "tree": lambda: list(api.list_repo_tree(hub.repo)),
-            "preupload": lambda: api._http_session.post(
-                f"{hub.endpoint}/api/models/{hub.repo}/preupload/main") if hasattr(
-                api, "_http_session") else _post(f"{hub.endpoint}/api/models/{hub.repo}"
-                                                 f"/preupload/main"),
+            "preupload": lambda: _post(f"{hub.endpoint}/api/models/{hub.repo}/preupload/main"),
             "lfs-batch": lambda: _post(f"{hub.endpoint}/{hub.repo}.git/info/lfs/objects/batch"),
         }
         with pytest.raises(UnsafeName):
@@ -266,3 +275,18 @@ def test_a_gguf_repository_is_never_read_from_the_current_directory(world, comma
     assert "plantedarch" not in result.output
     one_line_error(result, 2)
     assert os.path.exists(local)
+
+
+def test_reuse_checks_every_name_before_linking_any(tmp_path):
+    """``link_into`` itself: one traversal name among good ones, and no link is made at all."""
+    from patcher.errors import UnsafeName
+    from patcher.hub.client.reuse import link_into
+
+    source = tmp_path / "blob"
+    source.write_bytes(b"bytes")
+    sha = hashlib.sha256(b"bytes").hexdigest()
+    (tmp_path / "staging").mkdir()
+    wanted = {"a.safetensors": (sha, 5), "../planted": (sha, 5)}
+    with pytest.raises(UnsafeName):
+        link_into(tmp_path / "staging", wanted, {sha: source})
+    assert planted(tmp_path) == [] and list((tmp_path / "staging").iterdir()) == []

@@ -219,7 +219,8 @@ def hostile_hub(hub: HostileHub | None = None) -> Iterator[HostileHub]:
                 return self._json({"error": "Entry not found"}, status=404,
                                   headers={"X-Error-Code": "EntryNotFound",
                                            "X-Repo-Commit": hub.repo_commit or hub.commit})
-            headers = {"ETag": f'"{hub.etag or _git_sha1(data)}"',
+            etag = hub.etag or _git_sha1(data)
+            headers = {"ETag": etag if etag.startswith('W/"') else f'"{etag}"',
                        "X-Repo-Commit": hub.repo_commit or hub.commit,
                        "Accept-Ranges": "bytes"}
             if hub.linked_etag is not None:

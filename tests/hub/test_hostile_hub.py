@@ -290,3 +290,17 @@ def test_reuse_checks_every_name_before_linking_any(tmp_path):
     with pytest.raises(UnsafeName):
         link_into(tmp_path / "staging", wanted, {sha: source})
     assert planted(tmp_path) == [] and list((tmp_path / "staging").iterdir()) == []
+
+
+@pytest.mark.parametrize("linked", [False, True], ids=["weak-etag", "linked-etag"])
+def test_what_real_hubs_send_still_passes(world, linked):
+    """No false refusal: a file in a dot-directory (the Hub's ``.eval_results/``), a weak ETag
+    (``W/"..."``), an ``X-Linked-Etag`` beside the ETag, and budgets left at their defaults."""
+    from hub_fixtures import _git_sha1
+
+    hub = HostileHub(files={"config.json": CONFIG, ".eval_results/mmlu.yaml": b"score: 1\n"},
+                     etag=f'W/"{_git_sha1(CONFIG)}"',
+                     linked_etag=hashlib.sha256(CONFIG).hexdigest() if linked else None)
+    with hostile_hub(hub):
+        result = cli("inspect", f"hf://{hub.repo}", "--endpoint", hub.endpoint, "--json")
+    assert result.exit_code == 0, result.output

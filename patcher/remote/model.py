@@ -42,7 +42,7 @@ class HubRoot(PosixPath):
     def __fspath__(self) -> str:
         raise ModelDirError("is a file of a hub repository, not of this machine: only its JSON "
                             "files and safetensors headers are read for an hf:// model",
-                            where=str(self), hint="download it first (apply hf://... does)")
+                            where=str(self), hint="download it first: apply hf://... does")
 
 
 def is_remote(model: object) -> bool:

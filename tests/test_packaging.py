@@ -91,3 +91,16 @@ def test_the_package_is_marked_typed_and_ships_the_marker():
     assert (REPO / "patcher" / "py.typed").is_file()
     data = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert "py.typed" in data["tool"]["setuptools"]["package-data"]["patcher"]
+
+
+def test_the_version_is_one_and_released():
+    """``patcher.__version__`` (recorded in every manifest) is pyproject's version, and the
+    CHANGELOG has a dated section for it."""
+    import patcher
+
+    tomllib = pytest.importorskip("tomllib")           # Python 3.11+
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert patcher.__version__ == version
+    assert re.search(rf"^## \[{re.escape(version)}\] - \d{{4}}-\d{{2}}-\d{{2}}$",
+                     (REPO / "CHANGELOG.md").read_text(), re.MULTILINE)

@@ -28,8 +28,8 @@ class DigestEntry(NamedTuple):
 # -- paths ---------------------------------------------------------------------------------------
 
 def is_excluded(name: str) -> bool:
-    """True for the names a manifest never lists: the manifest, ``.modelpatch/``, ``.git``,
-    ``.cache/`` (what ``model_dir.is_model_path`` leaves out)."""
+    """True for the names a manifest never lists: the manifest, ``model.sig``, ``.modelpatch/``,
+    ``.git``, ``.cache/`` (what ``model_dir.is_model_path`` leaves out)."""
     return not is_model_path(name)
 
 
@@ -51,8 +51,8 @@ def check_relpath(name: object) -> str | None:
     if any(p in ("", ".") for p in parts):
         return "path is not normalized (empty or '.' component)"
     if is_excluded(name):
-        return (f"reserved path ({MANIFEST_NAME}, {STATE_DIR}/, .git and .cache/ are never "
-                f"listed)")
+        return (f"reserved path ({MANIFEST_NAME}, model.sig, {STATE_DIR}/, .git and .cache/ "
+                f"are never listed)")
     return None
 
 

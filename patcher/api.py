@@ -330,8 +330,8 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
                    base_model: str | None = None, allow_noop: bool = False,
                    params: dict | None = None, endpoint: str | None = None) -> ApplyResult:
     """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model``,
-    ``params`` and ``endpoint`` as for ``apply``. A plan that changes nothing raises ``NothingToChange`` unless
-    ``allow_noop``."""
+    ``params`` and ``endpoint`` as for ``apply``. A plan that changes nothing raises
+    ``NothingToChange`` unless ``allow_noop``."""
     from .execute.inplace import apply_locked, prepare_directory
     from .execute.locking import lock_directory
     from .gguf.single_file import check_in_place, is_gguf_file

@@ -62,7 +62,8 @@ def test_installed_metadata_pins_nothing_exactly():
         pytest.skip("modelpatch is not installed")
     origin = json.loads(dist.read_text("direct_url.json") or "{}").get("url", "")
     if os.path.realpath(origin.removeprefix("file://")) != str(REPO):
-        pytest.skip(f"the installed modelpatch comes from {origin or 'an index'}, not this checkout")
+        pytest.skip(f"the installed modelpatch comes from {origin or 'an index'}, "
+                    "not this checkout")
     assert _exact_pins(dist) == []
 
 

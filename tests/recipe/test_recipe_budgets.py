@@ -247,9 +247,10 @@ def test_gguf_tensor_patterns_get_the_same_load_checks(op, message):
 
 
 def test_a_model_ignore_pattern_draws_on_the_plan_budget(monkeypatch):
-    """A model's own re: ignore entries are matched against each dequantized module when the
-    plan checks the quantization it still declares: a catastrophic one (0.2 s a name, matched
-    from the start as compressed-tensors does) is refused in one line by the plan budget, and a nested-too-deeply one is no pattern (no RecursionError)."""
+    """A model's own re: ignore entries are matched against each dequantized module when the plan
+    checks the quantization it still declares: a catastrophic one (0.2 s a name, matched from the
+    start as compressed-tensors does) is refused in one line by the plan budget, and a
+    nested-too-deeply one is no pattern (no RecursionError)."""
     from patcher.changes import TensorConverted
     from patcher.errors import PlanError
     from patcher.recipe import regex_bound

@@ -62,14 +62,18 @@ def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_js
 @click.option("--reuse", "reuse", multiple=True, type=click.Path(file_okay=False, path_type=str),
               help="Directory whose files to link instead of downloading when their sha256 "
                    "matches (repeatable; the Hugging Face cache is always searched).")
+@click.option("--key", "pub_key", type=click.Path(dir_okay=False, path_type=str), default=None,
+              metavar="PUB.pem", help="Also require model.sig signed by this public key, and "
+                                      "every file as it signed them.")
 @quiet_option
 @click.pass_context
-def pull(ctx, repo_id, out, endpoint, revision, reuse):
+def pull(ctx, repo_id, out, endpoint, revision, reuse, pub_key):
     """Download REPO_ID and verify every file against the hub's digests and the manifest."""
     from .. import api
 
+    trust = api.trust_of(pub_key)          # a bad key file fails before the download
     result = api.pull(repo_id, out, endpoint=endpoint, revision=revision,
-                      progress=not ctx.obj.get("quiet"), reuse=reuse)
+                      progress=not ctx.obj.get("quiet"), reuse=reuse, trust=trust)
     echo(str(result.output))
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from ...errors import HubError, VerifyMismatch
 from ...integrity.manifest import read_manifest
 from ...integrity.patch_record import patch_dirs, read_record
-from ...model.model_dir import MANIFEST_NAME
+from ...model.model_dir import MANIFEST_NAME, SIGNATURE_NAME
 from .connection import check_endpoint, check_repo_id, client, hub_call, progress_bars
 from .model_card import CARD_NAME, ORIGINAL_README, render_card
 from .server_copies import TransferPlan, plan_transfer
@@ -85,13 +85,33 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
         hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
                   exist_ok=True)
     existing = existing_card(root, api, repo_id, branch)
-    card = render_card(existing, manifest, base_model, base).encode("utf-8")
+    signer = _signer(root, manifest)
+    card = render_card(existing, manifest, base_model, base, signer=signer).encode("utf-8")
     extra = {MANIFEST_NAME: str(root / MANIFEST_NAME), CARD_NAME: card}
+    if signer is not None:              # uploaded as is: pull --key checks it
+        extra[SIGNATURE_NAME] = str(root / SIGNATURE_NAME)
     commit_message = message or (f"modelpatch: {manifest.recipe['name']} applied to "
                                  f"{base_model or _label(base)}")
     oid = commit_variant(api, repo_id, branch, root, names, plan, extra, commit_message)
     return PublishResult(repo_id=repo_id, revision=branch, commit=oid, files=len(names) + 2,
                          plan=plan)
+
+
+def _signer(root: Path, manifest) -> str | None:
+    """Who ``model.sig`` says signed the variant (checked by ``pull --key``), or None when
+    unsigned. A signature over other digests than the manifest's (the variant changed since it
+    was signed) is refused: it would fail every verification downstream."""
+    from ...signing.parse import read_bundle
+    from ...signing.sign import resources_of
+
+    if not os.path.lexists(root / SIGNATURE_NAME):
+        return None
+    bundle = read_bundle(root / SIGNATURE_NAME)
+    if bundle.resources != resources_of(manifest.subjects, manifest.sha256):
+        raise VerifyMismatch("model.sig does not sign these files (the variant changed after "
+                             "it was signed)", where=root / SIGNATURE_NAME,
+                             hint="sign it again: modelpatch sign DIR --key PRIVATE.pem")
+    return bundle.claimed_signer()
 
 
 def _identified_base_model(base: str, manifest) -> str | None:

@@ -22,7 +22,7 @@ from ...errors import InputError, PatchError, VerifyMismatch
 from ...fsops import remove_tree
 from ...integrity.manifest import read_manifest
 from ...integrity.snapshot_verify import git_blob_sha1
-from ...model.model_dir import MANIFEST_NAME, SKIPPED_DIRS
+from ...model.model_dir import MANIFEST_NAME, SIGNATURE_NAME, SKIPPED_DIRS
 from ...units import human_bytes
 from .connection import check_repo_id, client, hub_call, progress_bars
 from .model_card import CARD_NAME, HUB_CARD_COPY, HUB_FILES, ORIGINAL_README
@@ -44,7 +44,7 @@ class PullResult:
 
 def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | None = None,
          revision: str | None = None, progress: bool = True,
-         reuse: list[str | os.PathLike] | tuple = ()) -> PullResult:
+         reuse: list[str | os.PathLike] | tuple = (), trust=None) -> PullResult:
     """Download ``repo_id`` into ``out`` and verify it; nothing appears at ``out`` unless every
     file matches both the hub's digests and the provenance manifest. ``progress=False``: no
     progress bars. LFS files already in the Hugging Face cache or under a ``reuse`` directory
@@ -89,6 +89,8 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
                 _restore_readme(staging)
                 _set_aside_git_attributes(staging)
                 _check_manifest(staging, repo_id)
+                if trust is not None:
+                    _check_signature(staging, repo_id, trust)
                 write_pulled_source(staging, repo_id, info.sha)
             except PatchError as exc:
                 _name_the_repo(exc, staging, repo_id)
@@ -176,6 +178,15 @@ def _set_aside_git_attributes(root: Path) -> None:
         target = root / HUB_FILES / GIT_ATTRIBUTES
         target.parent.mkdir(parents=True, exist_ok=True)
         os.rename(attributes, target)
+
+
+def _check_signature(root: Path, repo_id: str, trust) -> None:
+    """``pull --key``: the download is signed by ``trust`` and matches what it signed."""
+    from ...signing.verify import verify_signed
+
+    if not (root / SIGNATURE_NAME).exists():
+        raise VerifyMismatch("not signed: the repository has no model.sig", where=repo_id)
+    verify_signed(root, trust, fast=True)
 
 
 def _require_manifest(root: Path, repo_id: str) -> None:

@@ -31,7 +31,7 @@ _HEX = re.compile(r"[0-9a-f]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-class NotOMS(Exception):
+class _NotOMS(Exception):
     """Why a bundle is not OMS v1.0 (the message is the one line shown)."""
 
 
@@ -92,27 +92,27 @@ def parse_bundle(data: bytes, where: str) -> Bundle:
         try:
             document = parse_json(data, where, constants=False)
         except InputError as exc:
-            raise NotOMS(f"not JSON ({exc.message})") from None
+            raise _NotOMS(f"not JSON ({exc.message})") from None
         return _bundle(document)
-    except NotOMS as exc:
+    except _NotOMS as exc:
         raise VerifyMismatch(f"not an OMS v1.0 bundle: {exc}", where=where) from None
 
 
 def _obj(value: Any, where: str, keys: tuple[str, ...] | None = None,
          required: tuple[str, ...] = ()) -> dict:
     if not isinstance(value, dict):
-        raise NotOMS(f"{where}: expected an object")
+        raise _NotOMS(f"{where}: expected an object")
     missing = [k for k in required if k not in value]
     if missing:
-        raise NotOMS(f"{where}: {missing[0]!r} is missing")
+        raise _NotOMS(f"{where}: {missing[0]!r} is missing")
     if keys is not None and (extra := sorted(set(value) - set(keys))):
-        raise NotOMS(f"{where}: unexpected key {extra[0]!r}")
+        raise _NotOMS(f"{where}: unexpected key {extra[0]!r}")
     return value
 
 
 def _str(value: Any, where: str, pattern: re.Pattern | None = None) -> str:
     if not isinstance(value, str) or not value or (pattern and not pattern.fullmatch(value)):
-        raise NotOMS(f"{where}: expected a non-empty string" +
+        raise _NotOMS(f"{where}: expected a non-empty string" +
                      (" of lowercase hex" if pattern else ""))
     return value
 
@@ -121,33 +121,33 @@ def _b64(value: Any, where: str) -> bytes:
     try:
         return base64.b64decode(_str(value, where), validate=True)
     except (binascii.Error, ValueError):
-        raise NotOMS(f"{where}: not base64") from None
+        raise _NotOMS(f"{where}: not base64") from None
 
 
 def _bundle(document: Any) -> Bundle:
     top = _obj(document, "bundle", ("mediaType", "verificationMaterial", "dsseEnvelope"),
                ("mediaType", "verificationMaterial", "dsseEnvelope"))
     if top["mediaType"] not in MEDIA_TYPES:
-        raise NotOMS(f"mediaType {str(top['mediaType'])[:80]!r} is not a Sigstore bundle's")
+        raise _NotOMS(f"mediaType {str(top['mediaType'])[:80]!r} is not a Sigstore bundle's")
     material = _obj(top["verificationMaterial"], "verificationMaterial")
     method, hint, raw_key, certs = _material(material)
     env = _obj(top["dsseEnvelope"], "dsseEnvelope", ("payload", "payloadType", "signatures"),
                ("payload", "payloadType", "signatures"))
     if env["payloadType"] != PAYLOAD_TYPE:
-        raise NotOMS(f"dsseEnvelope.payloadType is not {PAYLOAD_TYPE!r}")
+        raise _NotOMS(f"dsseEnvelope.payloadType is not {PAYLOAD_TYPE!r}")
     sigs = env["signatures"]
     if not isinstance(sigs, list) or not sigs:
-        raise NotOMS("dsseEnvelope.signatures: expected at least one")
+        raise _NotOMS("dsseEnvelope.signatures: expected at least one")
     for i, sig in enumerate(sigs):
         _obj(sig, f"dsseEnvelope.signatures[{i}]", ("sig", "keyid"), ("sig",))
         if not isinstance(sig.get("keyid", ""), (str, type(None))):
-            raise NotOMS(f"dsseEnvelope.signatures[{i}].keyid: expected a string or null")
+            raise _NotOMS(f"dsseEnvelope.signatures[{i}].keyid: expected a string or null")
     signature = _b64(sigs[0]["sig"], "dsseEnvelope.signatures[0].sig")
     payload = _b64(env["payload"], "dsseEnvelope.payload")
     try:
         stmt = parse_json(payload, "payload", constants=False)
     except InputError as exc:
-        raise NotOMS(f"the payload is not JSON ({exc.message})") from None
+        raise _NotOMS(f"the payload is not JSON ({exc.message})") from None
     resources, serialization = _statement(stmt)
     return Bundle(method=method, payload=payload, signature=signature, statement=stmt,
                   resources=resources, allow_symlinks=serialization["allow_symlinks"],
@@ -158,80 +158,80 @@ def _bundle(document: Any) -> Bundle:
 def _material(material: dict) -> tuple[str, str | None, bytes | None, tuple[bytes, ...]]:
     tlog = material.get("tlogEntries")
     if tlog is not None and not isinstance(tlog, list):
-        raise NotOMS("verificationMaterial.tlogEntries: expected a list")
+        raise _NotOMS("verificationMaterial.tlogEntries: expected a list")
     if "publicKey" in material:
         key = _obj(material["publicKey"], "verificationMaterial.publicKey")
         if "hint" in key:
             return "key", _str(key["hint"], "verificationMaterial.publicKey.hint"), None, ()
         if "rawBytes" in key:           # bundles of model_signing before 1.1
             return "key", None, _b64(key["rawBytes"], "verificationMaterial.publicKey"), ()
-        raise NotOMS("verificationMaterial.publicKey: neither 'hint' nor 'rawBytes'")
+        raise _NotOMS("verificationMaterial.publicKey: neither 'hint' nor 'rawBytes'")
     if "x509CertificateChain" in material:
         chain = _obj(material["x509CertificateChain"], "verificationMaterial."
                      "x509CertificateChain", None, ("certificates",))["certificates"]
         if not isinstance(chain, list) or not chain:
-            raise NotOMS("verificationMaterial.x509CertificateChain: no certificate")
+            raise _NotOMS("verificationMaterial.x509CertificateChain: no certificate")
         return "certificate", None, None, tuple(
             _b64(_obj(c, "certificate", None, ("rawBytes",))["rawBytes"],
                  f"x509CertificateChain.certificates[{i}]") for i, c in enumerate(chain))
     if "certificate" in material:
         if not tlog:
-            raise NotOMS("a Sigstore bundle without transparency log entries (tlogEntries)")
+            raise _NotOMS("a Sigstore bundle without transparency log entries (tlogEntries)")
         cert = _obj(material["certificate"], "verificationMaterial.certificate", None,
                     ("rawBytes",))
         return "sigstore", None, None, (_b64(cert["rawBytes"], "certificate.rawBytes"),)
-    raise NotOMS("verificationMaterial has no publicKey, x509CertificateChain or certificate")
+    raise _NotOMS("verificationMaterial has no publicKey, x509CertificateChain or certificate")
 
 
 def _statement(stmt: Any) -> tuple[dict[str, str], dict]:
     stmt = _obj(stmt, "statement", ("_type", "subject", "predicateType", "predicate"),
                 ("_type", "subject", "predicateType", "predicate"))
     if stmt["_type"] != STATEMENT_TYPE:
-        raise NotOMS(f"statement _type is not {STATEMENT_TYPE!r}")
+        raise _NotOMS(f"statement _type is not {STATEMENT_TYPE!r}")
     if stmt["predicateType"] != PREDICATE_TYPE:
-        raise NotOMS(f"predicateType {str(stmt['predicateType'])[:80]!r} is not "
+        raise _NotOMS(f"predicateType {str(stmt['predicateType'])[:80]!r} is not "
                      f"{PREDICATE_TYPE!r}")
     subject = stmt["subject"]
     if not isinstance(subject, list) or len(subject) != 1:
-        raise NotOMS("subject: expected exactly one entry")
+        raise _NotOMS("subject: expected exactly one entry")
     sub = _obj(subject[0], "subject[0]", None, ("name", "digest"))
     _str(sub["name"], "subject[0].name")
     digest = _obj(sub["digest"], "subject[0].digest")
     if not digest or any(not isinstance(v, str) or not _HEX.fullmatch(v)
                          for v in digest.values()):
-        raise NotOMS("subject[0].digest: expected lowercase hex digests")
+        raise _NotOMS("subject[0].digest: expected lowercase hex digests")
     pred = _obj(stmt["predicate"], "predicate", ("resources", "serialization"),
                 ("resources", "serialization"))
     ser = _obj(pred["serialization"], "serialization",
                ("method", "hash_type", "shard_size", "allow_symlinks", "ignore_paths"),
                ("method", "hash_type", "allow_symlinks"))
     if ser["method"] not in ("files", "shards") or ser["hash_type"] not in HASHES:
-        raise NotOMS("serialization: unknown method or hash_type")
+        raise _NotOMS("serialization: unknown method or hash_type")
     if not isinstance(ser["allow_symlinks"], bool):
-        raise NotOMS("serialization.allow_symlinks: expected true or false")
+        raise _NotOMS("serialization.allow_symlinks: expected true or false")
     ignore = ser.get("ignore_paths", [])
     if not isinstance(ignore, list) or any(not isinstance(p, str) or not p for p in ignore):
-        raise NotOMS("serialization.ignore_paths: expected a list of paths")
+        raise _NotOMS("serialization.ignore_paths: expected a list of paths")
     if ser["method"] == "shards":
-        raise NotOMS("serialization method 'shards' is not supported by this verifier "
+        raise _NotOMS("serialization method 'shards' is not supported by this verifier "
                      "(files only)")
     if ser["hash_type"] != "sha256":
-        raise NotOMS(f"hash_type {ser['hash_type']!r} is not supported by this verifier "
+        raise _NotOMS(f"hash_type {ser['hash_type']!r} is not supported by this verifier "
                      f"(sha256 only)")
     if not isinstance(pred["resources"], list) or not pred["resources"]:
-        raise NotOMS("predicate.resources: expected at least one file")
+        raise _NotOMS("predicate.resources: expected at least one file")
     resources: dict[str, str] = {}
     for i, res in enumerate(pred["resources"]):
         res = _obj(res, f"resources[{i}]", None, ("name", "digest", "algorithm"))
         name = _str(res["name"], f"resources[{i}].name")
         if res["algorithm"] != "sha256":
-            raise NotOMS(f"resources[{i}].algorithm is not the hash_type")
+            raise _NotOMS(f"resources[{i}].algorithm is not the hash_type")
         why = _path_problem(name)
         if why or name in resources:
-            raise NotOMS(f"resources[{i}] ({name[:80]!r}): {why or 'listed twice'}")
+            raise _NotOMS(f"resources[{i}] ({name[:80]!r}): {why or 'listed twice'}")
         resources[name] = _str(res["digest"], f"resources[{i}].digest", _SHA256)
     if digest.get("sha256") != root_digest(resources):
-        raise NotOMS("subject[0].digest.sha256 is not the root digest of the resources")
+        raise _NotOMS("subject[0].digest.sha256 is not the root digest of the resources")
     return resources, ser
 
 

@@ -77,7 +77,7 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
     branch = revision or "main"
     if plan_only:
         return PublishResult(repo_id=repo_id, revision=branch, commit=None,
-                             files=len(names) + 2, plan=plan)
+                             files=len(names) + 2 + (root / SIGNATURE_NAME).exists(), plan=plan)
     if announce:                               # a plain line where no bars are shown
         log.info("publish: %s, to %s", plan.summary(), repo_id)
     hub_call("create_repo", repo_id, api.create_repo, repo_id, private=private, exist_ok=True)
@@ -93,8 +93,8 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
     commit_message = message or (f"modelpatch: {manifest.recipe['name']} applied to "
                                  f"{base_model or _label(base)}")
     oid = commit_variant(api, repo_id, branch, root, names, plan, extra, commit_message)
-    return PublishResult(repo_id=repo_id, revision=branch, commit=oid, files=len(names) + 2,
-                         plan=plan)
+    return PublishResult(repo_id=repo_id, revision=branch, commit=oid,
+                         files=len(names) + len(extra), plan=plan)
 
 
 def _signer(root: Path, manifest) -> str | None:

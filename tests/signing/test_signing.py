@@ -275,3 +275,19 @@ def test_sign_options_are_refused_where_no_variant_directory_is_made(tmp_path, k
     result = run("apply", "sampling-defaults", base, "--in-place", "--sign", keys[0])
     assert result.exit_code == 2 and "--sign" in result.output
     shutil.rmtree(base)
+
+
+def test_stacked_recipes_as_doctor_fix_writes_them_are_committed_signed(tmp_path, keys):
+    base = small_model(tmp_path / "b")
+    out = api.apply_stacked(["sampling-defaults"], base, out=tmp_path / "fixed",
+                            sign=str(keys[0]),
+                            params={"sampling-defaults": {"temperature": 0.2}})
+    report = api.verify_signature(out, str(keys[1]))
+    assert report.checked and report.files.ok
+    assert read_bundle(out / "model.sig").model_name == "fixed"     # not the scratch name
+
+
+def test_doctor_sign_goes_with_fix(tmp_path, keys):
+    base = small_model(tmp_path / "b")
+    result = run("doctor", base, "--sign", keys[0])
+    assert result.exit_code == 2 and "--sign goes with --fix" in result.output

@@ -69,10 +69,13 @@ class SignatureReport:
     """Who signed: verified when ``checked``, else as the bundle claims."""
     checked: bool
     files: FilesReport | None = None
+    check_with: str = "--key"
+    """The option that would check it (unchecked reports)."""
 
     def line(self) -> str:
         if not self.checked:
-            return f"{SIGNATURE_NAME}: signed by {self.signer} (not checked: pass --key)"
+            return (f"{SIGNATURE_NAME}: signed by {self.signer} (not checked: pass "
+                    f"{self.check_with})")
         return f"{SIGNATURE_NAME}: signature verified, signed by {self.signer}"
 
 
@@ -101,7 +104,10 @@ def claimed(directory: str | os.PathLike) -> SignatureReport | None:
     path = Path(directory) / SIGNATURE_NAME
     if not os.path.lexists(path):
         return None
-    return SignatureReport(read_bundle(path).claimed_signer(), False)
+    bundle = read_bundle(path)
+    option = {"key": "--key", "certificate": "--cert-chain",
+              "sigstore": "--identity and --issuer"}[bundle.method]
+    return SignatureReport(bundle.claimed_signer(), False, check_with=option)
 
 
 def base_signature(base: str | os.PathLike, trust: Trust | None = None, *, fast: bool = True,

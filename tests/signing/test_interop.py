@@ -83,6 +83,10 @@ def test_modelpatch_verifies_a_certificate_signature_by_model_signing(tmp_path, 
                       "--private_key", pki["key"], "--signing_certificate", pki["leaf"],
                       "--certificate_chain", pki["chain"]))
     assert api.verify_signature(model, Trust.load(cert_chain=pki["root"])).files.ok
+    from patcher.signing.verify import claimed
+    line = claimed(model).line()
+    assert "certificate CN=pki platform team" in line and "pass --cert-chain" in line
+    assert "verified" not in line
     with pytest.raises(VerifyMismatch, match="does not chain"):
         api.verify_signature(model, Trust.load(cert_chain=write_pki(tmp_path, "x")["root"]))
 

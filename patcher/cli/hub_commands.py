@@ -62,14 +62,17 @@ def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_js
 @click.option("--reuse", "reuse", multiple=True, type=click.Path(file_okay=False, path_type=str),
               help="Directory whose files to link instead of downloading when their sha256 "
                    "matches (repeatable; the Hugging Face cache is always searched).")
+@click.option("--force", is_flag=True,
+              help="Replace an existing output that an earlier pull or apply wrote, in one "
+                   "rename (as apply --force); only the files that changed are downloaded.")
 @quiet_option
 @click.pass_context
-def pull(ctx, repo_id, out, endpoint, revision, reuse):
+def pull(ctx, repo_id, out, endpoint, revision, reuse, force):
     """Download REPO_ID and verify every file against the hub's digests and the manifest."""
     from .. import api
 
     result = api.pull(repo_id, out, endpoint=endpoint, revision=revision,
-                      progress=not ctx.obj.get("quiet"), reuse=reuse)
+                      progress=not ctx.obj.get("quiet"), reuse=reuse, force=force)
     echo(str(result.output))
 
 

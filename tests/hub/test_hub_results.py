@@ -61,3 +61,51 @@ def test_publish_says_what_it_uploaded_only_once_the_hub_took_it(hub, variant):
     done = run(*publish, hub.endpoint, token="write-alice")
     assert done.returncode == 0, done.stderr
     assert "uploaded, to alice/v" in done.stderr and done.stdout.startswith("alice/v@main ")
+
+
+def test_pull_force_replaces_an_earlier_pull_and_downloads_only_what_changed(hub, variant,
+                                                                             tmp_path):
+    assert run("publish", variant, "alice/v", "--base-model", "org/kimi", "--endpoint",
+               hub.endpoint, token="write-alice").returncode == 0
+    out = tmp_path / "pulled"
+    pull = ["pull", "alice/v", "-o", out, "--endpoint", hub.endpoint]
+    assert run(*pull, token="read-alice").returncode == 0
+    again = run(*pull, token="read-alice")
+    assert again.returncode == 2 and again.stderr.splitlines() == [
+        f"modelpatch: error: {out}: output already exists (--force replaces it)"], again.stderr
+    (out / "config.json").chmod(0o644)
+    (out / "config.json").write_text("{}")                       # the user broke it
+    forced = run(*pull, "--force", token="read-alice")
+    assert forced.returncode == 0, forced.stderr
+    assert forced.stdout == f"{out}\n"
+    assert api.verify(out).ok
+    assert "0 files (0 B) to download" not in forced.stderr      # config.json came again
+    assert re_search(r"\d+ files \(\S+ \w+\) reused from local files", forced.stderr)
+    assert not [p for p in tmp_path.iterdir() if ".modelpatch-" in p.name]   # nothing aside
+
+
+def test_pull_force_never_replaces_a_directory_pull_did_not_write(hub, variant, tmp_path):
+    assert run("publish", variant, "alice/v", "--base-model", "org/kimi", "--endpoint",
+               hub.endpoint, token="write-alice").returncode == 0
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    refused = run("pull", "alice/v", "-o", mine, "--force", "--endpoint", hub.endpoint,
+                  token="read-alice")
+    assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert "is not a modelpatch variant" in refused.stderr
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+
+def test_pull_into_a_missing_parent_is_bad_usage_as_for_apply(hub, tmp_path):
+    out = tmp_path / "no" / "such" / "dir"
+    result = run("pull", "alice/v", "-o", out, "--endpoint", hub.endpoint)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"modelpatch: error: {out.parent}: the output's parent directory does not exist"]
+
+
+def re_search(pattern: str, text: str) -> bool:
+    import re
+
+    return re.search(pattern, text) is not None

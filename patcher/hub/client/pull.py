@@ -5,7 +5,8 @@ rename it into place.
 Before downloading, LFS files whose bytes are already on this machine (the Hugging Face cache,
 ``--reuse DIR``: ``reuse.py``) are linked into the staging directory and verified; only the
 others are downloaded. The repository and commit are recorded in the pulled directory
-(``.modelpatch/hub/source.json``, outside what verify checks), so a variant made from it can be published with server-side copies.
+(``.modelpatch/hub/source.json``, outside what verify checks), so a variant made from it can
+be published with server-side copies.
 """
 
 from __future__ import annotations
@@ -43,24 +44,37 @@ class PullResult:
 
 def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | None = None,
          revision: str | None = None, progress: bool = True,
-         reuse: list[str | os.PathLike] | tuple = ()) -> PullResult:
+         reuse: list[str | os.PathLike] | tuple = (), force: bool = False) -> PullResult:
     """Download ``repo_id`` into ``out`` and verify it; nothing appears at ``out`` unless every
     file matches both the hub's digests and the provenance manifest. ``progress=False``: no
     progress bars. LFS files already in the Hugging Face cache or under a ``reuse`` directory
-    are linked instead of downloaded. Errors name the repository, never the staging
-    directory."""
+    are linked instead of downloaded. ``force``: replace an ``out`` that an earlier pull or
+    apply wrote, in one rename, reusing its unchanged files. Errors name the repository, never
+    the staging directory."""
     from huggingface_hub import snapshot_download
 
     from ...execute.locking import lock_new_path
-    from ...execute.output_dir import make_staging_dir, remove_stale_staging
+    from ...execute.output_dir import (
+        commit,
+        make_staging_dir,
+        remove_stale_staging,
+        restore_replaced,
+    )
 
     check_repo_id(repo_id)
     reuse_dirs = [_reuse_dir(d) for d in reuse]
     out = Path(os.path.abspath(out or repo_id.split("/")[-1]))
+    if not out.parent.is_dir():
+        raise InputError("the output's parent directory does not exist", where=out.parent)
     api = client(endpoint)
     with lock_new_path(out):
+        restore_replaced(out)          # put back what a killed pull --force had moved aside
         if os.path.lexists(out):
-            raise InputError("output already exists", where=out)
+            if not force:
+                raise InputError("output already exists", where=out,
+                                 hint="force=True replaces it")
+            _refuse_to_replace(out)
+            reuse_dirs.append(out)     # an update downloads only what changed
         remove_stale_staging(out)      # left by a killed pull
         info = hub_call("model_info", repo_id, api.model_info, repo_id, revision=revision,
                          files_metadata=True)
@@ -92,12 +106,23 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
             except PatchError as exc:
                 _name_the_repo(exc, staging, repo_id)
                 raise
-            os.rename(staging, out)
+            commit(staging, out)       # moves an earlier output aside, back on failure
         except BaseException:
             remove_tree(staging)
             raise
     return PullResult(output=out, commit=info.sha, files=len(info.siblings or []),
                       reused_bytes=reused.bytes, downloaded_bytes=downloaded)
+
+
+def _refuse_to_replace(out: Path) -> None:
+    """``force`` replaces what pull or apply wrote (a variant, a pulled base), never another
+    directory, nor one holding revert data of its own."""
+    from ...execute.output_dir import refuse_to_replace_a_stranger
+
+    if out.is_dir() and not out.is_symlink() and (out / SOURCE_FILE).is_file() \
+            and not (out / MANIFEST_NAME).exists():
+        return                         # a base an earlier pull wrote
+    refuse_to_replace_a_stranger(out)
 
 
 def _reuse_dir(path: str | os.PathLike) -> Path:

@@ -117,4 +117,22 @@ def describe_transfer(report: dict) -> str:
             f"{human_bytes(report['repo_bytes'])} ({report['repo_id']}@{report['commit'][:12]})")
 
 
-__all__ = ["RemoteModel", "HubRoot", "is_remote", "describe_transfer", "MAX_PARALLEL_FETCHES"]
+#: Endpoints a command line reaches without ``--endpoint`` (huggingface_hub's default).
+DEFAULT_HOSTS = ("huggingface.co", "hf.co")
+
+
+def command_words(report: dict) -> list[str]:
+    """How a command line names the remote model a ``transfer_report`` describes so that it
+    runs as printed, anywhere: ``hf://ORG/NAME@COMMIT`` (the very commit that was read), then
+    ``--endpoint URL`` unless the hub is huggingface.co."""
+    from urllib.parse import urlparse
+
+    words = [f"{HF_SCHEME}{report['repo_id']}@{report['commit']}"]
+    host = (urlparse(report.get("endpoint") or "").hostname or "").lower()
+    if host and not any(host == h or host.endswith("." + h) for h in DEFAULT_HOSTS):
+        words += ["--endpoint", report["endpoint"]]
+    return words
+
+
+__all__ = ["RemoteModel", "HubRoot", "is_remote", "describe_transfer", "command_words",
+           "MAX_PARALLEL_FETCHES"]

@@ -109,3 +109,48 @@ def re_search(pattern: str, text: str) -> bool:
     import re
 
     return re.search(pattern, text) is not None
+
+
+def test_doctor_fix_command_for_a_hub_model_runs_as_printed(hub, kimi_dir, tmp_path):
+    """The printed fix names the commit doctor read and the hub it read it on; pasted into a
+    shell without HF_ENDPOINT it applies the recipe to that very commit."""
+    from remote_fixtures import store_model
+
+    store_model(hub.root, "alice/kimi", kimi_dir)
+    commit = hub.api("read-alice").model_info("alice/kimi").sha
+    report = run("doctor", "hf://alice/kimi", "--endpoint", hub.endpoint, "--engine",
+                 "vllm==0.15.1", "--gpu", "sm120", token="read-alice")
+    assert report.returncode == 1, report.stderr
+    fixes = [line.split("fix: ", 1)[1].split("  (or doctor --fix)")[0]
+             for line in report.stdout.splitlines() if "fix: modelpatch apply sm120" in line]
+    assert fixes == [f"modelpatch apply sm120-fp16-kv hf://alice/kimi@{commit} "
+                     f"--endpoint {hub.endpoint}"], report.stdout
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "HF_TOKEN": "read-alice"}
+    env.pop("HF_ENDPOINT", None)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "modelpatch").write_text(f'#!/bin/sh\nexec {sys.executable} -m patcher.cli "$@"\n')
+    (bin_dir / "modelpatch").chmod(0o755)
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    pasted = subprocess.run(["sh", "-c", fixes[0]], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert pasted.returncode == 0, pasted.stderr
+    assert api.verify(pasted.stdout.strip()).ok
+
+
+def test_apply_of_a_hub_model_it_cannot_reach_is_one_line(tmp_path, monkeypatch):
+    """huggingface_hub's paragraph ("we cannot find the appropriate snapshot folder") becomes
+    the line every other command gives for an unreachable hub."""
+    from hub_fixtures import configure_hf_client
+
+    configure_hf_client(monkeypatch, tmp_path / "hf-home")
+    nobody = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv("HF_ENDPOINT", nobody)
+    monkeypatch.chdir(tmp_path)
+    for command in (["apply", "sm120-fp16-kv", "hf://alice/kimi"],
+                    ["doctor", "hf://alice/kimi", "--fix"]):
+        result = run(*command)
+        assert result.returncode == 3, result.stderr
+        assert len(result.stderr.splitlines()) == 1, result.stderr
+        assert f"cannot reach the hub at {nobody} (ConnectError" in result.stderr, result.stderr
+        assert "snapshot folder" not in result.stderr

@@ -14,7 +14,14 @@ from pathlib import PosixPath
 
 from .. import collector
 from ..errors import ModelDirError
-from ..model.model_dir import INDEX_NAME, SKIPPED_DIRS, ModelDir, ModelFile, parse_index
+from ..model.model_dir import (
+    BASE_RECORD,
+    INDEX_NAME,
+    SKIPPED_DIRS,
+    ModelDir,
+    ModelFile,
+    parse_index,
+)
 from ..model.safetensors_io import SafetensorsFormatError, header_length, parse_header
 from .hub_files import HF_SCHEME, HubFiles, parse_hf_url
 
@@ -54,7 +61,7 @@ class RemoteModel(ModelDir):
         hub = HubFiles(repo_id, revision, endpoint, what=what)
         root = HubRoot("hf:/" + repo_id + (f"@{revision}" if revision else ""))
         files = {rel: ModelFile(rel, root / rel, size) for rel, size in sorted(hub.sizes.items())
-                 if rel.split("/", 1)[0] not in SKIPPED_DIRS}
+                 if rel.split("/", 1)[0] not in SKIPPED_DIRS and rel != BASE_RECORD}
         shard_names = [rel for rel in files if rel.endswith(".safetensors")]
         wanted = [rel for rel in (INDEX_NAME, *PREFETCHED) if rel in files]
         with ThreadPoolExecutor(max_workers=MAX_PARALLEL_FETCHES) as pool:

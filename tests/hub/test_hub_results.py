@@ -154,3 +154,87 @@ def test_apply_of_a_hub_model_it_cannot_reach_is_one_line(tmp_path, monkeypatch)
         assert len(result.stderr.splitlines()) == 1, result.stderr
         assert f"cannot reach the hub at {nobody} (ConnectError" in result.stderr, result.stderr
         assert "snapshot folder" not in result.stderr
+
+
+def test_a_base_published_with_base_is_pulled_and_checked_file_by_file(hub, kimi_dir, tmp_path):
+    """publish --base puts a plain model on the hub with its sha256 digests; pull checks every
+    file against them (a tampered blob is refused) and gives back the base itself."""
+    import hashlib
+    import json
+
+    from patcher.integrity.verify import list_files
+
+    published = run("publish", "--base", kimi_dir, "alice/kimi", "--endpoint", hub.endpoint,
+                    token="write-alice")
+    assert published.returncode == 0, published.stderr
+    assert published.stdout.startswith("alice/kimi@main ")
+    out = tmp_path / "pulled"
+    pulled = run("pull", "alice/kimi", "-o", out, "--endpoint", hub.endpoint, token="read-alice")
+    assert pulled.returncode == 0, pulled.stderr
+    assert list_files(out).keys() == list_files(kimi_dir).keys()
+    for rel in list_files(kimi_dir):
+        assert (out / rel).read_bytes() == (kimi_dir / rel).read_bytes(), rel
+    record = json.loads((out / ".modelpatch/hub/modelpatch.base.json").read_text())
+    config = (kimi_dir / "config.json").read_bytes()
+    assert {"name": "config.json", "digest": {"sha256": hashlib.sha256(config).hexdigest()},
+            "annotations": {"size": len(config)}} in record["subject"]
+    # a variant of the hub's base: the record is the hub repository's, never the model's
+    variant = run("apply", "sm120-fp16-kv", "hf://alice/kimi", "--publish", "alice/kimi-sm120",
+                  "--endpoint", hub.endpoint, token="write-alice")
+    assert variant.returncode == 0, variant.stderr
+    files = hub.api("read-alice").list_repo_files("alice/kimi-sm120")
+    assert "modelpatch.base.json" not in files and "modelpatch.provenance.json" in files
+    again = run("pull", "alice/kimi-sm120", "-o", tmp_path / "v", "--endpoint", hub.endpoint,
+                token="read-alice")
+    assert again.returncode == 0, again.stderr
+    assert api.verify(tmp_path / "v").ok
+
+    # the hub serves other bytes under the recorded name: nothing appears at the output
+    other = tmp_path / "other"
+    shutil.copytree(kimi_dir, other)
+    (other / "config.json").write_text(json.dumps({"model_type": "other"}))
+    ok = run("publish", "--base", other, "alice/swap", "--endpoint", hub.endpoint,
+             token="write-alice")
+    assert ok.returncode == 0, ok.stderr
+    client = hub.api("write-alice")
+    client.upload_file(path_or_fileobj=json.dumps(record).encode(),
+                       path_in_repo="modelpatch.base.json", repo_id="alice/swap")
+    refused = run("pull", "alice/swap", "-o", tmp_path / "swap", "--endpoint", hub.endpoint,
+                  token="read-alice")
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.splitlines()[-1].startswith(
+        "modelpatch: error: alice/swap: downloaded files do not match the base's digest record: "
+        "1 modified, 0 missing, 0 extra (first: config.json"), refused.stderr
+    assert not (tmp_path / "swap").exists()
+
+
+def test_publish_base_refuses_a_variant_and_base_model(hub, variant):
+    as_base = run("publish", "--base", variant, "alice/x", "--endpoint", hub.endpoint,
+                  token="write-alice")
+    assert as_base.returncode == 2, as_base.stderr
+    assert "a modelpatch variant, not a base: publish it without --base" in as_base.stderr
+    both = run("publish", "--base", variant, "alice/x", "--base-model", "a/b", "--endpoint",
+               hub.endpoint, token="write-alice")
+    assert both.returncode == 2
+
+
+def test_hub_serve_refuses_a_missing_root_unless_init(tmp_path):
+    typo = tmp_path / "hbu"
+    refused = run("hub", "serve", "--root", typo, "--port", "0")
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.splitlines() == [
+        f"modelpatch: error: {typo}: no hub here: the directory does not exist (check --root, "
+        f"or add --init to create a new, empty hub)"]
+    assert not typo.exists()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    server = subprocess.Popen([sys.executable, "-m", "patcher.cli", "hub", "serve", "--root",
+                               typo, "--init", "--port", "0"], env=env,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        line = server.stderr.readline()
+        while line and "serving" not in line:
+            line = server.stderr.readline()
+        assert "serving" in line and typo.is_dir()
+    finally:
+        server.terminate()
+        server.communicate(timeout=60)

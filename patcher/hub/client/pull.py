@@ -24,6 +24,7 @@ from ...integrity.manifest import read_manifest
 from ...integrity.snapshot_verify import git_blob_sha1
 from ...model.model_dir import MANIFEST_NAME, SKIPPED_DIRS
 from ...units import human_bytes
+from .base_repo import check_pulled_base, is_published_base
 from .connection import check_repo_id, client, hub_call, progress_bars
 from .model_card import CARD_NAME, HUB_CARD_COPY, HUB_FILES, ORIGINAL_README
 from .reuse import Reuse, find_local, link_into
@@ -98,10 +99,13 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
             remove_tree(staging / ".cache")          # huggingface_hub's local-dir bookkeeping
             try:
                 _check_hub_digests(staging, info, repo_id)
-                _require_manifest(staging, repo_id)
-                _restore_readme(staging)
-                _set_aside_git_attributes(staging)
-                _check_manifest(staging, repo_id)
+                if is_published_base(staging):
+                    check_pulled_base(staging, repo_id)
+                else:
+                    _require_manifest(staging, repo_id)
+                    _restore_readme(staging)
+                    _set_aside_git_attributes(staging)
+                    _check_manifest(staging, repo_id)
                 write_pulled_source(staging, repo_id, info.sha)
             except PatchError as exc:
                 _name_the_repo(exc, staging, repo_id)
@@ -205,7 +209,8 @@ def _set_aside_git_attributes(root: Path) -> None:
 def _require_manifest(root: Path, repo_id: str) -> None:
     if not (root / MANIFEST_NAME).exists():
         raise InputError("not a modelpatch variant: no provenance manifest in the repository",
-                         where=repo_id)
+                         where=repo_id, hint="a base model is pulled when `modelpatch publish "
+                                             "--base` put it there, with its digests")
 
 
 def _check_manifest(root: Path, repo_id: str) -> None:

@@ -434,23 +434,16 @@ def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | No
     return report
 
 
-def publish(directory: str | os.PathLike, repo_id: str, **kwargs):
-    """Verify and upload a variant in one commit (see ``hub.client.publish.publish``)."""
+def publish(directory: str | os.PathLike, repo_id: str, *, base: bool = False, **kwargs):
+    """Verify and upload a variant in one commit (see ``hub.client.publish.publish``); with
+    ``base``, a plain model and its files' sha256 (``hub.client.base_repo.publish_base``)."""
     from .gguf.single_file import model_directory
+    from .hub.client.base_repo import publish_base
     from .hub.client.publish import publish as run
 
     directory = model_directory(directory)
     _recovered(directory)
-    return run(directory, repo_id, **kwargs)
-
-
-def publish_base(directory: str | os.PathLike, repo_id: str, **kwargs):
-    """Upload a plain model directory (a base, not a variant) in one commit, with the sha256 of
-    every file recorded for ``pull`` to check (see ``hub.client.base_repo.publish_base``)."""
-    from .hub.client.base_repo import publish_base as run
-
-    _recovered(directory)
-    return run(directory, repo_id, **kwargs)
+    return (publish_base if base else run)(directory, repo_id, **kwargs)
 
 
 def pull(repo_id: str, out: str | os.PathLike | None = None, **kwargs):

@@ -44,9 +44,9 @@ def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_js
         if base_model:
             raise click.UsageError("--base-model names the base of a variant; --base publishes "
                                    "the base itself")
-        r = api.publish_base(directory, repo_id, endpoint=endpoint, private=private,
-                             revision=revision, message=message, progress=progress,
-                             plan_only=plan_only)
+        r = api.publish(directory, repo_id, base=True, endpoint=endpoint, private=private,
+                        revision=revision, message=message, progress=progress,
+                        plan_only=plan_only)
     else:
         r = api.publish(directory, repo_id, endpoint=endpoint, private=private,
                         revision=revision, message=message, progress=progress,

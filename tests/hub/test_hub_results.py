@@ -208,7 +208,12 @@ def test_a_base_published_with_base_is_pulled_and_checked_file_by_file(hub, kimi
     assert not (tmp_path / "swap").exists()
 
 
-def test_publish_base_refuses_a_variant_and_base_model(hub, variant):
+def test_publish_base_refuses_a_variant_and_base_model(hub, variant, kimi_dir):
+    plain = run("publish", kimi_dir, "alice/x", "--endpoint", hub.endpoint, token="write-alice")
+    assert plain.returncode == 2, plain.stderr
+    assert plain.stderr.splitlines() == [
+        f"modelpatch: error: {kimi_dir}: no provenance manifest: not a modelpatch variant "
+        f"(--base publishes a plain model (a base) with the sha256 of its files)"]
     as_base = run("publish", "--base", variant, "alice/x", "--endpoint", hub.endpoint,
                   token="write-alice")
     assert as_base.returncode == 2, as_base.stderr

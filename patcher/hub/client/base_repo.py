@@ -141,7 +141,7 @@ def check_pulled_base(staging: Path, repo_id: str) -> None:
 def _read_record(path: Path, repo_id: str) -> dict[str, tuple[str, int]]:
     """The record's ``{relpath: (sha256, size)}``, each name checked as a name from outside."""
     from ...config.jsonfile import parse_json
-    from ...integrity.manifest_rules import Invalid, _file_entry
+    from ...integrity.manifest_rules import Invalid, file_entry
     from ...names import checked_name
 
     where = f"{repo_id}: {BASE_RECORD}"
@@ -162,7 +162,7 @@ def _read_record(path: Path, repo_id: str) -> dict[str, tuple[str, int]]:
     files: dict[str, tuple[str, int]] = {}
     for i, entry in enumerate(statement["subject"]):
         try:
-            name, value = _file_entry(entry, f"subject[{i}]")
+            name, value = file_entry(entry, f"subject[{i}]")
         except Invalid as exc:
             raise InputError(str(exc), where=where) from None
         checked_name(name, what=f"{BASE_RECORD} entry")

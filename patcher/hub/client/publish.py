@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import HubError, VerifyMismatch
+from ...errors import HubError, InputError, VerifyMismatch
 from ...integrity.manifest import read_manifest
 from ...integrity.patch_record import patch_dirs, read_record
 from ...model.model_dir import MANIFEST_NAME
@@ -52,6 +52,10 @@ def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None 
     if base_model is not None:
         check_base_model(base_model)
     root = Path(directory)
+    if root.is_dir() and not os.path.lexists(root / MANIFEST_NAME):
+        raise InputError("no provenance manifest: not a modelpatch variant", where=root,
+                         hint="base=True publishes a plain model (a base) with the sha256 of "
+                              "its files")
     with lock_directory(root, exclusive=False):   # no in-place patch between verify and upload
         report = verify_dir(root)
         if not report.ok:

@@ -243,3 +243,16 @@ def test_hub_serve_refuses_a_missing_root_unless_init(tmp_path):
     finally:
         server.terminate()
         server.communicate(timeout=60)
+
+
+@pytest.mark.parametrize("endpoint, words", [
+    ("https://huggingface.co", []),
+    ("https://hf.co", []),
+    ("http://localhost:8080", ["--endpoint", "http://localhost:8080"]),
+    ("https://huggingface.co.evil.example", ["--endpoint", "https://huggingface.co.evil.example"]),
+])
+def test_a_hub_model_is_named_by_its_commit_and_its_endpoint(endpoint, words):
+    from patcher.remote.model import command_words
+
+    report = {"repo_id": "org/name", "commit": "a" * 40, "endpoint": endpoint}
+    assert command_words(report) == [f"hf://org/name@{'a' * 40}", *words]

@@ -104,7 +104,7 @@ def test_the_readme_runs_as_written(kimi_dir, tmp_path):
     assert not (root / "examples/out/kimi-in-place/.modelpatch").exists()   # reverted
     # the self-hosted hub: from an empty hub to a verified pull of a variant of its base
     assert (root / "examples/out/kimi-sm120-pulled/modelpatch.provenance.json").is_file()
-    assert (root / "hub" / "tokens.json").is_file()
+    assert (root / "examples/out/hub/tokens.json").is_file()
 
 
 @pytest.mark.parametrize("needle", ["pip install 'modelpatch[hub]'", "modelpatch[hub]'"])

@@ -256,3 +256,19 @@ def test_a_hub_model_is_named_by_its_commit_and_its_endpoint(endpoint, words):
 
     report = {"repo_id": "org/name", "commit": "a" * 40, "endpoint": endpoint}
     assert command_words(report) == [f"hf://org/name@{'a' * 40}", *words]
+
+
+def test_publishing_a_base_again_removes_the_files_it_no_longer_has(hub, kimi_dir, tmp_path):
+    """The commit holds exactly what its record lists, so the pull of it verifies."""
+    base = tmp_path / "base"
+    shutil.copytree(kimi_dir, base)
+    publish = ["publish", "--base", base, "alice/kimi", "--endpoint", hub.endpoint]
+    assert run(*publish, token="write-alice").returncode == 0
+    (base / "docs" / "deploy_guidance.md").unlink()
+    again = run(*publish, token="write-alice")
+    assert again.returncode == 0, again.stderr
+    assert "docs/deploy_guidance.md" not in hub.api("read-alice").list_repo_files("alice/kimi")
+    out = tmp_path / "pulled"
+    pulled = run("pull", "alice/kimi", "-o", out, "--endpoint", hub.endpoint, token="read-alice")
+    assert pulled.returncode == 0, pulled.stderr
+    assert (out / "config.json").is_file() and not (out / "docs").exists()

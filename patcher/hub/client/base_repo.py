@@ -63,8 +63,10 @@ def publish_base(directory: str | os.PathLike, repo_id: str, *, endpoint: str | 
             if branch != "main":
                 hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
                          exist_ok=True)
+            stale = _stale_files(api, repo_id, branch, files)
             info = hub_call("create_commit", repo_id, api.create_commit, repo_id,
-                            operations=_operations(root, files, record), revision=branch,
+                            operations=_operations(root, files, record, stale),
+                            revision=branch,
                             commit_message=message or f"modelpatch: base {root.name}")
         if progress and not bars:       # once the hub took it: a refusal is the one error line
             log.info("publish: %s, to %s", plan.summary(), repo_id)
@@ -98,11 +100,29 @@ def record_statement(files: dict[str, tuple[str, int]]) -> dict:
                         for rel, (sha, size) in sorted(files.items())]}
 
 
-def _operations(root: Path, files: dict[str, tuple[str, int]], record: bytes) -> list:
-    from huggingface_hub import CommitOperationAdd
+def _stale_files(api, repo_id: str, branch: str, files: dict) -> list[str]:
+    """Files the branch holds that the directory does not (a shard an earlier publish put
+    there): the commit removes them, so that it holds exactly what its record lists."""
+    from huggingface_hub.errors import RevisionNotFoundError
+
+    def listing() -> list[str]:
+        try:
+            return api.list_repo_files(repo_id, revision=branch)
+        except RevisionNotFoundError:           # a new branch: nothing there yet
+            return []
+
+    keep = {*files, BASE_RECORD, GIT_ATTRIBUTES}
+    return sorted(rel for rel in hub_call("list the repository", repo_id, listing)
+                  if rel not in keep)
+
+
+def _operations(root: Path, files: dict[str, tuple[str, int]], record: bytes,
+                stale: list[str]) -> list:
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
     ops = [CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(root / rel))
            for rel in sorted(files)]
+    ops += [CommitOperationDelete(path_in_repo=rel) for rel in stale]
     return [*ops, CommitOperationAdd(path_in_repo=BASE_RECORD, path_or_fileobj=record)]
 
 

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ... import interrupts
 from ...errors import InputError, PatchError, VerifyMismatch
 from ...fsops import remove_tree
 from ...integrity.manifest import read_manifest
@@ -110,7 +111,8 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
             except PatchError as exc:
                 _name_the_repo(exc, staging, repo_id)
                 raise
-            commit(staging, out)       # moves an earlier output aside, back on failure
+            with interrupts.deferred():    # renamed whole (an earlier output moved aside
+                commit(staging, out)       # and back on failure), or not at all
         except BaseException:
             remove_tree(staging)
             raise

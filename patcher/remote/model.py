@@ -36,11 +36,20 @@ PREFETCHED = ("config.json", "hf_quant_config.json", "generation_config.json",
 
 
 class HubRoot(PosixPath):
-    """The root of a remote model; printed as ``hf://org/name[@rev]`` (paths under it too)."""
+    """The root of a remote model; printed as ``hf://org/name[@rev]`` (paths under it too).
+
+    It is never a local path: ``open``, ``os.stat`` and every other filesystem call refuse it
+    in one line, so no code path can read ``./hf:/org/name/...`` of the current directory in
+    the hub's place (its files' bytes come only from ``RemoteModel.read_bytes``)."""
 
     def __str__(self) -> str:
         text = super().__str__()
         return HF_SCHEME + text[len("hf:/"):] if text.startswith("hf:/") else text
+
+    def __fspath__(self) -> str:
+        raise ModelDirError("is a file of a hub repository, not of this machine: only its JSON "
+                            "files and safetensors headers are read for an hf:// model",
+                            where=str(self), hint="download it first: apply hf://... does")
 
 
 def is_remote(model: object) -> bool:

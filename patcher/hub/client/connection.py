@@ -69,6 +69,9 @@ def client(endpoint: str | None):
         constants.HF_HUB_DISABLE_XET = True
     from huggingface_hub import HfApi
 
+    from .guard import install
+
+    install()                 # every answer checked before huggingface_hub acts on it
     return HfApi(endpoint=endpoint)
 
 

@@ -24,6 +24,7 @@ from ...fsops import remove_tree
 from ...integrity.manifest import read_manifest
 from ...integrity.snapshot_verify import git_blob_sha1
 from ...model.model_dir import MANIFEST_NAME, SKIPPED_DIRS
+from ...names import checked_digest, checked_name
 from ...units import human_bytes
 from .base_repo import check_pulled_base, is_published_base
 from .connection import check_repo_id, client, hub_call, progress_bars
@@ -80,6 +81,7 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
         remove_stale_staging(out)      # left by a killed pull
         info = hub_call("model_info", repo_id, api.model_info, repo_id, revision=revision,
                          files_metadata=True)
+        _check_listing(info)
         _refuse_state_files([s.rfilename for s in info.siblings or []], repo_id)
         staging = make_staging_dir(out)
         try:
@@ -129,6 +131,17 @@ def _refuse_to_replace(out: Path) -> None:
             and not (out / MANIFEST_NAME).exists():
         return                         # a base an earlier pull wrote
     refuse_to_replace_a_stranger(out)
+
+
+def _check_listing(info) -> None:
+    """Every name and digest the listing gives is a name, never a path (``patcher.names``),
+    checked before the staging directory exists."""
+    checked_digest(info.sha, what="the listing's commit id", lengths=(40,))
+    for sibling in info.siblings or []:
+        checked_name(sibling.rfilename, what="the hub's file listing entry",
+                     allow_dot_dirs=True)
+        if sibling.lfs is not None:
+            checked_digest(sibling.lfs.sha256, what="the hub's LFS sha256", lengths=(64,))
 
 
 def _reuse_dir(path: str | os.PathLike) -> Path:

@@ -34,6 +34,9 @@ MANIFEST_NAME = "modelpatch.provenance.json"
 # variant never carries its base's (it would not match the variant's files); the revert data
 # keeps it.
 SIGNATURE_NAME = "model.sig"
+#: The digest record ``publish --base`` commits beside a base on a hub: the hub repository's,
+#: never the model's (``pull`` sets it aside; a hub model is read and downloaded without it).
+BASE_RECORD = "modelpatch.base.json"
 STATE_DIR = ".modelpatch"
 # Bookkeeping, not model content: our revert data, git (a directory, or the file a worktree or
 # submodule has), and the huggingface_hub local-dir download cache. One rule for every command:

@@ -55,9 +55,10 @@ class FilesReport:
                 f"{len(self.unsigned)} unsigned (first: {first})")
 
 
-def scope(root: Path, bundle: Bundle) -> tuple[dict[str, str], list[str]]:
+def scope(root: Path, bundle: Bundle, also_ignore: tuple[str, ...] = ()
+          ) -> tuple[dict[str, str], list[str]]:
     """``({relpath: path to hash}, problems)``: the files in the signing scope of ``root``."""
-    ignore = (*bundle.ignore_paths, SIGNATURE_NAME)
+    ignore = (*bundle.ignore_paths, SIGNATURE_NAME, *also_ignore)
     found: dict[str, str] = {}
     problems: list[str] = []
 
@@ -107,10 +108,11 @@ def scope(root: Path, bundle: Bundle) -> tuple[dict[str, str], list[str]]:
 
 def check_files(root: Path, bundle: Bundle, *, ignore_unsigned: bool = False,
                 fast: bool = False, jobs: int | None = None, on_progress=None,
-                cache: DigestCache | None = None) -> FilesReport:
+                cache: DigestCache | None = None, also_ignore: tuple[str, ...] = ()
+                ) -> FilesReport:
     """Compare ``root`` with ``bundle.resources``. Digests computed here are recorded in the
     digest cache as verified (they come from the bytes)."""
-    found, problems = scope(root, bundle)
+    found, problems = scope(root, bundle, also_ignore)
     expected = bundle.resources
     missing = sorted(set(expected) - set(found) - {p.split(": ", 1)[0] for p in problems})
     unsigned = [] if ignore_unsigned else sorted(set(found) - set(expected))

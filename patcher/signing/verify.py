@@ -80,10 +80,12 @@ class SignatureReport:
 
 
 def verify_signed(directory: str | os.PathLike, trust: Trust, *, ignore_unsigned: bool = False,
-                  fast: bool = False, jobs: int | None = None,
-                  on_progress=None) -> SignatureReport:
+                  fast: bool = False, jobs: int | None = None, on_progress=None,
+                  also_ignore: tuple[str, ...] = ()) -> SignatureReport:
     """Check ``directory/model.sig`` with ``trust``, then every file against it. Raises
-    ``VerifyMismatch`` naming what failed: the signature, or the first file that differs."""
+    ``VerifyMismatch`` naming what failed: the signature, or the first file that differs.
+    ``also_ignore``: paths modelpatch itself put there after the signature (a pull's hub
+    files), out of the signing scope."""
     root = Path(directory)
     bundle = read_bundle(root / SIGNATURE_NAME)
     try:
@@ -92,7 +94,7 @@ def verify_signed(directory: str | os.PathLike, trust: Trust, *, ignore_unsigned
         exc.where = exc.where or str(root / SIGNATURE_NAME)
         raise
     files = check_files(root, bundle, ignore_unsigned=ignore_unsigned, fast=fast, jobs=jobs,
-                        on_progress=on_progress)
+                        on_progress=on_progress, also_ignore=also_ignore)
     if not files.ok:
         raise VerifyMismatch(f"signed by {signer}, but {files.summary()}", where=root)
     return SignatureReport(signer, True, files)

@@ -45,3 +45,18 @@ def test_publish_refuses_a_signature_over_other_files(hub, tmp_path, monkeypatch
     monkeypatch.setenv("HF_TOKEN", "write-alice")
     with pytest.raises(VerifyMismatch, match="does not sign these files"):
         api.publish(out, "alice/stale", endpoint=hub.endpoint, progress=False)
+
+
+def test_a_base_published_with_its_signature_pulls_verified(hub, tmp_path, monkeypatch):
+    from signing_helpers import model_signing
+
+    private, public = write_key(tmp_path, "vendor")
+    base = small_model(tmp_path / "base")
+    (base / ".gitattributes").unlink()            # the hub adds its own; pull sets it aside
+    assert model_signing("sign", "key", base, "--signature", base / "model.sig",
+                         "--private_key", private).returncode == 0
+    monkeypatch.setenv("HF_TOKEN", "write-alice")
+    api.publish(base, "alice/base", endpoint=hub.endpoint, progress=False, base=True)
+    pulled = api.pull("alice/base", tmp_path / "pulled", endpoint=hub.endpoint,
+                      progress=False, trust=api.trust_of(public)).output
+    assert (pulled / "model.sig").read_bytes() == (base / "model.sig").read_bytes()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ...errors import InputError, OperationFailed, VerifyMismatch
 from ...fsops import NotRegularFile, TooLarge, read_capped
-from ...model.model_dir import BASE_RECORD, MANIFEST_NAME
+from ...model.model_dir import BASE_RECORD, MANIFEST_NAME, SIGNATURE_NAME
 from .connection import check_endpoint, check_repo_id, client, hub_call, progress_bars
 from .model_card import HUB_FILES
 
@@ -122,7 +122,12 @@ def _operations(root: Path, files: dict[str, tuple[str, int]], record: bytes,
 
     ops = [CommitOperationAdd(path_in_repo=rel, path_or_fileobj=str(root / rel))
            for rel in sorted(files)]
-    ops += [CommitOperationDelete(path_in_repo=rel) for rel in stale]
+    signed = (root / SIGNATURE_NAME).is_file()      # the base's OMS signature goes along
+    if signed:
+        ops.append(CommitOperationAdd(path_in_repo=SIGNATURE_NAME,
+                                      path_or_fileobj=str(root / SIGNATURE_NAME)))
+    ops += [CommitOperationDelete(path_in_repo=rel) for rel in stale
+            if not (signed and rel == SIGNATURE_NAME)]
     return [*ops, CommitOperationAdd(path_in_repo=BASE_RECORD, path_or_fileobj=record)]
 
 

@@ -37,7 +37,9 @@ def _refuse_method(bundle: Bundle, wanted: str, option: str) -> None:
     if bundle.method != wanted:
         option_for = {"key": "--key", "certificate": "--cert-chain",
                       "sigstore": "--identity and --issuer"}[bundle.method]
-        raise VerifyMismatch(f"signed by {bundle.claimed_signer()}, not with a {wanted}: "
+        what = {"key": "a key", "certificate": "a certificate",
+                "sigstore": "a Sigstore identity"}[wanted]
+        raise VerifyMismatch(f"signed by {bundle.claimed_signer()}, not by {what}: "
                              f"{option} cannot check it (pass {option_for})")
 
 

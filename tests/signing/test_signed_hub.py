@@ -60,3 +60,14 @@ def test_a_base_published_with_its_signature_pulls_verified(hub, tmp_path, monke
     pulled = api.pull("alice/base", tmp_path / "pulled", endpoint=hub.endpoint,
                       progress=False, trust=api.trust_of(public)).output
     assert (pulled / "model.sig").read_bytes() == (base / "model.sig").read_bytes()
+
+
+def test_pull_with_a_key_refuses_an_unsigned_repository(hub, tmp_path, monkeypatch):
+    _, public = write_key(tmp_path, "team")
+    out = variant(small_model(tmp_path / "base"), tmp_path / "v")
+    monkeypatch.setenv("HF_TOKEN", "write-alice")
+    api.publish(out, "alice/unsigned", endpoint=hub.endpoint, progress=False)
+    with pytest.raises(VerifyMismatch, match="no model.sig"):
+        api.pull("alice/unsigned", tmp_path / "p", endpoint=hub.endpoint, progress=False,
+                 trust=api.trust_of(public))
+    assert not (tmp_path / "p").exists()

@@ -34,9 +34,12 @@ from ..cli.options import (
 @link_options
 @endpoint_option()
 @json_option("Machine-readable report.")
+@click.option("--sign", "sign_key", type=click.Path(dir_okay=False, path_type=str),
+              default=None, metavar="PRIVATE.pem",
+              help="With --fix: commit the fixed variant signed (OMS model.sig) by this key.")
 @click.pass_context
 def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in_place, force,
-           link, force_copy, endpoint, as_json):
+           link, force_copy, endpoint, as_json, sign_key=None):
     """Check MODEL (a directory or hf://ORG/NAME[@REV], read without its tensor data) against
     an engine version and GPU. Exit 1 when a blocker is found (after --fix: when one remains)."""
     from .. import api
@@ -49,6 +52,10 @@ def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in
                                "--fix")
     if in_place and (out or link or force_copy):
         raise click.UsageError("--in-place excludes -o/--output, --link and --copy")
+    if sign_key is not None and (not fix or in_place):
+        raise click.UsageError("--sign goes with --fix, without --in-place (sign a patched "
+                               "directory afterwards with `modelpatch sign`)")
+    signer = api.signer_of(sign_key)            # a bad key fails before any work
     if in_place and model.startswith(api.HF_SCHEME):
         raise click.UsageError("--in-place cannot patch a hub model (it would change the "
                                "download cache); give -o OUT or nothing")
@@ -60,7 +67,7 @@ def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in
         quiet = bool((ctx.find_root().obj or {}).get("quiet"))
         fixed = apply_fixes(model, recipes, out=out, in_place=in_place, force=force,
                             endpoint=endpoint, progress=not quiet, params=fixing_params(report),
-                            link=link_mode(link, force_copy))
+                            sign=signer, link=link_mode(link, force_copy))
         final = api.doctor(fixed, engine=engine, gpu=gpu, rules=rules_dirs,
                            allow_recipe_files=allow_recipe_files)
         report["fix"] = {"recipes": recipes, "output": str(fixed), "after": final}

@@ -56,10 +56,11 @@ def fixing_params(report: dict) -> dict[str, dict]:
 
 def apply_fixes(model: str, recipes: list[str], *, out: str | None, in_place: bool,
                 endpoint: str | None, progress: bool, force: bool = False,
-                params: dict[str, dict] | None = None, link: str = "auto") -> Path:
+                params: dict[str, dict] | None = None, sign=None, link: str = "auto") -> Path:
     """Apply ``recipes`` (with ``params``: recipe -> its params) to ``model``; returns the
-    directory that holds the result: ``out``, else ``default_output``. ``link``: how the
-    variant carries the base's unchanged files (as ``apply --link``)."""
+    directory that holds the result: ``out``, else ``default_output``. ``sign`` (a loaded
+    signer): the fixed variant is committed with its ``model.sig``. ``link``: how the variant
+    carries the base's unchanged files (as ``apply --link``)."""
     params = params or {}
     from .. import api
 
@@ -80,7 +81,7 @@ def apply_fixes(model: str, recipes: list[str], *, out: str | None, in_place: bo
             raise
         return Path(local)
     return api.apply_stacked(recipes, local, out=out or default_output(local), force=force,
-                             params=params, link=link)
+                             params=params, sign=sign, link=link)
 
 
 def default_output(model: str) -> Path:

@@ -15,10 +15,13 @@ Rows (``ROWS``): a recipe applied to a model made by its real producer (transfor
   whether the logits of one prompt are finite;
 - ``compressed-tensors``: the same with ``CompressedTensorsConfig(dequantize=True)``: decompressed
   by compressed-tensors, logits finite;
+- ``gguf-py`` (GGUF rows, ``gguf_rows.py``): base and output read by gguf-py's
+  ``GGUFReader``: every kept tensor's bytes as the base's, the recipe's keys as promised, and
+  the metadata equal to gguf-py's own ``gguf-new-metadata`` where that tool makes the same edit;
 - ``llama.cpp``: GGUF rows only, through llama-cpp-python if installed (integration/
   run-llama-cpp.sh builds it); otherwise the cell says it was skipped.
 
-``transformers_cell`` and ``compressed_tensors_cell`` need no vLLM:
+``transformers_cell``, ``compressed_tensors_cell`` and ``gguf_rows.gguf_cell`` need no vLLM:
 tests/test_consumer_matrix.py runs them in the test suite on the same rows.
 """
 
@@ -32,6 +35,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf_rows import GGUF_ROWS, gguf_cell, llama_cpp_cell, show_gguf  # noqa: E402
+
 FIXTURES = REPO / "tests" / "fixtures" / "modelopt"
 
 
@@ -83,16 +89,26 @@ ROWS = [
 ]
 
 
-def apply_row(recipe: str, producer, work: Path) -> tuple[Path, Path]:
+def apply_row(recipe: str, producer, work: Path, params: dict | None = None
+              ) -> tuple[Path, Path]:
     """(base, output); the output is the base when the recipe has nothing to change."""
     from patcher import api
     from patcher.errors import NothingToChange
 
     base = producer(work / "base")
     try:
-        return base, api.apply(recipe, base, out=work / "out").output
+        return base, api.apply(recipe, base, out=work / "out", params=params).output
     except NothingToChange:
         return base, base
+
+
+def gguf_row(row: tuple, work: Path) -> dict:
+    """One GGUF row: applied, then its gguf-py and llama.cpp cells."""
+    label, recipe, producer, params, expect, dropped = row
+    base, out = apply_row(recipe, producer, work, params(work / "params"))
+    return {"row": label, "recipe": "applied" if out != base else "nothing to change",
+            "gguf": gguf_cell(base, out, expect, dropped, work / "reference"),
+            "llama_cpp": llama_cpp_cell(out)}
 
 
 # -- transformers and compressed-tensors ------------------------------------------------------
@@ -264,13 +280,20 @@ def run(work: Path, with_vllm: bool) -> list[dict]:
                "llama_cpp": "n/a (no GGUF output)"}
         print(json.dumps(row), file=sys.stderr, flush=True)
         rows.append(row)
+    for index, spec in enumerate(GGUF_ROWS):
+        row = gguf_row(spec, work / f"gguf-{index}")
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        rows.append(row)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    head = ["recipe / producer", "vLLM", "transformers", "compressed-tensors", "llama.cpp"]
+    head = ["recipe / producer", "vLLM", "transformers", "compressed-tensors", "gguf-py",
+            "llama.cpp"]
     body = [[r["row"], _show_vllm(r["vllm"]), _show_load(r["transformers"]),
-             _show_load(r["compressed_tensors"]), r["llama_cpp"]] for r in rows]
+             _show_load(r["compressed_tensors"]), "n/a", r["llama_cpp"]] if "gguf" not in r
+            else [r["row"], "n/a", "n/a", "n/a", show_gguf(r["gguf"]), r["llama_cpp"]]
+            for r in rows]
     return "\n".join(" | ".join(line) for line in [head, ["---"] * len(head), *body])
 
 

@@ -1,7 +1,9 @@
-"""The transformers and compressed-tensors columns of integration/consumer_matrix.py, in the test
-suite (its vLLM column runs through integration/run-vllm.sh): every recipe x producer row loads
-in transformers and, for a compressed-tensors output, decompresses, with nothing missing or
-mismatched and finite logits."""
+"""The transformers, compressed-tensors and gguf-py columns of integration/consumer_matrix.py, in
+the test suite (its vLLM column runs through integration/run-vllm.sh): every recipe x producer
+row loads in transformers and, for a compressed-tensors output, decompresses, with nothing
+missing or mismatched and finite logits; every GGUF row reads back in gguf-py with the base's
+tensor bytes and the metadata the recipe promises (gguf-new-metadata's, where it makes the
+same edit)."""
 
 from __future__ import annotations
 
@@ -37,3 +39,12 @@ def test_row_loads_in_transformers_and_compressed_tensors(tmp_path, label, recip
         assert cell["missing"] == 0 and cell["mismatched"] == 0 and cell["finite_logits"], cell
     if recipe != "kv-scale-names":
         assert cells[1] is not None             # a compressed-tensors checkpoint
+
+
+@pytest.mark.parametrize("row", matrix.GGUF_ROWS, ids=[r[0] for r in matrix.GGUF_ROWS])
+def test_gguf_row_reads_back_in_gguf_py(tmp_path, row):
+    pytest.importorskip("gguf")
+    result = matrix.gguf_row(row, tmp_path)
+    assert result["recipe"] == "applied"
+    cell = result["gguf"]
+    assert cell["tensors_wrong"] == 0 and cell["metadata_wrong"] == [], cell

@@ -59,6 +59,26 @@ def _save_pretrained(kind: str, out: Path) -> Path:
     return out
 
 
+def _rank_by_default(out: Path) -> Path:
+    """The ModelOpt DeepSeek-V3 export with compressed-tensors' KV-scale spelling
+    (``self_attn.k_scale``) and a config.json that leaves ``kv_lora_rank`` to the class
+    default (512 in transformers' DeepseekV3Config): MLA to vLLM all the same."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(FIXTURES / "deepseek-v3-nvfp4", out)
+    for path in out.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    tensors = load_file(out / "model.safetensors")
+    renamed = {n.replace(".k_proj.k_scale", ".k_scale").replace(".v_proj.v_scale", ".v_scale"): t
+               for n, t in tensors.items()}
+    save_file({n: t.contiguous() for n, t in renamed.items()}, out / "model.safetensors",
+              metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config.pop("kv_lora_rank")
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
 def _modelopt(name: str, out: Path, exclude: list[str] | None = None) -> Path:
     shutil.copytree(FIXTURES / name, out)
     if exclude is not None:     # ModelOpt's wildcard excludes, in both places it writes them
@@ -86,6 +106,8 @@ ROWS = [
      lambda d: _modelopt("llama-fp8", d)),
     ("kv-scale-names / ModelOpt DeepSeek-V3 (MLA)", "kv-scale-names",
      lambda d: _modelopt("deepseek-v3-nvfp4", d)),
+    ("kv-scale-names / DeepSeek-V3, self_attn.k_scale, kv_lora_rank left to its default",
+     "kv-scale-names", _rank_by_default),
 ]
 
 
@@ -186,17 +208,23 @@ def vllm_cell(model: Path) -> dict:
     from vllm.model_executor.layers.quantization.compressed_tensors.utils import should_ignore_layer
     from vllm.model_executor.model_loader.weight_utils import maybe_remap_kv_scale_name
 
+    from patcher.model.mla import uses_mla
+
     out: dict = {}
     config = json.loads((model / "config.json").read_text())
+    ours = uses_mla(config)
     try:
         engine = EngineArgs(model=str(model), skip_tokenizer_init=True,
                             enforce_eager=True).create_engine_config()
         out["quantization"] = engine.model_config.quantization
+        mla = engine.model_config.use_mla       # vLLM's own decision (is_deepseek_mla)
+        out["mla"] = (f"ok: {mla}" if mla == ours else
+                      f"FAIL: vLLM {mla}, doctor/recipes (@model /mla) {ours}")
     except Exception as exc:
         out["quantization"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+        mla = ours
     cls = _vllm_class(config)
     packed = dict(getattr(cls, "packed_modules_mapping", {}))
-    mla = config.get("kv_lora_rank") is not None
     if mla and config.get("q_lora_rank") is not None:       # DeepseekV2ForCausalLM.__init__
         packed["fused_qkv_a_proj"] = ["q_a_proj", "kv_a_proj_with_mqa"]
     names = _tensor_names(model)

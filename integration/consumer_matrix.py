@@ -181,6 +181,8 @@ def compressed_tensors_cell(model: Path) -> dict | None:
 def _show_load(cell: dict | None) -> str:
     if cell is None:
         return "n/a"
+    if "base_error" in cell:
+        return f"n/a: the base does not load either ({cell['base_error'][:60]})"
     if "error" in cell:
         return cell["error"]
     kv = f" ({cell['unexpected_kv_scales']} KV scales)" if cell["unexpected_kv_scales"] else ""
@@ -301,8 +303,13 @@ def run(work: Path, with_vllm: bool) -> list[dict]:
     rows = []
     for index, (label, recipe, producer) in enumerate(ROWS):
         base, out = apply_row(recipe, producer, work / str(index))
+        loaded = transformers_cell(out)
+        if "error" in loaded and out != base and "error" in transformers_cell(base):
+            loaded = {"base_error": loaded["error"]}     # not the recipe's doing
+        elif "error" in loaded and out == base:
+            loaded = {"base_error": loaded["error"]}
         row = {"row": label, "recipe": "applied" if out != base else "nothing to change",
-               "transformers": transformers_cell(out),
+               "transformers": loaded,
                "compressed_tensors": compressed_tensors_cell(out),
                "vllm": vllm_cell(out) if with_vllm else None,
                "llama_cpp": "n/a (no GGUF output)"}
@@ -344,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
-    bad = [r for r in rows if "FAIL" in table([r]) or "error" in json.dumps(r)]
+    bad = [r for r in rows if "FAIL" in table([r]) or '"error"' in json.dumps(r)
+           or "error:" in json.dumps(r.get("vllm"))]
     return 1 if bad else 0
 
 

@@ -51,3 +51,18 @@ def test_gguf_row_reads_back_in_gguf_py(tmp_path, row):
     assert result["recipe"] == "applied"
     cell = result["gguf"]
     assert cell["tensors_wrong"] == 0 and cell["metadata_wrong"] == [], cell
+
+
+@pytest.mark.parametrize("label, recipe, producer",
+                         [r for r in matrix.ROWS if r[0] in _UNCHANGED_UNLOADABLE],
+                         ids=[r[0] for r in matrix.ROWS if r[0] in _UNCHANGED_UNLOADABLE])
+def test_mla_rows_keep_kv_scales_vllm_loads(tmp_path, label, recipe, producer):
+    """Rows transformers cannot load: their KV scales through vLLM 0.33's remap (restated in
+    tests/vllm_kv_names.py, checked against vLLM by the matrix) into the MLA parameters."""
+    from tensor_helpers import read_tensors
+    from vllm_kv_names import attention_scale_params, vllm_loads
+
+    _, out = matrix.apply_row(recipe, producer, tmp_path)
+    names = [n for n in read_tensors(out) if n.endswith(("k_scale", "v_scale"))]
+    params = attention_scale_params(2, mla=True)
+    assert {vllm_loads(n, params) for n in names} == params, names

@@ -3,8 +3,11 @@
 A ``GGUFTask`` rides in a plan's ``rewrite-shard`` entry like a safetensors ``ShardTask`` and is
 written by the same shard writer (``patcher.tensors.writing.shard_writer.write_shard`` hands it to
 ``GGUFTask.write``): the output is hashed as it is written, the source ranges are copied by the
-kernel (``copy_file_range``) and hashed from the page cache in the same pass. A resharded output
-may draw its tensors from several files of a split set.
+kernel (``copy_file_range``, which reflinks where the file system shares extents) and hashed
+from the page cache in the same pass; the base's digest, unless already known, is taken from
+that same pass too. The read-back (``patcher.gguf.readback.check_written``) reads the header
+only, while the data is being copied: nothing is read twice. A resharded output may draw its
+tensors from several files of a split set.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import OperationFailed
-from .readback import check_written
+from .readback import start_layout_check, written_layout
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,10 @@ class GGUFTask:
             writer.write(self.header)
             if on_progress:
                 on_progress(len(self.header))
+            # The file gets its final size now, so a reader can read the header (as one will,
+            # before any commit) while the data is copied behind it.
+            os.ftruncate(raw.fileno(), self.file_size)
+            checked = start_layout_check(target, written_layout(len(self.header), self.copies))
             fds: dict[str, int] = {}
             try:
                 source = self._hashed_source(hash_sources)
@@ -74,13 +81,16 @@ class GGUFTask:
                         writer.write(b"\0" * pad)
                     writeback(writer.size)      # the final fsync finds little left to write
                 source_result = digest.result() if digest is not None else None
+            except BaseException:
+                _wait_quietly(checked)
+                raise
             finally:
                 for fd in fds.values():
                     os.close(fd)
+            checked()                           # as a reader reads it, before any commit
             if writer.size != self.file_size:
                 raise OperationFailed(f"wrote {writer.size} bytes, expected {self.file_size}",
                                       where=target)
-            check_written(target, self.copies)      # as a reader reads it, before any commit
             if fsync:
                 os.fsync(raw.fileno())
             os.fchmod(raw.fileno(), 0o444)
@@ -96,6 +106,14 @@ class GGUFTask:
             return None
         (path,) = paths
         return path if path in hash_sources else None
+
+
+def _wait_quietly(checked) -> None:
+    """Let a read-back still running finish before the write's own error propagates."""
+    try:
+        checked()
+    except Exception:      # noqa: BLE001 - the write's error is the one to report
+        pass
 
 
 def _open(fds: dict[str, int], path: str) -> int:

@@ -1,0 +1,95 @@
+"""A GGUF rewrite reads its bytes once: the tensor data is copied by the kernel and hashed in the
+same pass, and the read-back that checks the layout reads the header only (gguf-py's GGUFReader
+maps the file; no tensor byte of the output is read again)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from gguf_fixtures import needs_gguf, read_back, write_tiny
+
+from patcher import api
+from patcher.errors import OperationFailed
+from patcher.gguf.readback import check_written, written_layout
+
+pytestmark = needs_gguf
+
+RECIPE = ("modelpatch: 1\nname: ctx\ndescription: context length\ngguf:\n  metadata:\n"
+          "    - {set: \"{arch}.context_length\", value: 8192, type: uint32}\n")
+
+
+@pytest.fixture(autouse=True)
+def _digest_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MODELPATCH_CACHE_DIR", str(tmp_path / "digest-cache"))
+
+
+def _reads_by_inode(monkeypatch) -> dict[int, int]:
+    """Bytes read with ``os.read``/``os.preadv``/``os.pread``, per inode, from now on."""
+    reads: dict[int, int] = {}
+
+    def spy(fn):
+        def wrapped(fd, *args):
+            got = fn(fd, *args)
+            n = got if isinstance(got, int) else len(got)
+            ino = os.fstat(fd).st_ino
+            reads[ino] = reads.get(ino, 0) + n
+            return got
+        return wrapped
+
+    for name in ("read", "preadv", "pread"):
+        monkeypatch.setattr(os, name, spy(getattr(os, name)))
+    return reads
+
+
+def test_the_output_is_never_read_back_in_full(tmp_path, monkeypatch):
+    (tmp_path / "model").mkdir()
+    base = write_tiny(tmp_path / "model" / "m.gguf")
+    recipe = tmp_path / "ctx.yaml"
+    recipe.write_text(RECIPE)
+    reads = _reads_by_inode(monkeypatch)
+    out = api.apply(recipe, base.parent, out=tmp_path / "out").output / "m.gguf"
+    monkeypatch.undo()
+    meta, tensors = read_back(out)
+    assert meta["llama.context_length"] == 8192
+    assert tensors == read_back(base)[1]
+    # the read-back reads the header (GGUFReader maps it); the data of the output is not read
+    assert reads.get(out.stat().st_ino, 0) == 0
+    assert api.verify(out.parent).ok
+
+
+def test_the_base_digest_comes_from_the_copying_pass(tmp_path, monkeypatch):
+    """An unknown base digest is taken from the bytes the copy hashes: the base is read once
+    (its header by the planner, the rest from the mapped windows the copy hashes)."""
+    (tmp_path / "model").mkdir()
+    base = write_tiny(tmp_path / "model" / "m.gguf")
+    recipe = tmp_path / "ctx.yaml"
+    recipe.write_text(RECIPE)
+    reads = _reads_by_inode(monkeypatch)
+    result = api.apply(recipe, base.parent, out=tmp_path / "out")
+    monkeypatch.undo()
+    assert reads.get(base.stat().st_ino, 0) < base.stat().st_size
+    assert result.output.joinpath("m.gguf").is_file()
+
+
+def test_the_read_back_refuses_a_layout_readers_read_differently(tmp_path):
+    path = write_tiny(tmp_path / "m.gguf")
+    from gguf import GGUFReader
+
+    reader = GGUFReader(path)
+    header = int(reader.data_offset)
+    copies = [(t.name, str(path), header + int(t.data_offset) - header, int(t.n_bytes),
+               0) for t in reader.tensors]
+    right = [(t.name, int(t.data_offset), int(t.n_bytes)) for t in reader.tensors]
+    check_written(path, right)
+    assert written_layout(header, copies[:1]) == right[:1]
+    moved = [right[0]] + [(n, o + 32, s) for n, o, s in right[1:]]
+    with pytest.raises(OperationFailed, match="is read from byte"):
+        check_written(path, moved)
+    with pytest.raises(OperationFailed, match="a reader finds the tensors"):
+        check_written(path, list(reversed(right)))
+    shorter = [(right[0][0], right[0][1], right[0][2] - 1)] + right[1:]
+    with pytest.raises(OperationFailed, match="bytes, .* were written"):
+        check_written(path, shorter)
+    assert Path(path).is_file()

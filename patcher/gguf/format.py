@@ -16,7 +16,9 @@ recipe does not touch byte for byte, and encodes only the new ones.
 from __future__ import annotations
 
 import math
+import os
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -101,23 +103,54 @@ class _NeedMore(Exception):
 def read_header(path: str | Path, where: str | None = None) -> GGUFHeader:
     """Parse and validate the header of the GGUF file ``path`` (no tensor data is read). The
     first MiB is read, and twice as much again while the header runs past what was read, up
-    to ``MAX_HEADER_BYTES``."""
+    to ``MAX_HEADER_BYTES``. A header parsed earlier in this process is returned again while
+    the file is the same (``_remembered``): one command reads a model's headers several times
+    (the in-place check, the plan), and a 150k-token vocabulary takes a while to parse."""
     where = where or str(path)
     require_gguf(where)
     try:
         with open(path, "rb") as f:
+            key = _file_key(os.fstat(f.fileno()), str(path), where)
+            if key is not None and key in _PARSED:
+                return _PARSED[key]
             size = f.seek(0, 2)
             want = min(size, FIRST_READ)
             while True:
                 f.seek(0)
                 head = f.read(want)
                 try:
-                    return parse_header(head, size, where, partial=want < min(
+                    header = parse_header(head, size, where, partial=want < min(
                         size, MAX_HEADER_BYTES))
+                    break
                 except _NeedMore:
                     want = min(size, MAX_HEADER_BYTES, want * 2)
     except OSError as exc:
         raise GGUFFormatError(f"cannot read: {exc.strerror or exc}", where=where) from None
+    _remember(key, header)
+    return header
+
+
+# Parsed headers by file state, as the digest cache keys digests (``digest_cache``): the same
+# device, inode, size, mtime and ctime. A file changed less than ``_RACY_NS`` before it was read
+# is not remembered: a same-size rewrite within the timestamps' granularity could keep them all.
+_PARSED: dict[tuple, GGUFHeader] = {}
+_PARSED_MAX = 256
+_RACY_NS = 2_000_000_000
+_now_ns = time.time_ns
+
+
+def _file_key(st: os.stat_result, path: str, where: str) -> tuple | None:
+    if _now_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < _RACY_NS:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, path, where)
+
+
+def _remember(key: tuple | None, header: GGUFHeader) -> None:
+    if key is None:
+        return
+    if len(_PARSED) >= _PARSED_MAX:
+        _PARSED.pop(next(iter(_PARSED)))
+    _PARSED[key] = header
 
 
 def parse_header(data: bytes, file_size: int, where: str, partial: bool = False) -> GGUFHeader:

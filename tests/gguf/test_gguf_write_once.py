@@ -8,9 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from gguf_fixtures import needs_gguf, read_back, write_tiny
 
 from patcher import api
+from patcher.cli import main
 from patcher.errors import OperationFailed
 from patcher.gguf.readback import check_written, written_layout
 
@@ -93,3 +95,49 @@ def test_the_read_back_refuses_a_layout_readers_read_differently(tmp_path):
     with pytest.raises(OperationFailed, match="bytes, .* were written"):
         check_written(path, shorter)
     assert Path(path).is_file()
+
+
+def _later(monkeypatch, seconds: float = 10.0) -> None:
+    """The clock of ``patcher.gguf.format`` moved on: files written now are at rest."""
+    import time
+
+    from patcher.gguf import format as gguf_format
+
+    monkeypatch.setattr(gguf_format, "_now_ns", lambda: time.time_ns() + int(seconds * 1e9))
+
+
+def test_a_header_is_parsed_once_while_the_file_is_the_same(tmp_path, monkeypatch):
+    from patcher.gguf import format as gguf_format
+
+    path = write_tiny(tmp_path / "m.gguf")
+    racy = gguf_format.read_header(path)
+    assert gguf_format.read_header(path) is not racy      # just written: not remembered
+    _later(monkeypatch)
+    first = gguf_format.read_header(path)
+    assert gguf_format.read_header(path) is first
+    data = bytearray(path.read_bytes())
+    path.unlink()
+    path.write_bytes(bytes(data))                           # a new inode, the same bytes
+    assert gguf_format.read_header(path) is not first
+    monkeypatch.undo()
+
+
+def test_an_in_place_header_rewrite_parses_the_base_header_once(tmp_path, monkeypatch):
+    from patcher.gguf import format as gguf_format
+
+    (tmp_path / "model").mkdir()
+    base = write_tiny(tmp_path / "model" / "m.gguf")
+    recipe = tmp_path / "ctx.yaml"
+    recipe.write_text(RECIPE)
+    _later(monkeypatch)
+    sizes = []
+    parse = gguf_format.parse_header
+    monkeypatch.setattr(gguf_format, "parse_header",
+                        lambda data, size, *a, **k: sizes.append(size) or parse(data, size, *a,
+                                                                                  **k))
+    result = CliRunner().invoke(main, ["-q", "apply", str(recipe), str(base), "--in-place"])
+    monkeypatch.undo()
+    assert result.exit_code == 0, result.output
+    # the base's header (for the in-place check and the plan), then the new one (check_header)
+    assert len(sizes) == 2
+    assert read_back(base)[0]["llama.context_length"] == 8192

@@ -13,6 +13,7 @@ tensors from several files of a split set.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -70,13 +71,15 @@ class GGUFTask:
             os.ftruncate(raw.fileno(), self.file_size)
             checked = start_layout_check(target, written_layout(len(self.header), self.copies))
             fds: dict[str, int] = {}
+            pool = ThreadPoolExecutor(2, "hash-copy")   # one for the file, not one per tensor
             try:
                 source = self._hashed_source(hash_sources)
                 digest = SourceDigest(_open(fds, source)) if source else None
                 for name, path, offset, nbytes, pad in self.copies:
                     faults.point(f"tensor:{name}")
                     hash_while_copying(_open(fds, path), offset, nbytes, writer,
-                                       on_progress=on_progress, source_digest=digest)
+                                       on_progress=on_progress, source_digest=digest,
+                                       pool=pool)
                     if pad:
                         writer.write(b"\0" * pad)
                     writeback(writer.size)      # the final fsync finds little left to write
@@ -85,6 +88,7 @@ class GGUFTask:
                 _wait_quietly(checked)
                 raise
             finally:
+                pool.shutdown()
                 for fd in fds.values():
                     os.close(fd)
             checked()                           # as a reader reads it, before any commit

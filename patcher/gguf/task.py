@@ -70,7 +70,7 @@ class GGUFTask:
             # before any commit) while the data is copied behind it.
             os.ftruncate(raw.fileno(), self.file_size)
             checked = start_layout_check(target, written_layout(len(self.header), self.copies))
-            fds: dict[str, int] = {}
+            fds: dict = {}
             pool = ThreadPoolExecutor(2, "hash-copy")   # one for the file, not one per tensor
             try:
                 source = self._hashed_source(hash_sources)
@@ -84,13 +84,15 @@ class GGUFTask:
                         writer.write(b"\0" * pad)
                     writeback(writer.size)      # the final fsync finds little left to write
                 source_result = digest.result() if digest is not None else None
+                _check_unchanged(fds, target)
             except BaseException:
                 _wait_quietly(checked)
                 raise
             finally:
                 pool.shutdown()
                 for fd in fds.values():
-                    os.close(fd)
+                    if isinstance(fd, int):
+                        os.close(fd)
             checked()                           # as a reader reads it, before any commit
             if writer.size != self.file_size:
                 raise OperationFailed(f"wrote {writer.size} bytes, expected {self.file_size}",
@@ -121,6 +123,23 @@ def _wait_quietly(checked) -> None:
 
 
 def _open(fds: dict[str, int], path: str) -> int:
+    """The file descriptor of ``path`` (opened once per write); ``fds`` also keeps each file's
+    state when it was opened, under ``(path,)``."""
     if path not in fds:
         fds[path] = os.open(path, os.O_RDONLY)
+        fds[(path,)] = _state(os.fstat(fds[path]))
     return fds[path]
+
+
+def _state(st: os.stat_result) -> tuple:
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _check_unchanged(fds: dict[str, int], target) -> None:
+    """The bytes hashed (from a mapping) and the bytes the kernel copied a moment later are the
+    same only if no source changed meanwhile; the output is not read back to compare them, so
+    each source's size, mtime and ctime must be what they were when it was opened."""
+    for path, fd in list(fds.items()):
+        if isinstance(path, str) and fds[(path,)] != _state(os.fstat(fd)):
+            raise OperationFailed(f"the base file {path} changed while it was copied", where=target,
+                                  hint="nothing was written; run the command again")

@@ -141,3 +141,25 @@ def test_an_in_place_header_rewrite_parses_the_base_header_once(tmp_path, monkey
     # the base's header (for the in-place check and the plan), then the new one (check_header)
     assert len(sizes) == 2
     assert read_back(base)[0]["llama.context_length"] == 8192
+
+
+def test_a_base_that_changes_while_it_is_copied_is_refused(tmp_path, monkeypatch):
+    """The output is not read back to compare with its source, so a source changed during the
+    copy (the hashed and the copied bytes may differ) is caught from its status instead."""
+    from patcher.integrity.digests import hash_writer
+
+    (tmp_path / "model").mkdir()
+    base = write_tiny(tmp_path / "model" / "m.gguf")
+    recipe = tmp_path / "ctx.yaml"
+    recipe.write_text(RECIPE)
+    real = hash_writer.hash_while_copying
+
+    def touching(src_fd, *args, **kwargs):
+        done = real(src_fd, *args, **kwargs)
+        os.utime(base)                          # the base changes (its mtime and ctime move)
+        return done
+
+    monkeypatch.setattr(hash_writer, "hash_while_copying", touching)
+    with pytest.raises(OperationFailed, match="changed while it was copied"):
+        api.apply(recipe, base.parent, out=tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GGUFFormatError
-from . import require_gguf
+from . import gguf_constants
 
 MAX_HEADER_BYTES = 256 << 20       # metadata + tensor infos; real ones (vocab, merges) take ~20 MiB
 MAX_KEY_BYTES = 65535
@@ -53,7 +53,7 @@ class KeyValue:
         return decode_value(self.vtype, self.raw, self.item_type)
 
     def type_name(self) -> str:
-        gguf = require_gguf()
+        gguf = gguf_constants()
         name = gguf.GGUFValueType(self.vtype).name
         if self.vtype == ARRAY:
             name += f"[{gguf.GGUFValueType(self.item_type).name}]"
@@ -70,7 +70,7 @@ class TensorInfo:
 
     @property
     def type_name(self) -> str:
-        return require_gguf().GGMLQuantizationType(self.ggml_type).name
+        return gguf_constants().GGMLQuantizationType(self.ggml_type).name
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def read_header(path: str | Path, where: str | None = None) -> GGUFHeader:
     the file is the same (``_remembered``): one command reads a model's headers several times
     (the in-place check, the plan), and a 150k-token vocabulary takes a while to parse."""
     where = where or str(path)
-    require_gguf(where)
+    gguf_constants(where)
     try:
         with open(path, "rb") as f:
             key = _file_key(os.fstat(f.fileno()), str(path), where)
@@ -156,7 +156,7 @@ def _remember(key: tuple | None, header: GGUFHeader) -> None:
 def parse_header(data: bytes, file_size: int, where: str, partial: bool = False) -> GGUFHeader:
     """Parse ``data``, the start of a file of ``file_size`` bytes (``partial``: more of it could
     be read: running past ``data`` raises ``_NeedMore``, not an error)."""
-    gguf = require_gguf(where)
+    gguf = gguf_constants(where)
     r = _Reader(data, where, file_size, partial)
     if r.take(4) != b"GGUF":
         raise GGUFFormatError("not a GGUF file (bad magic)", where=where)
@@ -202,7 +202,7 @@ def parse_header(data: bytes, file_size: int, where: str, partial: bool = False)
 def _alignment(kv: dict[str, KeyValue], where: str) -> int:
     entry = kv.get("general.alignment")
     if entry is None:
-        return require_gguf().GGUF_DEFAULT_ALIGNMENT
+        return gguf_constants().GGUF_DEFAULT_ALIGNMENT
     value = entry.value
     if entry.vtype != 4 or value == 0 or value & (value - 1):
         raise GGUFFormatError(f"general.alignment must be a UINT32 power of two; got "

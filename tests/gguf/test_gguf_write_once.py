@@ -163,3 +163,24 @@ def test_a_base_that_changes_while_it_is_copied_is_refused(tmp_path, monkeypatch
     with pytest.raises(OperationFailed, match="changed while it was copied"):
         api.apply(recipe, base.parent, out=tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_reading_a_header_does_not_import_numpy_and_gguf_shares_its_constants(tmp_path):
+    """The header parser needs gguf-py's constants only: they are loaded without the package
+    (numpy, readers, writers); a later ``import gguf`` uses the same module."""
+    import subprocess
+    import sys
+
+    path = write_tiny(tmp_path / "m.gguf")
+    code = ("import sys\nfrom patcher.gguf.format import read_header\n"
+            "from patcher.gguf import gguf_constants, require_gguf\n"
+            f"header = read_header({str(path)!r})\n"
+            "assert 'numpy' not in sys.modules and 'gguf' not in sys.modules, sorted(sys.modules)\n"
+            "c = gguf_constants()\ng = require_gguf()\n"
+            "assert g.constants is c and g.GGMLQuantizationType is c.GGMLQuantizationType\n"
+            "assert {t.type_name for t in header.tensors.values()} <= {'F32', 'F16', 'Q8_0'}\n"
+            "print(len(header.tensors))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == len(read_back(path)[1])

@@ -56,11 +56,15 @@ REMEMBER = ("import os, sys, time\nfrom patcher.integrity.digests.digest_cache i
 
 
 def run(argv: list[str], env: dict | None = None, profile: Path | None = None) -> dict:
-    """Wall and CPU seconds of ``argv`` (its waited-for children included)."""
+    """Wall and CPU seconds of ``argv`` (its waited-for children included). A modelpatch command
+    runs in the directory of its checkout: ``python -m`` puts the working directory first on the
+    path, before PYTHONPATH."""
     if profile is not None:
         argv = [argv[0], "-m", "cProfile", "-o", str(profile), *argv[1:]]
+    cwd = env.get("PYTHONPATH") if env is not None else None
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     err = proc.stderr.read().decode(errors="replace")
@@ -155,7 +159,8 @@ def job_inplace(work: Path, codes: dict[str, Path], rounds: int) -> dict:
         subprocess.run(["cp", str(base), str(live)], check=True)
         subprocess.run(["sync", str(live)], check=True)
         if known:
-            subprocess.run([PY, "-c", REMEMBER, str(live)], check=True, env=env_for(code, cache))
+            subprocess.run([PY, "-c", REMEMBER, str(live)], check=True, env=env_for(code, cache),
+                           cwd=code)
         at_rest(live)
 
     def apply(code: Path, known: bool):
@@ -241,7 +246,7 @@ def profiles(work: Path, codes: dict[str, Path], out: Path) -> dict[str, str]:
                 live.parent.mkdir(parents=True)
                 subprocess.run(["cp", str(base / "model.gguf"), str(live)], check=True)
                 subprocess.run([PY, "-c", REMEMBER, str(live)], check=True,
-                               env=env_for(code, cache))
+                               env=env_for(code, cache), cwd=code)
                 at_rest(live)
                 argv = mp("apply", work / "gguf" / "ctx.yaml", live, "--in-place")
             prof = work / f"profile-{label}-{what.replace(' ', '')}.pstats"

@@ -72,6 +72,9 @@ class GGUFTask:
             checked = start_layout_check(target, written_layout(len(self.header), self.copies))
             fds: dict = {}
             pool = ThreadPoolExecutor(2, "hash-copy")   # one for the file, not one per tensor
+            # the write-out is started from a thread of its own: sync_file_range blocks while
+            # the disk's queue is full, and the hashing must not wait for it
+            flusher = ThreadPoolExecutor(1, "write-out")
             try:
                 source = self._hashed_source(hash_sources)
                 digest = SourceDigest(_open(fds, source)) if source else None
@@ -82,7 +85,7 @@ class GGUFTask:
                                        pool=pool)
                     if pad:
                         writer.write(b"\0" * pad)
-                    writeback(writer.size)      # the final fsync finds little left to write
+                    flusher.submit(writeback, writer.size)   # the fsync finds little left
                 source_result = digest.result() if digest is not None else None
                 _check_unchanged(fds, target)
             except BaseException:
@@ -90,6 +93,7 @@ class GGUFTask:
                 raise
             finally:
                 pool.shutdown()
+                flusher.shutdown()
                 for fd in fds.values():
                     if isinstance(fd, int):
                         os.close(fd)

@@ -184,3 +184,25 @@ def test_reading_a_header_does_not_import_numpy_and_gguf_shares_its_constants(tm
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert out.returncode == 0, out.stderr
     assert int(out.stdout) == len(read_back(path)[1])
+
+
+def test_the_write_out_is_started_beside_the_hashing(tmp_path, monkeypatch):
+    """sync_file_range may block on a busy disk: it is called from a thread of its own."""
+    import threading
+
+    from patcher.tensors.writing import shard_writer
+
+    (tmp_path / "model").mkdir()
+    base = write_tiny(tmp_path / "model" / "m.gguf")
+    recipe = tmp_path / "ctx.yaml"
+    recipe.write_text(RECIPE)
+    threads = set()
+    real = shard_writer.Writeback.__call__
+
+    def spy(self, position):
+        threads.add(threading.current_thread().name)
+        return real(self, position)
+
+    monkeypatch.setattr(shard_writer.Writeback, "__call__", spy)
+    api.apply(recipe, base.parent, out=tmp_path / "out")
+    assert threads and all(name.startswith("write-out") for name in threads)

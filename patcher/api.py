@@ -311,8 +311,8 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
                    base_model: str | None = None, allow_noop: bool = False,
                    params: dict | None = None, endpoint: str | None = None) -> ApplyResult:
     """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model``,
-    ``params`` and ``endpoint`` as for ``apply``. A plan that changes nothing raises ``NothingToChange`` unless
-    ``allow_noop``."""
+    ``params`` and ``endpoint`` as for ``apply``. A plan that changes nothing raises
+    ``NothingToChange`` unless ``allow_noop``."""
     from .execute.inplace import apply_locked, prepare_directory
     from .execute.locking import lock_directory
     from .gguf.single_file import check_in_place, is_gguf_file
@@ -398,15 +398,17 @@ def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
     from huggingface_hub import snapshot_download
 
     from .hub.client.connection import check_repo_id, client, hub_call, progress_bars
+    from .model.model_dir import BASE_RECORD
 
     repo_id, _, revision = text[len(HF_SCHEME):].partition("@")
     if repo_id.count("/") != 1:
         raise InputError(f"{text!r} is not hf://ORG/NAME[@REVISION]")
     check_repo_id(repo_id)
     hub = client(endpoint)
-    with progress_bars(progress):
+    with progress_bars(progress):    # without a base's digest record: the hub's, not the model's
         return Path(hub_call("download", repo_id, snapshot_download, repo_id,
-                             revision=revision or None, endpoint=hub.endpoint, token=hub.token))
+                             revision=revision or None, endpoint=hub.endpoint, token=hub.token,
+                             ignore_patterns=[BASE_RECORD]))
 
 
 def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | None = None,
@@ -432,14 +434,16 @@ def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | No
     return report
 
 
-def publish(directory: str | os.PathLike, repo_id: str, **kwargs):
-    """Verify and upload a variant in one commit (see ``hub.client.publish.publish``)."""
+def publish(directory: str | os.PathLike, repo_id: str, *, base: bool = False, **kwargs):
+    """Verify and upload a variant in one commit (see ``hub.client.publish.publish``); with
+    ``base``, a plain model and its files' sha256 (``hub.client.base_repo.publish_base``)."""
     from .gguf.single_file import model_directory
+    from .hub.client.base_repo import publish_base
     from .hub.client.publish import publish as run
 
     directory = model_directory(directory)
     _recovered(directory)
-    return run(directory, repo_id, **kwargs)
+    return (publish_base if base else run)(directory, repo_id, **kwargs)
 
 
 def pull(repo_id: str, out: str | os.PathLike | None = None, **kwargs):

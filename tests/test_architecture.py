@@ -38,7 +38,8 @@ FORBIDDEN = {
 ALLOWED = {"patcher.recipe": ("patcher.tensors.schemes",)}
 
 # modules every package may import: they import nothing from patcher
-STANDALONE = ("patcher.collector", "patcher.errors", "patcher.fsops", "patcher.faults", "patcher.units",
+STANDALONE = ("patcher.collector", "patcher.errors", "patcher.fsops", "patcher.faults",
+              "patcher.units",
               "patcher.display",
               "patcher.dispatch", "patcher.changes")
 

@@ -359,7 +359,8 @@ def verify(ctx, directory, jobs, fast, as_json, executor, ray_address):
 @click.argument("directory", type=click.Path(path_type=str))
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
               help="Rebuild the base into OUT instead of reverting DIRECTORY in place.")
-@click.option("--all", "all_patches", is_flag=True, help="Revert every patch, back to the original.")
+@click.option("--all", "all_patches", is_flag=True,
+              help="Revert every patch, back to the original.")
 @click.option("--force", is_flag=True, help="Revert even if DIRECTORY changed since the patch.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Parallel hashing workers (default: all cores).")

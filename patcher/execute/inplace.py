@@ -3,10 +3,11 @@
 Under the directory's exclusive lock, any interrupted journal is recovered first
 (``prepare_directory``); the plan is made there, under the lock (``api.apply_in_place``), and
 carried out only if the directory is still what it read (``plan.check_unchanged``: a plan made
-before another process patched the directory is refused, never applied twice). New files are written to ``.modelpatch/staging-N/`` (same filesystem), the patch
-record to ``.modelpatch/patches/NNNN-name/``. Then the journal switches: each replaced or dropped
-file is renamed into the patch's ``originals/``, each new file is renamed into place, and the
-provenance manifest goes last. A crash at any instant is finished or undone by the next command
+before another process patched the directory is refused, never applied twice). New files are written
+to ``.modelpatch/staging-N/`` (same filesystem), the patch record to
+``.modelpatch/patches/NNNN-name/``. Then the journal switches: each replaced or dropped file is
+renamed into the patch's ``originals/``, each new file is renamed into place, and the provenance
+manifest goes last. A crash at any instant is finished or undone by the next command
 (``journal.recover``).
 
 Hugging Face cache snapshots: a replaced file that is a symlink into ``../../blobs/`` is never

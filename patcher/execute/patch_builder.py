@@ -124,7 +124,8 @@ class PatchBuilder:
 
     def _rewrite_shards(self, shards: list, dest: Path) -> dict[str, str]:
         """Write the rewritten shards; a base shard whose digest is not known yet is hashed as
-        the rewrite reads it (``patcher.integrity.digests.source_digest``), not in a pass of its own."""
+        the rewrite reads it (``patcher.integrity.digests.source_digest``), not in a pass of its
+        own."""
         from ..tensors.writing.shard_pool import run_shard_tasks
 
         for fp in shards:
@@ -205,7 +206,8 @@ class PatchBuilder:
             subjects=subjects,
             base_files={p: (base_digests[p], model.files[p].size) for p in base_digests},
             recipe=plan.recipe.manifest_record(),
-            options=plan.options.to_json(), changes=changes_json(plan.changes), started=self.started,
+            options=plan.options.to_json(), changes=changes_json(plan.changes),
+            started=self.started,
             finished=_now(), base_statement=base_statement, base_model=base_model)
         return write_manifest(dest, statement)[0]
 

@@ -29,6 +29,9 @@ __all__ = ["INDEX_NAME", "MANIFEST_NAME", "ModelDir", "ModelFile", "ShardIndex",
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_SHARD_NAME = "model.safetensors"
 MANIFEST_NAME = "modelpatch.provenance.json"
+#: The digest record ``publish --base`` commits beside a base on a hub: the hub repository's,
+#: never the model's (``pull`` sets it aside; a hub model is read and downloaded without it).
+BASE_RECORD = "modelpatch.base.json"
 STATE_DIR = ".modelpatch"
 # Bookkeeping, not model content: our revert data, git (a directory, or the file a worktree or
 # submodule has), and the huggingface_hub local-dir download cache. One rule for every command:
@@ -104,7 +107,8 @@ class ModelDir:
         return self.files[relpath].path.read_bytes()
 
     def json(self, relpath: str) -> Any:
-        """The parsed JSON file ``relpath`` (strict: UTF-8, no duplicate keys), or None if absent."""
+        """The parsed JSON file ``relpath`` (strict: UTF-8, no duplicate keys), or None if
+        absent."""
         if relpath not in self._json:
             if relpath not in self.files:
                 return None
@@ -213,7 +217,8 @@ def _list_files(root: Path, cache_repo: Path | None) -> Iterator[tuple[str, Mode
     real_root = os.path.realpath(root)
     allowed = [real_root] + ([str(cache_repo)] if cache_repo else [])
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not (dirpath == str(root) and d in SKIPPED_DIRS))
+        top = dirpath == str(root)
+        dirnames[:] = sorted(d for d in dirnames if not (top and d in SKIPPED_DIRS))
         for name in dirnames:
             if os.path.islink(os.path.join(dirpath, name)):
                 raise ModelDirError("symlinked directories are not supported",

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import HubError, VerifyMismatch
+from ...errors import HubError, InputError, VerifyMismatch
 from ...integrity.manifest import read_manifest
 from ...integrity.patch_record import patch_dirs, read_record
 from ...model.model_dir import MANIFEST_NAME
@@ -52,6 +52,10 @@ def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None 
     if base_model is not None:
         check_base_model(base_model)
     root = Path(directory)
+    if root.is_dir() and not os.path.lexists(root / MANIFEST_NAME):
+        raise InputError("no provenance manifest: not a modelpatch variant", where=root,
+                         hint="base=True publishes a plain model (a base) with the sha256 of "
+                              "its files")
     with lock_directory(root, exclusive=False):   # no in-place patch between verify and upload
         report = verify_dir(root)
         if not report.ok:
@@ -72,14 +76,11 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
     names = {rel: ORIGINAL_README if rel == CARD_NAME else rel for rel in manifest.subjects}
     plan = hub_call("check the base repository", repo_id, plan_transfer, api, manifest, base,
                      base_model, names)
-    for note in plan.notes:
-        log.warning("publish: %s", note)
     branch = revision or "main"
     if plan_only:
+        _say_why_uploaded(plan)
         return PublishResult(repo_id=repo_id, revision=branch, commit=None,
                              files=len(names) + 2, plan=plan)
-    if announce:                               # a plain line where no bars are shown
-        log.info("publish: %s, to %s", plan.summary(), repo_id)
     hub_call("create_repo", repo_id, api.create_repo, repo_id, private=private, exist_ok=True)
     if branch != "main":
         hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
@@ -90,8 +91,16 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
     commit_message = message or (f"modelpatch: {manifest.recipe['name']} applied to "
                                  f"{base_model or _label(base)}")
     oid = commit_variant(api, repo_id, branch, root, names, plan, extra, commit_message)
+    _say_why_uploaded(plan)      # what was sent, once the hub took it (never before: it may
+    if announce:                 # refuse, and the error is then the one line)
+        log.info("publish: %s, to %s", plan.summary(), repo_id)
     return PublishResult(repo_id=repo_id, revision=branch, commit=oid, files=len(names) + 2,
                          plan=plan)
+
+
+def _say_why_uploaded(plan: TransferPlan) -> None:
+    for note in plan.notes:
+        log.warning("publish: %s", note)
 
 
 def _identified_base_model(base: str, manifest) -> str | None:
@@ -169,9 +178,8 @@ def commit_variant(api, repo_id: str, branch: str, root: Path, names: dict[str, 
 
     info = hub_call("create_commit", repo_id, attempt)
     if isinstance(info, _CopyRefused):
-        log.warning("publish: server-side copy refused (%s): uploading the %d files instead",
-                    info.reason, len(plan.copies))
-        plan.upload_all(f"server-side copy refused ({info.reason})")
+        plan.upload_all(f"server-side copy refused ({info.reason}): uploaded the "
+                        f"{len(plan.copies)} files instead")
         info = hub_call("create_commit", repo_id, attempt)
         if isinstance(info, _CopyRefused):      # uploads only: a refusal of copies is a bug
             raise HubError(f"the hub refused server-side copies of a commit that has none "

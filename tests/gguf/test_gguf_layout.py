@@ -61,7 +61,8 @@ def _header_end(path: Path) -> tuple[int, int]:
 
 def _recipe(tmp_path: Path, name: str) -> Path:
     path = tmp_path / f"name-{len(name)}.yaml"
-    path.write_text(f"modelpatch: 1\nname: rename\ndescription: a new general.name\ngguf:\n  metadata:\n"
+    path.write_text("modelpatch: 1\nname: rename\ndescription: a new general.name\n"
+                    "gguf:\n  metadata:\n"
                     f"    - {{set: general.name, value: {name}}}\n")
     return path
 
@@ -156,7 +157,7 @@ def test_verify_finds_a_file_readers_read_differently(tmp_path, monkeypatch):
     encode = gguf_plan.encode_header
     monkeypatch.setattr(gguf_plan, "encode_header",
                         lambda kv, tensors, a: encode(kv, tensors, a) + b"\0" * a)
-    monkeypatch.setattr(gguf_task, "check_written", lambda *a, **k: None)
+    monkeypatch.setattr(gguf_task, "start_layout_check", lambda *a, **k: lambda: None)
     out = api.apply(_recipe(tmp_path, "short"), base.parent, out=tmp_path / "out").output
     report = api.verify(out)
     assert not report.ok

@@ -124,7 +124,8 @@ class PatchBuilder:
 
     def _rewrite_shards(self, shards: list, dest: Path) -> dict[str, str]:
         """Write the rewritten shards; a base shard whose digest is not known yet is hashed as
-        the rewrite reads it (``patcher.integrity.digests.source_digest``), not in a pass of its own."""
+        the rewrite reads it (``patcher.integrity.digests.source_digest``), not in a pass of its
+        own."""
         from ..tensors.writing.shard_pool import run_shard_tasks
 
         for fp in shards:
@@ -198,16 +199,28 @@ class PatchBuilder:
     def write_manifest(self, dest: Path, subjects: dict[str, tuple[str, int]],
                        base_digests: dict[str, str]) -> str:
         faults.point("manifest")
-        model, plan = self.model, self.plan
+        model = self.model
         base_statement = _base_statement(model)
         base_model = self.base_model or identify(model.root, base_statement).repo_id
-        statement = build_statement(
-            subjects=subjects,
-            base_files={p: (base_digests[p], model.files[p].size) for p in base_digests},
-            recipe=plan.recipe.manifest_record(),
-            options=plan.options.to_json(), changes=changes_json(plan.changes), started=self.started,
-            finished=_now(), base_statement=base_statement, base_model=base_model)
+        statement = manifest_statement(
+            self.plan, subjects,
+            {p: (base_digests[p], model.files[p].size) for p in base_digests},
+            started=self.started, finished=_now(), base_statement=base_statement,
+            base_model=base_model)
         return write_manifest(dest, statement)[0]
+
+
+def manifest_statement(plan: Plan, subjects: dict[str, tuple[str, int]],
+                       base_files: dict[str, tuple[str, int]], *, started, finished,
+                       base_statement: dict | None, base_model: str | None) -> dict:
+    """The provenance statement of ``plan``'s output, the one builder of every executor (a new
+    variant, a patch in place, a variant made on a hub): the recipe as the plan bound it (its
+    parameter values and every recipe combined), the plan's options and its change log; only
+    the files (``subjects``, ``base_files``), times and base differ by where it ran."""
+    return build_statement(
+        subjects=subjects, base_files=base_files, recipe=plan.recipe.manifest_record(),
+        options=plan.options.to_json(), changes=changes_json(plan.changes), started=started,
+        finished=finished, base_statement=base_statement, base_model=base_model)
 
 
 def _mode(path: Path) -> int:

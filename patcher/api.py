@@ -149,13 +149,15 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
 
 
 def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
-          out: str | os.PathLike | None = None, force: bool = False, link: str = "auto",
-          force_copy: bool = False, jobs: int | None = None, device: str = "cpu",
-          max_shard_size: int | None = None, progress: Progress | None = None,
-          base_model: str | None = None, allow_noop: bool = False,
-          params: dict | None = None, endpoint: str | None = None,
-          executor: str = "local", ray_address: str | None = None) -> ApplyResult:
+          options: PlanOptions | dict | None = None, out: str | os.PathLike | None = None,
+          force: bool = False, progress: Progress | None = None, base_model: str | None = None,
+          allow_noop: bool = False, endpoint: str | None = None, **given) -> ApplyResult:
     """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``).
+
+    ``options``: a ``PlanOptions`` (or a dict of its field names), as for ``plan``; the
+    keywords ``given`` (``link``, ``force_copy``, ``jobs``, ``device``, ``max_shard_size``,
+    ``params``, ``executor``, ``ray_address``) set those fields (``PlanOptions.of``). The
+    executor reads them from the plan only.
 
     ``params``: values for the recipe's ``params:`` (typed, or strings as ``--set`` gives them;
     ``RECIPE.NAME`` for one of several recipes). ``endpoint``: the hub of ``from: hf://``
@@ -174,32 +176,28 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
     ``executor="ray"`` runs the shard tasks and file hashes on the Ray cluster at
     ``ray_address`` (``patcher.execute.ray_executor``); the rest runs here."""
     from .execute.engine import apply_plan
-    from .execute.linking import check_mode, predict_for_plan, warn_before_copying
+    from .execute.linking import predict_for_plan, warn_before_copying
     from .execute.locking import lock_directory
+    from .gguf.single_file import model_directory
     from .plan import PlanOptions, require_change
     from .plan import plan as make_plan
 
+    options = PlanOptions.of(options, **given).out_of_place()
     loaded = load(recipe)
     base_model = _checked_base_model(base_model)
     # Plan under the base's shared lock, so an in-place patch or revert cannot change the base
     # between planning and linking.
-    from .gguf.single_file import model_directory
-
     _recovered(model_directory(model))
     with lock_directory(model_directory(model), exclusive=False):
         base = _open_recovered(model)
-        link = check_mode("copy" if force_copy else link)
-        options = PlanOptions(link=link, jobs=jobs, device=device,
-                              max_shard_size=max_shard_size, params=params or None)
         the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
         require_change(the_plan, allow_noop)
         _log_warnings(the_plan)
         target = _default_output(model, base, loaded.name, out)
-        the_plan = predict_for_plan(the_plan, target, link)
+        the_plan = predict_for_plan(the_plan, target, options.link)
         warn_before_copying(the_plan.link)
-        with _executor(executor, ray_address):
-            return apply_plan(the_plan, base, target, force=force, link=link, jobs=jobs,
-                              progress=progress, base_model=base_model)
+        return apply_plan(the_plan, base, target, force=force, progress=progress,
+                          base_model=base_model)
 
 
 def apply_stacked(recipes: list, model: str | os.PathLike, *, out: str | os.PathLike,
@@ -305,27 +303,28 @@ def apply_into_cache(recipe: str | os.PathLike | Recipe, model: str | os.PathLik
 
 
 def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
-                   jobs: int | None = None, device: str = "cpu",
-                   max_shard_size: int | None = None,
-                   progress: Progress | None = None,
-                   base_model: str | None = None, allow_noop: bool = False,
-                   params: dict | None = None, endpoint: str | None = None) -> ApplyResult:
-    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model``,
-    ``params`` and ``endpoint`` as for ``apply``. A plan that changes nothing raises ``NothingToChange`` unless
-    ``allow_noop``."""
+                   options: PlanOptions | dict | None = None,
+                   progress: Progress | None = None, base_model: str | None = None,
+                   allow_noop: bool = False, endpoint: str | None = None,
+                   **given) -> ApplyResult:
+    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``options`` (always in
+    place), ``given``, ``base_model`` and ``endpoint`` as for ``apply``. A plan that changes
+    nothing raises ``NothingToChange`` unless ``allow_noop``."""
     from .execute.inplace import apply_locked, prepare_directory
     from .execute.locking import lock_directory
     from .gguf.single_file import check_in_place, is_gguf_file
     from .plan import PlanOptions, require_change
     from .plan import plan as make_plan
 
+    options = PlanOptions.of(options, **given, in_place=True)
+    if options.executor != "local":
+        raise InputError(f"--executor {options.executor} writes a new variant; it excludes "
+                         f"--in-place")
     loaded = load(recipe)
     base_model = _checked_base_model(base_model)
     if is_gguf_file(model):
         check_in_place(model)
         model = Path(model).parent
-    options = PlanOptions(in_place=True, jobs=jobs, device=device,
-                          max_shard_size=max_shard_size, params=params or None)
     # Planned once, under the exclusive lock: nothing can change the directory in between.
     with lock_directory(Path(model), exclusive=True):
         prepare_directory(Path(model))
@@ -333,23 +332,14 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
         the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
         require_change(the_plan, allow_noop)
         _log_warnings(the_plan)
-        return apply_locked(the_plan, base, jobs=jobs, progress=progress, base_model=base_model)
+        return apply_locked(the_plan, base, progress=progress, base_model=base_model)
 
 
 def _executor(name: str, address: str | None):
-    """Where the shard tasks and file hashes of one command run (``patcher.dispatch``):
-    here (``local``), or on a Ray cluster (``ray``; ray is imported only then)."""
-    import contextlib
+    """Where the shard tasks and file hashes of one command run (``patcher.dispatch``)."""
+    from .execute.executors import executing
 
-    if name == "ray":
-        from .execute.ray_executor import executing_on_ray
-
-        return executing_on_ray(address)
-    if name != "local":
-        raise InputError(f"unknown executor {name!r}: local or ray")
-    if address is not None:
-        raise InputError("--ray-address needs --executor ray")
-    return contextlib.nullcontext()
+    return executing(name, address)
 
 
 def _checked_base_model(value: str | None) -> str | None:

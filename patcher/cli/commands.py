@@ -93,14 +93,6 @@ def _echo_transfer(remote: dict | None) -> None:
         echo(describe_transfer(remote))
 
 
-def _plan_options(in_place: bool, link: str, jobs: int | None, device: str,
-                  max_shard_size: int | None, params: dict | None = None):
-    from ..plan import PlanOptions
-
-    return PlanOptions(in_place=in_place, link=None if in_place else link, jobs=jobs,
-                       device=device, max_shard_size=max_shard_size, params=params or None)
-
-
 def _set_values(items: tuple[str, ...]) -> dict[str, str]:
     """``--set NAME=VALUE`` options as a dict (typed later, by each parameter's type)."""
     out: dict[str, str] = {}
@@ -192,9 +184,10 @@ def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
     --dry-run). MODEL may be hf://ORG/NAME[@REV]: planned from its JSON files and safetensors
     headers alone; or one .gguf file."""
     from .. import api
+    from ..plan import PlanOptions
 
-    options = _plan_options(False, link or "auto", None, device, max_shard_size,
-                            _set_values(set_values))
+    options = PlanOptions.of(link=link or "auto", device=device, max_shard_size=max_shard_size,
+                             params=_set_values(set_values))
     the_plan = api.plan(list(recipe), model, options=options, out=out, endpoint=endpoint)
     _show_plan(the_plan, as_json, allow_noop)
 
@@ -254,9 +247,13 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
         return
     if force_copy and link not in (None, "copy"):
         raise click.UsageError(f"--copy is --link copy; it excludes --link {link}")
-    link = "copy" if force_copy else link or "auto"
+    from ..plan import PlanOptions
+
+    options = PlanOptions.of(in_place=in_place, link=link or "auto", force_copy=force_copy,
+                             jobs=jobs, device=device, max_shard_size=max_shard_size,
+                             params=_set_values(set_values), executor=executor,
+                             ray_address=ray_address)
     recipe = api.load(list(recipe))
-    params = _set_values(set_values)
     if model.startswith(api.HF_SCHEME):
         resolved = api.resolve_model(model, endpoint=endpoint, progress=not ctx.obj.get("quiet"))
         if out is None and not in_place and into_cache is None:   # never beside a snapshot
@@ -264,7 +261,6 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                   f"{recipe.name}"
         model = str(resolved)
     if dry_run:
-        options = _plan_options(in_place, link, jobs, device, max_shard_size, params)
         _show_plan(api.plan(recipe, model, options=options, out=out, endpoint=endpoint),
                    as_json, allow_noop)
         return
@@ -273,24 +269,14 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
     from .progress import Meters
 
     with Meters(bool(ctx.obj.get("quiet"))) as meters:
-        progress = meters.engine_progress()
+        shared = {"options": options, "progress": meters.engine_progress(),
+                  "base_model": base_model, "allow_noop": allow_noop, "endpoint": endpoint}
         if in_place:
-            result = api.apply_in_place(recipe, model, jobs=jobs, device=device,
-                                        max_shard_size=max_shard_size, progress=progress,
-                                        base_model=base_model, allow_noop=allow_noop,
-                                        params=params, endpoint=endpoint)
+            result = api.apply_in_place(recipe, model, **shared)
         elif into_cache is not None:
-            result = api.apply_into_cache(
-                recipe, model, into_cache, force=force, link=link, jobs=jobs, device=device,
-                max_shard_size=max_shard_size, progress=progress, base_model=base_model,
-                allow_noop=allow_noop, params=params, endpoint=endpoint, executor=executor,
-                ray_address=ray_address)
+            result = api.apply_into_cache(recipe, model, into_cache, force=force, **shared)
         else:
-            result = api.apply(recipe, model, out=out, force=force, link=link,
-                               jobs=jobs, device=device, max_shard_size=max_shard_size,
-                               progress=progress, base_model=base_model,
-                               allow_noop=allow_noop, params=params, endpoint=endpoint,
-                               executor=executor, ray_address=ray_address)
+            result = api.apply(recipe, model, out=out, force=force, **shared)
     if as_json:
         emit_json({"output": str(result.output), "recipe": recipe.identity(),
                     "manifest_sha256": result.manifest_sha256,
@@ -359,7 +345,8 @@ def verify(ctx, directory, jobs, fast, as_json, executor, ray_address):
 @click.argument("directory", type=click.Path(path_type=str))
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
               help="Rebuild the base into OUT instead of reverting DIRECTORY in place.")
-@click.option("--all", "all_patches", is_flag=True, help="Revert every patch, back to the original.")
+@click.option("--all", "all_patches", is_flag=True,
+              help="Revert every patch, back to the original.")
 @click.option("--force", is_flag=True, help="Revert even if DIRECTORY changed since the patch.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Parallel hashing workers (default: all cores).")

@@ -45,9 +45,10 @@ class Progress:
 class PatchBuilder:
     """The work both apply modes share: new files, digests, the patch record, the manifest."""
 
-    def __init__(self, plan: Plan, model: ModelDir, *, jobs: int | None, progress: Progress,
+    def __init__(self, plan: Plan, model: ModelDir, *, progress: Progress,
                  base_model: str | None = None):
-        self.plan, self.model, self.jobs, self.progress = plan, model, jobs, progress
+        self.plan, self.model, self.progress = plan, model, progress
+        self.jobs = plan.options.jobs
         self.base_model = base_model     # ORG/NAME given by the user, else identified
         self.known = KnownDigests()
         self.trusted = _base_manifest_digests(model)

@@ -56,7 +56,7 @@ def apply_and_publish(recipe, url: str, repo_id: str, *, endpoint: str | None = 
     loaded = load_recipes(recipe)
     model = RemoteModel.open(url, endpoint=endpoint)
     # config only (refused below otherwise): nothing is computed here, so no jobs or device
-    options = PlanOptions(device=None, params=params or None)
+    options = PlanOptions.of({"device": None}, params=params)
     the_plan = make_plan(loaded, model, options=options, endpoint=endpoint)
     rewrites = [fp.path for fp in the_plan.files if fp.action is Action.REWRITE_SHARD]
     if rewrites:

@@ -200,6 +200,26 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
                           base_model=base_model)
 
 
+def save_plan(the_plan: Plan, path: str | os.PathLike) -> Path:
+    """Write ``the_plan`` (of ``plan``) to ``path`` for ``apply_saved`` (``patcher.saved_plan``:
+    a plan for a new variant of a local model directory)."""
+    from .saved_plan import save_plan as save
+
+    return save(the_plan, path)
+
+
+def apply_saved(plan_file: str | os.PathLike, model: str | os.PathLike | None = None,
+                **kwargs) -> ApplyResult:
+    """Carry out exactly the plan saved at ``plan_file``: no recipe is read, nothing is
+    planned again, and a base changed since the plan was made is refused (``PlanError``).
+    ``model``, when given, must be the plan's base; ``kwargs``: ``out``, ``force``,
+    ``progress``, ``base_model``, ``jobs``, ``executor``, ``ray_address``
+    (``patcher.saved_plan.apply_saved_plan``)."""
+    from .saved_plan import apply_saved_plan
+
+    return apply_saved_plan(plan_file, model, **kwargs)
+
+
 def apply_stacked(recipes: list, model: str | os.PathLike, *, out: str | os.PathLike,
                   force: bool = False, params: dict[str, dict] | None = None) -> Path:
     """Apply ``recipes`` one after the other into one variant at ``out`` that appears whole or

@@ -278,8 +278,8 @@ def check_unchanged(the_plan: Plan) -> None:
         what = "appeared" if changed[0] not in before else \
             "is gone" if changed[0] not in now else "was modified"
         more = f" (and {len(changed) - 1} more file(s))" if len(changed) > 1 else ""
-        raise PlanError(f"{changed[0]} {what} since the plan was made{more}; nothing was written",
-                        where=the_plan.base, hint="plan and apply again")
+        raise PlanError(f"plan is stale: {changed[0]} {what} since the plan was made{more}; "
+                        f"nothing was written", where=the_plan.base, hint="plan and apply again")
 
 
 def require_change(the_plan: Plan, allow_noop: bool) -> None:

@@ -30,6 +30,9 @@ FORBIDDEN = {
     "patcher.gguf": ("patcher.hub", *_ABOVE),
     "patcher.remote": _ABOVE,
     "patcher.hub": _ABOVE,
+    # a saved plan is read back by the library itself, never through the hub
+    "patcher.saved_plan": ("patcher.hub", *_ABOVE),
+    "patcher.saved_plan_checks": ("patcher.hub", "patcher.execute", *_ABOVE),
     # the hub's storage is pure standard library: the Starlette side is the server's
     "patcher.hub.store": ("patcher.hub.server",),
 }
@@ -38,9 +41,8 @@ FORBIDDEN = {
 ALLOWED = {"patcher.recipe": ("patcher.tensors.schemes",)}
 
 # modules every package may import: they import nothing from patcher
-STANDALONE = ("patcher.collector", "patcher.errors", "patcher.fsops", "patcher.faults", "patcher.units",
-              "patcher.display",
-              "patcher.dispatch", "patcher.changes")
+STANDALONE = ("patcher.collector", "patcher.errors", "patcher.fsops", "patcher.faults",
+              "patcher.units", "patcher.display", "patcher.dispatch", "patcher.changes")
 
 
 def module_name(path: Path) -> str:

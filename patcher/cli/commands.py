@@ -177,9 +177,13 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
 @link_option
 @endpoint_option
 @set_option
+@click.option("--save", "save_to", type=click.Path(path_type=str), default=None,
+              metavar="PLAN.json",
+              help="Also write the plan to PLAN.json: `modelpatch apply PLAN.json` then carries "
+                   "out exactly it, or refuses if the model changed since.")
 def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
          max_shard_size: int | None, allow_noop: bool, out: str | None, link: str | None,
-         endpoint: str | None, set_values: tuple[str, ...]) -> None:
+         endpoint: str | None, set_values: tuple[str, ...], save_to: str | None) -> None:
     """Show what applying RECIPE (one or more, in order) to MODEL would do (same as apply
     --dry-run). MODEL may be hf://ORG/NAME[@REV]: planned from its JSON files and safetensors
     headers alone; or one .gguf file."""
@@ -190,10 +194,14 @@ def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
                              params=_set_values(set_values))
     the_plan = api.plan(list(recipe), model, options=options, out=out, endpoint=endpoint)
     _show_plan(the_plan, as_json, allow_noop)
+    if save_to is not None:
+        api.save_plan(the_plan, save_to)
+        echo(f"plan saved: {os.path.abspath(save_to)} (apply it with `modelpatch apply "
+             f"{save_to}`)", err=True)
 
 
 @main.command()
-@click.argument("recipe", nargs=-1, required=True)
+@click.argument("recipe", nargs=-1)
 @click.argument("model")
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
               help="Where to write the variant (default: <model>-<recipe name> beside the "
@@ -231,9 +239,14 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
           set_values, executor, ray_address):
     """Apply RECIPE (a path or a built-in name; several are applied in order as one) to MODEL
     and write a verified variant. For MODEL a .gguf file, the variant is the directory OUT
-    (default: <file>-<recipe> beside it) holding the new file and its manifest."""
+    (default: <file>-<recipe> beside it) holding the new file and its manifest. `apply
+    PLAN.json` carries out exactly a plan saved by `plan --save`."""
     from .. import api
     from .render import recipe_source
+    from .saved_plan import apply_saved_plan
+
+    if apply_saved_plan(ctx, recipe, model):
+        return
 
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from .errors import InputError, ModelDirError
 from .model.model_dir import ModelDir
+from .model_ref import HF_SCHEME, ModelRef  # noqa: F401  (HF_SCHEME: the name callers know)
 
 # Heavier modules (the engine, the recipe loader and its YAML library, huggingface_hub) are
 # imported by the functions that need them, so `inspect` and `--help` stay light.
@@ -81,9 +82,9 @@ def inspect(model: str | os.PathLike, *, endpoint: str | None = None) -> dict:
     ``hf://org/name[@rev]`` is read from the hub (``endpoint``) without its tensor data; the
     report's ``remote`` then says what that transferred."""
     from .model.inspect_model import inspect_model
-    from .remote.model import is_remote
+    from .model_ref import ModelKind
 
-    if not is_remote(model) and str(model).endswith(".gguf") and Path(model).is_file():
+    if ModelRef.parse(model).kind is ModelKind.GGUF_FILE and Path(model).is_file():
         from .gguf.inspect import inspect_gguf_file
 
         return inspect_gguf_file(Path(model))
@@ -111,9 +112,9 @@ def open_model(model: str | os.PathLike, *, endpoint: str | None = None,
     """A local model directory, or ``hf://org/name[@rev]`` read from the hub (``endpoint``)
     without its tensor data (``patcher.remote.model.RemoteModel``; ``what``: the command its
     hub errors name)."""
-    from .remote.model import RemoteModel, is_remote
+    from .remote.model import RemoteModel
 
-    if is_remote(model):
+    if ModelRef.parse(model).is_hub:
         return RemoteModel.open(str(model), endpoint=endpoint, what=what)
     return _open(model)
 
@@ -394,29 +395,22 @@ def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None
     return revert_here(directory, all_patches=all_patches, force=force, jobs=jobs)
 
 
-HF_SCHEME = "hf://"
-
-
 def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
                   progress: bool = True) -> Path:
     """A model directory; ``hf://org/name[@rev]`` is resolved through the huggingface_hub cache
     (downloaded if needed) to its snapshot directory. The endpoint defaults to ``$HF_ENDPOINT``
     (a malformed one is an ``InputError``); ``progress=False``: no progress bars."""
-    text = os.fspath(model)
-    if not text.startswith(HF_SCHEME):
-        return Path(text)
+    ref = ModelRef.parse(model)
+    if not ref.is_hub:
+        return Path(ref.text)
     from huggingface_hub import snapshot_download
 
-    from .hub.client.connection import check_repo_id, client, hub_call, progress_bars
+    from .hub.client.connection import client, hub_call, progress_bars
 
-    repo_id, _, revision = text[len(HF_SCHEME):].partition("@")
-    if repo_id.count("/") != 1:
-        raise InputError(f"{text!r} is not hf://ORG/NAME[@REVISION]")
-    check_repo_id(repo_id)
     hub = client(endpoint)
     with progress_bars(progress):
-        return Path(hub_call("download", repo_id, snapshot_download, repo_id,
-                             revision=revision or None, endpoint=hub.endpoint, token=hub.token))
+        return Path(hub_call("download", ref.repo_id, snapshot_download, ref.repo_id,
+                             revision=ref.revision, endpoint=hub.endpoint, token=hub.token))
 
 
 def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | None = None,

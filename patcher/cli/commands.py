@@ -260,6 +260,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
         return
     if force_copy and link not in (None, "copy"):
         raise click.UsageError(f"--copy is --link copy; it excludes --link {link}")
+    from ..model_ref import ModelRef
     from ..plan import PlanOptions
 
     options = PlanOptions.of(in_place=in_place, link=link or "auto", force_copy=force_copy,
@@ -267,11 +268,11 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                              params=_set_values(set_values), executor=executor,
                              ray_address=ray_address)
     recipe = api.load(list(recipe))
-    if model.startswith(api.HF_SCHEME):
-        resolved = api.resolve_model(model, endpoint=endpoint, progress=not ctx.obj.get("quiet"))
+    ref = ModelRef.parse(model)
+    if ref.is_hub:
+        resolved = api.resolve_model(ref, endpoint=endpoint, progress=not ctx.obj.get("quiet"))
         if out is None and not in_place and into_cache is None:   # never beside a snapshot
-            out = f"{model[len(api.HF_SCHEME):].split('@')[0].split('/')[-1]}-" \
-                  f"{recipe.name}"
+            out = f"{ref.name}-{recipe.name}"
         model = str(resolved)
     if dry_run:
         _show_plan(api.plan(recipe, model, options=options, out=out, endpoint=endpoint),
@@ -304,8 +305,9 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
 def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, base_model,
                        params, conflicting) -> None:
     from ..hub.client.remote_apply import apply_and_publish
+    from ..model_ref import is_hub
 
-    if not model.startswith("hf://"):
+    if not is_hub(model):
         raise click.UsageError("--publish needs MODEL as hf://ORG/NAME[@REV]; for a local "
                                "variant run `modelpatch publish`")
     if conflicting:

@@ -16,7 +16,9 @@ from .. import collector
 from ..errors import ModelDirError
 from ..model.model_dir import INDEX_NAME, SKIPPED_DIRS, ModelDir, ModelFile, parse_index
 from ..model.safetensors_io import SafetensorsFormatError, header_length, parse_header
-from .hub_files import HF_SCHEME, HubFiles, parse_hf_url
+from ..model_ref import HF_SCHEME
+from ..model_ref import is_hub as is_remote  # noqa: F401  (the name callers know)
+from .hub_files import HubFiles, parse_hf_url
 
 #: Header fetches in flight at once (each is two small requests).
 MAX_PARALLEL_FETCHES = 16
@@ -34,10 +36,6 @@ class HubRoot(PosixPath):
     def __str__(self) -> str:
         text = super().__str__()
         return HF_SCHEME + text[len("hf:/"):] if text.startswith("hf:/") else text
-
-
-def is_remote(model: object) -> bool:
-    return isinstance(model, str) and model.startswith(HF_SCHEME)
 
 
 class RemoteModel(ModelDir):

@@ -102,7 +102,7 @@ def inspect(model: str | os.PathLike, *, endpoint: str | None = None) -> dict:
         from .gguf.inspect import inspect_gguf_dir
 
         report["gguf"] = inspect_gguf_dir(opened)
-    if hasattr(opened, "transfer_report"):
+    if ModelRef.parse(model).is_hub:
         report["remote"] = opened.transfer_report()
     return report
 
@@ -141,7 +141,7 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
         model = Path(model).parent
     loaded, base = load(recipe), open_model(model, endpoint=endpoint, what="plan")
     the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
-    if hasattr(base, "transfer_report"):
+    if ModelRef.parse(model).is_hub:
         return replace(the_plan, transfer=base.transfer_report())
     if the_plan.options.in_place:
         return the_plan
@@ -429,7 +429,7 @@ def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | No
     loaded = load_rules(tuple(rules), allow_recipe_files=allow_recipe_files)
     opened = open_model(model, endpoint=endpoint, what="doctor")
     report = diagnose(opened, target, loaded)
-    if hasattr(opened, "transfer_report"):
+    if ModelRef.parse(model).is_hub:
         report["remote"] = opened.transfer_report()
     else:
         report["model"] = os.path.abspath(model)        # as given (a .gguf file), absolute

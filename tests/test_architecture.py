@@ -221,3 +221,17 @@ def test_no_module_imports_another_modules_private_names():
                           for alias in node.names
                           if alias.name.startswith("_") and not alias.name.startswith("__")]
     assert found == []
+
+
+def test_the_executors_ask_a_task_its_kind_not_its_type():
+    """A plan's file tasks are a ``FileTask`` with a ``TaskKind``: no module guesses what a
+    task or a model is from the attributes it happens to have."""
+    import re
+
+    guess = re.compile(r"""(hasattr|getattr)\([^)]*["'](write|header_in_place|source_path|"""
+                       r"""transfer_report)["']""")
+    found = [f"{path.relative_to(PATCHER.parent)}:{n}"
+             for path in sorted(PATCHER.rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if guess.search(line)]
+    assert found == []
+    assert guess.search('if hasattr(task, "write"):')

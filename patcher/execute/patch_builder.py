@@ -91,8 +91,8 @@ class PatchBuilder:
                 faults.point(f"file:{fp.path}")
                 write_file(make_parents(dest, fp.path), fp.content)
                 digests[fp.path] = hashlib.sha256(fp.content).hexdigest()
-        shards = [fp for fp in self.plan.files if fp.action is Action.REWRITE_SHARD   # not a
-                  and not getattr(fp.shard_task, "header_in_place", False)]   # header in place
+        shards = [fp for fp in self.plan.files if fp.action is Action.REWRITE_SHARD
+                  and not is_header_rewrite(fp)]
         if shards and self.progress.write_total:
             self.progress.write_total(sum(fp.size_after or 0 for fp in shards))
         if shards:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import OperationFailed
+from ..tensors.tasks import TaskKind
 from .readback import check_written
 
 
@@ -28,6 +29,13 @@ class GGUFTask:
     header_in_place: bool = False            # --in-place: only the header region is written
     jobs: tuple = ()                         # no computed tensors: no worker needs torch
     device: str = "cpu"
+
+    @property
+    def kind(self) -> TaskKind:
+        return TaskKind.GGUF_HEADER if self.header_in_place else TaskKind.GGUF
+
+    def source_paths(self) -> set[str]:
+        return {path for _, path, _, _, _ in self.copies}
 
     @property
     def file_size(self) -> int:

@@ -7,10 +7,42 @@ so a worker process, or another machine with the same paths, needs nothing else)
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+from typing import Protocol
 
 from ..config.jsonfile import dump_json_document, load_json_document
 from ..model.safetensors_io import OutputTensor, encode_header
+
+
+class TaskKind(str, enum.Enum):
+    """What a plan's ``rewrite-shard`` task writes, so that no executor asks its type."""
+
+    SAFETENSORS = "safetensors"     # a ShardTask: tensors laid out by the shard writer
+    GGUF = "gguf"                   # a gguf.task.GGUFTask: a whole GGUF file, written by itself
+    GGUF_HEADER = "gguf-header"     # a GGUFTask rewriting only the header, in place
+
+
+class FileTask(Protocol):
+    """The contract of a ``FilePlan.shard_task``: one output file made from base files."""
+
+    output: str
+    device: str
+
+    @property
+    def kind(self) -> TaskKind: ...
+
+    @property
+    def header(self) -> bytes: ...
+
+    @property
+    def file_size(self) -> int: ...
+
+    def summary(self) -> dict: ...
+
+    def source_paths(self) -> set[str]:
+        """The absolute paths of the base files it reads."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -45,6 +77,11 @@ class ShardTask:
     metadata: dict
     jobs: tuple[TensorJob, ...]
     device: str = "cpu"
+
+    kind = TaskKind.SAFETENSORS
+
+    def source_paths(self) -> set[str]:
+        return {s.path for j in self.jobs for s in j.inputs}
 
     @property
     def header(self) -> bytes:

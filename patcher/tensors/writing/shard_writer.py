@@ -24,7 +24,7 @@ from ...errors import OperationFailed, ShardStopped
 from ...integrity.digests.hash_writer import HashingWriter, hash_while_copying
 from ...integrity.digests.hashing import HashResult
 from ...integrity.digests.source_digest import SourceDigest, single_source_in_order
-from ..tasks import ShardTask, TensorJob
+from ..tasks import ShardTask, TaskKind, TensorJob
 from .shard_pipeline import Pipeline, read_ahead
 from .thread_budget import apply_threads
 
@@ -67,7 +67,7 @@ def write_shard(task: ShardTask, target: Path,
 
     Returns its sha256, and the task's source file with that file's digest if it is in
     ``hash_sources`` and could be hashed along the way (else None, None)."""
-    if hasattr(task, "write"):          # a patcher.gguf.task.GGUFTask writes itself
+    if task.kind is not TaskKind.SAFETENSORS:   # a patcher.gguf.task.GGUFTask writes itself
         return task.write(target, on_progress, hash_sources, fsync=fsync)
     header = task.header
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -15,8 +15,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import InputError, ModelDirError
-from .model.model_dir import ModelDir
 from .model_ref import HF_SCHEME, ModelRef  # noqa: F401  (HF_SCHEME: the name callers know)
+from .opening import (  # noqa: F401  (recover, open_model, resolve_model: the API's own)
+    open_local,
+    open_model,
+    open_recovered,
+    output_for,
+    recover,
+    recovered,
+    resolve_model,
+)
 
 # Heavier modules (the engine, the recipe loader and its YAML library, huggingface_hub) are
 # imported by the functions that need them, so `inspect` and `--help` stay light.
@@ -26,46 +34,6 @@ if TYPE_CHECKING:
     from .recipe.load import Recipe
 
 log = logging.getLogger("modelpatch")
-
-
-def _recovered(directory: str | os.PathLike) -> None:
-    """Finish or undo an interrupted in-place operation, saying which on the log."""
-    if Path(directory).is_dir():
-        done = recover(directory)
-        if done:
-            log.warning("%s: %s", directory, done)
-
-
-def _open(model: str | os.PathLike) -> ModelDir:
-    """The model directory, or for a .gguf file the view holding just that model
-    (``patcher.gguf.single_file``, which says what each command does with one)."""
-    from .gguf.single_file import model_directory
-
-    _recovered(model_directory(model))
-    return _open_recovered(model)
-
-
-def _open_recovered(model: str | os.PathLike) -> ModelDir:
-    from .gguf.single_file import is_gguf_file, open_gguf_file
-
-    if str(model).endswith(".gguf") and not os.path.isdir(model) and not is_gguf_file(model):
-        raise ModelDirError("no such file" if not os.path.lexists(model) else
-                            "not a regular file", where=model)
-    return open_gguf_file(model) if is_gguf_file(model) else ModelDir.open(model)
-
-
-def _default_output(model: str | os.PathLike, base: ModelDir, recipe_name: str,
-                    out: str | os.PathLike | None) -> Path:
-    from .execute.engine import default_output
-    from .gguf import single_file
-
-    if base.subset:
-        single_file.check_output(out)
-    if out is not None:
-        return Path(out)
-    if base.subset:
-        return single_file.default_output(model, recipe_name)
-    return default_output(base.root, recipe_name)
 
 
 def load(recipe: str | os.PathLike | Recipe | list | tuple) -> Recipe:
@@ -107,18 +75,6 @@ def inspect(model: str | os.PathLike, *, endpoint: str | None = None) -> dict:
     return report
 
 
-def open_model(model: str | os.PathLike, *, endpoint: str | None = None,
-               what: str = "inspect") -> ModelDir:
-    """A local model directory, or ``hf://org/name[@rev]`` read from the hub (``endpoint``)
-    without its tensor data (``patcher.remote.model.RemoteModel``; ``what``: the command its
-    hub errors name)."""
-    from .remote.model import RemoteModel
-
-    if ModelRef.parse(model).is_hub:
-        return RemoteModel.open(str(model), endpoint=endpoint, what=what)
-    return _open(model)
-
-
 def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
          *, options: PlanOptions | dict | None = None, out: str | os.PathLike | None = None,
          endpoint: str | None = None) -> Plan:
@@ -145,7 +101,7 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
         return replace(the_plan, transfer=base.transfer_report())
     if the_plan.options.in_place:
         return the_plan
-    target = _default_output(model, base, loaded.name, out)
+    target = output_for(model, base, loaded.name, out)
     return predict_for_plan(the_plan, target, the_plan.options.link or "auto")
 
 
@@ -188,13 +144,13 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
     base_model = _checked_base_model(base_model)
     # Plan under the base's shared lock, so an in-place patch or revert cannot change the base
     # between planning and linking.
-    _recovered(model_directory(model))
+    recovered(model_directory(model))
     with lock_directory(model_directory(model), exclusive=False):
-        base = _open_recovered(model)
+        base = open_recovered(model)
         the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
         require_change(the_plan, allow_noop)
         _log_warnings(the_plan)
-        target = _default_output(model, base, loaded.name, out)
+        target = output_for(model, base, loaded.name, out)
         the_plan = predict_for_plan(the_plan, target, options.link)
         warn_before_copying(the_plan.link)
         return apply_plan(the_plan, base, target, force=force, progress=progress,
@@ -270,29 +226,13 @@ def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool 
     from .integrity.verify import verify_dir
 
     directory = model_directory(directory)
-    _recovered(directory)
+    recovered(directory)
     # Shared: verifies and out-of-place applies read together; an in-place apply or a revert
     # (exclusive) cannot change the files while they are hashed.
     with lock_directory(Path(directory), exclusive=False), _executor(executor, ray_address):
         report = verify_dir(Path(directory), jobs=jobs, fast=fast, on_progress=on_progress,
                             on_total=on_total)
         return check_layouts(Path(directory), report)
-
-
-def recover(directory: str | os.PathLike) -> str | None:
-    """Finish or undo an in-place operation a crash interrupted in ``directory``.
-
-    Every command calls this first; it returns a sentence saying what it did, or None.
-    """
-    from .execute.journal import pending
-    from .execute.journal import recover as recover_journal
-    from .execute.locking import lock_directory
-
-    root = Path(directory)
-    if not pending(root):       # a journal, or the leftovers of an interrupted one
-        return None
-    with lock_directory(root, exclusive=True):
-        return recover_journal(root)
 
 
 def apply_into_cache(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, name: str,
@@ -349,7 +289,7 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     # Planned once, under the exclusive lock: nothing can change the directory in between.
     with lock_directory(Path(model), exclusive=True):
         prepare_directory(Path(model))
-        base = _open(model)
+        base = open_local(model)
         the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
         require_change(the_plan, allow_noop)
         _log_warnings(the_plan)
@@ -385,7 +325,7 @@ def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None
     from .gguf.single_file import model_directory
 
     directory = model_directory(directory)
-    _recovered(directory)
+    recovered(directory)
     if out is not None:
         with _executor(executor, ray_address):
             return rebuild_base(directory, out, all_patches=all_patches, force=force, jobs=jobs)
@@ -393,24 +333,6 @@ def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None
         raise InputError(f"--executor {executor} rebuilds the base into a new directory: "
                          f"give -o", where=directory)
     return revert_here(directory, all_patches=all_patches, force=force, jobs=jobs)
-
-
-def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
-                  progress: bool = True) -> Path:
-    """A model directory; ``hf://org/name[@rev]`` is resolved through the huggingface_hub cache
-    (downloaded if needed) to its snapshot directory. The endpoint defaults to ``$HF_ENDPOINT``
-    (a malformed one is an ``InputError``); ``progress=False``: no progress bars."""
-    ref = ModelRef.parse(model)
-    if not ref.is_hub:
-        return Path(ref.text)
-    from huggingface_hub import snapshot_download
-
-    from .hub.client.connection import client, hub_call, progress_bars
-
-    hub = client(endpoint)
-    with progress_bars(progress):
-        return Path(hub_call("download", ref.repo_id, snapshot_download, ref.repo_id,
-                             revision=ref.revision, endpoint=hub.endpoint, token=hub.token))
 
 
 def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | None = None,
@@ -442,7 +364,7 @@ def publish(directory: str | os.PathLike, repo_id: str, **kwargs):
     from .hub.client.publish import publish as run
 
     directory = model_directory(directory)
-    _recovered(directory)
+    recovered(directory)
     return run(directory, repo_id, **kwargs)
 
 

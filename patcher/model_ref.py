@@ -21,6 +21,22 @@ from .errors import InputError
 
 HF_SCHEME = "hf://"
 
+REPO_ID_HINT = ("expected NAMESPACE/NAME: letters, digits, '-', '_' and '.', at most 96, "
+                "no '--' or '..'")
+
+
+def check_repo_id(repo_id: str) -> str:
+    """``repo_id`` if huggingface_hub accepts it (``NAME`` or ``NAMESPACE/NAME``); otherwise an
+    ``InputError`` (exit code 2) naming it, before any request."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise InputError(f"invalid repo id {repo_id!r}", hint=REPO_ID_HINT) from None
+    return repo_id
+
 
 class ModelKind(str, enum.Enum):
     DIRECTORY = "directory"
@@ -53,7 +69,6 @@ class ModelRef:
         repo_id, at, revision = text[len(HF_SCHEME):].partition("@")
         if repo_id.count("/") != 1 or (at and not revision):
             raise InputError(f"{text!r} is not hf://ORG/NAME[@REVISION]")
-        from .hub.client.connection import check_repo_id
         from .names import checked_revision
 
         return cls(text, ModelKind.HUB, check_repo_id(repo_id),

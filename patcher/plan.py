@@ -19,12 +19,12 @@ from .changes import ChangeRecord, FileAdded, FileDropped, changes_json
 from .config.jsonfile import dump_json_document, load_json_document, unified_diff
 from .config.ops import apply_config_ops
 from .errors import NothingToChange, PlanError
+from .file_task import FileTask, TaskKind
 from .model.model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir, fingerprint, read_fingerprint
 from .plan_options import PlanOptions
 from .recipe.load import Recipe
 from .recipe.params.bind import bind_recipe
 from .recipe.regex_bound import plan_wide
-from .tensors.tasks import FileTask, TaskKind
 
 
 class LinkEstimate(Protocol):

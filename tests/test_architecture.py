@@ -42,7 +42,8 @@ ALLOWED = {"patcher.recipe": ("patcher.tensors.schemes",)}
 
 # modules every package may import: they import nothing from patcher
 STANDALONE = ("patcher.collector", "patcher.errors", "patcher.fsops", "patcher.faults",
-              "patcher.units", "patcher.display", "patcher.dispatch", "patcher.changes")
+              "patcher.units", "patcher.display", "patcher.dispatch", "patcher.changes",
+              "patcher.file_task")
 
 
 def module_name(path: Path) -> str:

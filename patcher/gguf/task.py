@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import OperationFailed
-from ..tensors.tasks import TaskKind
+from ..file_task import TaskKind
 from .readback import check_written
 
 

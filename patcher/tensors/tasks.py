@@ -7,42 +7,11 @@ so a worker process, or another machine with the same paths, needs nothing else)
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
-from typing import Protocol
 
 from ..config.jsonfile import dump_json_document, load_json_document
+from ..file_task import FileTask, TaskKind  # noqa: F401  (the contract these tasks keep)
 from ..model.safetensors_io import OutputTensor, encode_header
-
-
-class TaskKind(str, enum.Enum):
-    """What a plan's ``rewrite-shard`` task writes, so that no executor asks its type."""
-
-    SAFETENSORS = "safetensors"     # a ShardTask: tensors laid out by the shard writer
-    GGUF = "gguf"                   # a gguf.task.GGUFTask: a whole GGUF file, written by itself
-    GGUF_HEADER = "gguf-header"     # a GGUFTask rewriting only the header, in place
-
-
-class FileTask(Protocol):
-    """The contract of a ``FilePlan.shard_task``: one output file made from base files."""
-
-    output: str
-    device: str
-
-    @property
-    def kind(self) -> TaskKind: ...
-
-    @property
-    def header(self) -> bytes: ...
-
-    @property
-    def file_size(self) -> int: ...
-
-    def summary(self) -> dict: ...
-
-    def source_paths(self) -> set[str]:
-        """The absolute paths of the base files it reads."""
-        ...
 
 
 @dataclass(frozen=True)

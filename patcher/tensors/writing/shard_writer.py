@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ...errors import OperationFailed, ShardStopped
+from ...file_task import TaskKind
 from ...integrity.digests.hash_writer import HashingWriter, hash_while_copying
 from ...integrity.digests.hashing import HashResult
 from ...integrity.digests.source_digest import SourceDigest, single_source_in_order
-from ..tasks import ShardTask, TaskKind, TensorJob
+from ..tasks import ShardTask, TensorJob
 from .shard_pipeline import Pipeline, read_ahead
 from .thread_budget import apply_threads
 
@@ -61,9 +62,9 @@ def write_shard(task: ShardTask, target: Path,
                 stop: threading.Event | None = None, fsync: bool = True
                 ) -> tuple[str, str | None, HashResult | None]:
     """Write ``task``'s shard to ``target`` (which must not exist), reading, computing and
-    writing in a pipeline (``patcher.tensors.writing.shard_pipeline``); ``ShardStopped`` is raised at
-    the next tensor once ``stop`` is set (another shard failed, or Ctrl-C). The file is made
-    read-only and fsynced, unless ``fsync`` is False: then the caller makes it durable.
+    writing in a pipeline (``patcher.tensors.writing.shard_pipeline``); ``ShardStopped`` is
+    raised at the next tensor once ``stop`` is set (another shard failed, or Ctrl-C). The file
+    is made read-only and fsynced, unless ``fsync`` is False: then the caller makes it durable.
 
     Returns its sha256, and the task's source file with that file's digest if it is in
     ``hash_sources`` and could be hashed along the way (else None, None)."""

@@ -66,7 +66,8 @@ def _check_unmodified(root: Path, force: bool, jobs: int | None) -> None:
     except InputError as exc:           # no manifest, or an unreadable one
         if not force:
             raise VerifyMismatch(f"cannot check it is unchanged since the patch: {exc.message}",
-                                 where=exc.where or root, hint="force=True reverts anyway") from None
+                                 where=exc.where or root,
+                                 hint="force=True reverts anyway") from None
         log.warning("%s: %s; reverting anyway (force=True)", root, exc.one_line())
         return
     if not report.ok:

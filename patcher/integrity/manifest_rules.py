@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ..model.model_dir import MANIFEST_NAME, STATE_DIR, is_model_path
+from ..names import name_problem
 from .digests.hashing import is_sha256_hex
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -34,22 +35,12 @@ def is_excluded(name: str) -> bool:
 
 
 def check_relpath(name: object) -> str | None:
-    """Return why ``name`` is not a normalized relative POSIX path inside a variant, else None."""
-    if not isinstance(name, str):
-        return "name is not a string"
-    if name == "":
-        return "empty path"
-    if "\\" in name:
-        return "backslash in path (paths use '/')"
-    if "\x00" in name:
-        return "NUL character in path"
-    if name.startswith("/"):
-        return "absolute path"
-    parts = name.split("/")
-    if ".." in parts:
-        return "path escapes the directory ('..')"
-    if any(p in ("", ".") for p in parts):
-        return "path is not normalized (empty or '.' component)"
+    """Return why ``name`` is not a normalized relative POSIX path inside a variant, else None:
+    the check of every name from outside (``patcher.names``), dot-directories allowed (a model
+    may ship ``.github/``), then the names a manifest never lists."""
+    problem = name_problem(name, allow_dot_dirs=True)
+    if problem is not None:
+        return f"{'path' if isinstance(name, str) else 'name'} {problem}"
     if is_excluded(name):
         return (f"reserved path ({MANIFEST_NAME}, {STATE_DIR}/, .git and .cache/ are never "
                 f"listed)")

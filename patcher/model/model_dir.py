@@ -104,7 +104,8 @@ class ModelDir:
         return self.files[relpath].path.read_bytes()
 
     def json(self, relpath: str) -> Any:
-        """The parsed JSON file ``relpath`` (strict: UTF-8, no duplicate keys), or None if absent."""
+        """The parsed JSON file ``relpath`` (strict: UTF-8, no duplicate keys), or None if
+        absent."""
         if relpath not in self._json:
             if relpath not in self.files:
                 return None
@@ -213,7 +214,8 @@ def _list_files(root: Path, cache_repo: Path | None) -> Iterator[tuple[str, Mode
     real_root = os.path.realpath(root)
     allowed = [real_root] + ([str(cache_repo)] if cache_repo else [])
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not (dirpath == str(root) and d in SKIPPED_DIRS))
+        top = dirpath == str(root)
+        dirnames[:] = sorted(d for d in dirnames if not (top and d in SKIPPED_DIRS))
         for name in dirnames:
             if os.path.islink(os.path.join(dirpath, name)):
                 raise ModelDirError("symlinked directories are not supported",

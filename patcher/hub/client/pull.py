@@ -5,7 +5,8 @@ rename it into place.
 Before downloading, LFS files whose bytes are already on this machine (the Hugging Face cache,
 ``--reuse DIR``: ``reuse.py``) are linked into the staging directory and verified; only the
 others are downloaded. The repository and commit are recorded in the pulled directory
-(``.modelpatch/hub/source.json``, outside what verify checks), so a variant made from it can be published with server-side copies.
+(``.modelpatch/hub/source.json``, outside what verify checks), so a variant made from it can be
+published with server-side copies.
 """
 
 from __future__ import annotations

@@ -147,7 +147,8 @@ def file(entry, fingerprint: dict, model: ModelDir, bad: Checker) -> FilePlan:
     path, source = bad.name(entry.get("path"), "path"), entry.get("source")
     if source is not None and source not in fingerprint:
         bad(f"source {source!r} is not a file of the base")
-    if action in (Action.LINK, Action.DROP) and source != path:
+    if action in (Action.LINK, Action.DROP, Action.WRITE_JSON) and source != path or \
+            action is Action.ADD and source not in (None, path):
         bad(f"{action.value} {path!r} has another source")
     if action in (Action.WRITE_JSON, Action.REWRITE_SHARD) and source is None:
         bad(f"{action.value} {path!r} has no source")

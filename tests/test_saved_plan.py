@@ -46,15 +46,17 @@ def test_a_saved_plan_applies_exactly_without_reading_its_recipe(model, tmp_path
     the variant a direct apply writes, file for file, and records the same recipe."""
     recipe = tmp_path / "to-bf16.yaml"
     shutil.copy(api.load("fp8-block-to-bf16").path, recipe)
+    direct = api.apply(recipe, model, out=tmp_path / "direct", jobs=1)
     saved = _saved(recipe, model, tmp_path / "plan.json")
     assert saved["format"] == "modelpatch.plan" and saved["version"] == 1
     recipe.unlink()
     result = run("apply", tmp_path / "plan.json", "-o", tmp_path / "from-plan", "-j", "1")
     assert result.exit_code == 0, result.output
-    direct = api.apply("fp8-block-to-bf16", model, out=tmp_path / "direct", jobs=1)
     planned, applied = read_manifest(tmp_path / "from-plan"), read_manifest(direct.output)
     assert planned.subjects == applied.subjects
     assert planned.recipe["sha256"] == applied.recipe["sha256"]
+    assert planned.options == applied.options
+    assert _change_log(planned) == _change_log(applied)
     assert api.verify(tmp_path / "from-plan").ok
 
 
@@ -147,6 +149,11 @@ def test_a_plan_of_a_single_gguf_file_or_hub_model_is_not_saved(tmp_path):
     with pytest.raises(InputError, match="on a hub cannot be saved"):
         plan_document(Remote())
     assert not os.path.exists(tmp_path / "plan.json")
+
+
+def _change_log(manifest):
+    byproducts = manifest.statement["predicate"]["runDetails"]["byproducts"]
+    return [b["digest"] for b in byproducts]
 
 
 def _first_job(doc):

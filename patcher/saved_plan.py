@@ -27,11 +27,11 @@ from pathlib import Path
 from . import saved_plan_checks as checks
 from .changes import changes_json
 from .errors import InputError, PlanError
+from .file_task import TaskKind
 from .fsops import read_capped, replace_file
 from .model.model_dir import ModelDir
 from .plan import FilePlan, Plan, PlanOptions, check_unchanged
 from .saved_plan_checks import Checker
-from .tensors.tasks import ShardTask
 
 FORMAT = "modelpatch.plan"
 VERSION = 1
@@ -57,7 +57,7 @@ def plan_document(plan: Plan) -> dict:
         raise InputError("only a plan for a new variant of a model directory can be saved "
                          "(not one of a single .gguf file, nor in place)", where=plan.base)
     for f in plan.files:
-        if f.shard_task is not None and not isinstance(f.shard_task, ShardTask):
+        if f.shard_task is not None and f.shard_task.kind is not TaskKind.SAFETENSORS:
             raise InputError(f"a plan that rewrites {f.path} (GGUF) cannot be saved yet",
                              where=plan.base)
     options = {f.name: getattr(plan.options, f.name) for f in fields(PlanOptions)}

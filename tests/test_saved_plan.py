@@ -139,7 +139,9 @@ def test_options_that_shape_a_plan_are_refused_with_a_saved_one(model, tmp_path)
     assert result.exit_code == 2 and "--set belongs to `modelpatch plan`" in result.stderr
 
 
-def test_a_plan_of_a_single_gguf_file_or_hub_model_is_not_saved(tmp_path):
+def test_a_plan_of_a_hub_model_or_a_gguf_rewrite_is_not_saved(tmp_path):
+    from gguf_fixtures import tiny_dir
+
     from patcher.errors import InputError
     from patcher.saved_plan import plan_document
 
@@ -148,6 +150,8 @@ def test_a_plan_of_a_single_gguf_file_or_hub_model_is_not_saved(tmp_path):
 
     with pytest.raises(InputError, match="on a hub cannot be saved"):
         plan_document(Remote())
+    result = run("plan", "gguf-context", tiny_dir(tmp_path), "--save", tmp_path / "plan.json")
+    assert result.exit_code == 2 and "(GGUF) cannot be saved yet" in result.stderr
     assert not os.path.exists(tmp_path / "plan.json")
 
 

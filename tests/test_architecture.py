@@ -98,6 +98,20 @@ def test_standalone_modules_import_nothing_from_patcher(module):
     assert violations(module, ("patcher",)) == []
 
 
+# modules that sit just above the standalone ones: everything may import them, so they import
+# only what is named here (the parsing of a MODEL, the plan's options)
+LEAVES = {"patcher.model_ref": ("patcher.errors", "patcher.names"),
+          "patcher.plan_options": ("patcher.errors",)}
+
+
+@pytest.mark.parametrize("module", sorted(LEAVES))
+def test_leaf_modules_import_only_their_few(module):
+    found = [v for v in violations(module, ("patcher",))
+             if not any(v.endswith(f"imports {name}") or f"imports {name}." in v
+                        for name in LEAVES[module])]
+    assert found == []
+
+
 def test_no_library_module_imports_the_command_line_or_the_api():
     """Only ``cli`` (and ``doctor``, a command of its own that runs ``api``) sit above the API."""
     packages = [p for p in sorted(PATCHER.iterdir())

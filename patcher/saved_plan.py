@@ -12,7 +12,9 @@ name is a plain relative name outside the state directory and the manifest, ever
 is one the fingerprint lists, and every tensor a job reads is exactly a tensor of the base
 shard's header (name, dtype, shape, offsets). Its ``sha256`` (of the canonical JSON of the rest)
 catches a file edited by hand or cut short; it is not a signature: the checks above are what
-keep a crafted file from reading or writing anything but the base's files and the variant.
+keep a crafted file from reading or writing anything but the base's files and the variant. For
+the same reason applying a plan never recovers an interrupted in-place patch of the directory it
+names, as other commands do first: a base left so has changed, and the plan is stale.
 """
 
 from __future__ import annotations

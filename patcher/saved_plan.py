@@ -62,7 +62,8 @@ def plan_document(plan: Plan) -> dict:
         if f.shard_task is not None and f.shard_task.kind is not TaskKind.SAFETENSORS:
             raise InputError(f"a plan that rewrites {f.path} (GGUF) cannot be saved yet",
                              where=plan.base)
-    options = {f.name: getattr(plan.options, f.name) for f in fields(PlanOptions)}
+    carried = plan.options.out_of_place()       # link "auto" unless a mode was given
+    options = {f.name: getattr(carried, f.name) for f in fields(PlanOptions)}
     body = {
         "format": FORMAT, "version": VERSION, "base": os.path.abspath(plan.base),
         "fingerprint": {rel: list(stamp) for rel, stamp in plan.fingerprint.items()},

@@ -207,7 +207,52 @@ def _job(value, path: str, model: ModelDir, bad: Checker) -> TensorJob:
         if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
             bad(f"a parameter of tensor {out[0]!r} is not [name, value]")
         params.append((pair[0], _tupled(pair[1])))
-    return TensorJob(out=output, op=op, inputs=inputs, params=tuple(params))
+    job = TensorJob(out=output, op=op, inputs=inputs, params=tuple(params))
+    problem = _job_problem(job)
+    if problem is not None:
+        bad(f"the {op} of tensor {out[0]!r} in {path!r} {problem}")
+    return job
+
+
+_CAST_TO = ("BF16", "F16", "F32")           # what cast and dequantize compute to
+_PARAM_KEYS = {"copy": set(), "cast": {"to"}, "dequantize": {"scheme", "to", "block"},
+               "quantize": {"scheme", "layout", "block", "role"}, "scale": {"reciprocal", "to"}}
+
+
+def _job_problem(job: TensorJob) -> str | None:
+    """Why ``job`` is not one the planner makes (the kernels trust their parameters), or None:
+    its parameters, and the output they give from its first input."""
+    from .recipe.tensor_ops.split_scale import SCALE_DTYPES
+    from .tensors.schemes import SCHEMES
+
+    params, out, first = dict(job.params), job.out, job.inputs[0]
+    if len(params) != len(job.params) or not set(params) <= _PARAM_KEYS[job.op]:
+        return "has parameters its operation does not take"
+    to = params.get("to")
+    if job.op == "copy":
+        same = (out.dtype, tuple(out.shape)) == (first.dtype, tuple(first.shape))
+        return None if same and len(job.inputs) == 1 else "does not copy its one input"
+    if job.op in ("cast", "dequantize") and (to not in _CAST_TO or to != out.dtype):
+        return "does not compute to its output's dtype"
+    if job.op == "scale":
+        ok = params.get("reciprocal") in (None, "exact", "nearest") and to in SCALE_DTYPES
+        return None if ok and to == out.dtype else "has a parameter out of range"
+    scheme = SCHEMES.get(params.get("scheme")) if isinstance(params.get("scheme"), str) else None
+    block = params.get("block")
+    if scheme is None or not (block is None or isinstance(block, int) and not isinstance(
+            block, bool) or isinstance(block, tuple) and all(isinstance(b, int) for b in block)):
+        return "names no known scheme or block"
+    if job.op == "quantize":
+        layout = params.get("layout")
+        try:
+            outputs = scheme.quantized_outputs(first.name, first.shape, layout, block) \
+                if layout in scheme.layouts else []
+        except Exception:          # noqa: BLE001 (any refusal: not a job the planner makes)
+            outputs = []
+        if (out.name, out.dtype, tuple(out.shape), params.get("role")) not in [
+                (n, d, tuple(sh), r) for n, d, sh, r in outputs]:
+            return "is not an output its scheme writes"
+    return None
 
 
 def _source(value, model: ModelDir, bad: Checker) -> TensorSource:

@@ -172,3 +172,66 @@ def test_a_plan_file_over_the_budget_is_refused_before_it_is_parsed(model, tmp_p
     monkeypatch.setattr(saved_plan, "MAX_PLAN_BYTES", 1 << 10)
     result = run("apply", tmp_path / "plan.json")
     assert result.exit_code == 2 and "more than the" in result.stderr
+
+
+def test_a_mutated_plan_is_applied_or_refused_in_one_line_never_a_traceback(model, tmp_path):
+    """Any leaf of a plan file replaced by a value of another kind (with a matching digest):
+    the apply succeeds or refuses in one line; it never ends in a traceback."""
+    import random
+
+    path = tmp_path / "plan.json"
+    original = _saved("fp8-block-to-bf16", model, path)
+    leaves = list(_leaves(original))
+    rng = random.Random(20261206)
+    values = [None, -1, 2**70, "", "../x", [], {}, True, 1.5, "F8_E4M3", [1, 2]]
+    for i in range(40):
+        doc = json.loads(json.dumps(original))
+        parent, key = rng.choice(leaves)
+        _at(doc, parent)[key] = rng.choice(values)
+        _rewrite(path, doc)
+        result = run("apply", path, "-o", tmp_path / f"out-{i}")
+        assert result.exit_code in (0, 1, 2), (parent, key, result.output)
+        if result.exit_code:
+            assert len(result.stderr.strip().splitlines()) == 1, (parent, key, result.stderr)
+            assert not (tmp_path / f"out-{i}").exists()
+
+
+def _leaves(value, trail=()):
+    items = value.items() if isinstance(value, dict) else enumerate(value) \
+        if isinstance(value, list) else ()
+    for key, child in items:
+        if isinstance(child, (dict, list)) and child:
+            yield from _leaves(child, trail + (key,))
+        elif key != "sha256":
+            yield trail, key
+
+
+def _at(doc, trail):
+    for key in trail:
+        doc = doc[key]
+    return doc
+
+
+def test_a_quantizing_plan_round_trips(tmp_path):
+    """Quantize jobs (with fused peers across shards) pass the checks and write what a direct
+    apply writes."""
+    import torch
+    from tensor_helpers import write_model, write_recipe
+
+    g = torch.Generator().manual_seed(1)
+    attn = "model.layers.0.self_attn"
+    w = {p: (torch.randn(32, 32, generator=g) * 0.1).to(torch.bfloat16)
+         for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
+    base = write_model(tmp_path / "base", {
+        "a.safetensors": {f"{attn}.q_proj.weight": w["q_proj"],
+                          f"{attn}.o_proj.weight": w["o_proj"]},
+        "b.safetensors": {f"{attn}.k_proj.weight": w["k_proj"],
+                          f"{attn}.v_proj.weight": w["v_proj"]}})
+    recipe = write_recipe(tmp_path / "r.yaml", """
+        - select: {glob: "*_proj.weight"}
+          quantize: {scheme: fp8-tensor, layout: modelopt}
+    """)
+    api.save_plan(api.plan(recipe, base), tmp_path / "plan.json")
+    saved = api.apply_saved(tmp_path / "plan.json", out=tmp_path / "from-plan")
+    direct = api.apply(recipe, base, out=tmp_path / "direct")
+    assert read_manifest(saved.output).subjects == read_manifest(direct.output).subjects

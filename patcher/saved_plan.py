@@ -34,6 +34,7 @@ from .fsops import read_capped, replace_file
 from .model.model_dir import ModelDir
 from .plan import FilePlan, Plan, PlanOptions, check_unchanged
 from .saved_plan_checks import Checker
+from .units import human_bytes
 
 FORMAT = "modelpatch.plan"
 VERSION = 1
@@ -130,6 +131,15 @@ def load_plan(path: str | os.PathLike) -> tuple[Plan, ModelDir]:
         InputError: not a plan file, another version, or a value that fails the checks.
         PlanError: the plan is stale (its base changed since).
     """
+    try:
+        return _load(path)
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+        # a value of a shape no check above foresaw: refused like the others
+        raise InputError(f"invalid plan: a value has the wrong shape ({type(exc).__name__})",
+                         where=str(path)) from None
+
+
+def _load(path: str | os.PathLike) -> tuple[Plan, ModelDir]:
     where = str(path)
     doc = _read(Path(path))
     bad = Checker(where)
@@ -165,8 +175,8 @@ def _read(path: Path) -> dict:
     try:
         data = read_capped(path, MAX_PLAN_BYTES)
     except TooLarge as exc:
-        raise InputError(f"the plan file holds {exc.size} bytes, more than the "
-                         f"{MAX_PLAN_BYTES >> 30} GiB a plan may", where=path) from None
+        raise InputError(f"the plan file holds {human_bytes(exc.size)}, more than the "
+                         f"{human_bytes(MAX_PLAN_BYTES)} a plan may", where=path) from None
     except OSError as exc:
         raise InputError(f"cannot read the plan file: {exc.strerror or exc}", where=path) \
             from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -99,6 +100,8 @@ def fingerprint(value, bad: Checker) -> dict[str, tuple]:
 
 def options(value, bad: Checker) -> PlanOptions:
     value = bad.dict(value, "options")
+    if value.get("params") is not None:
+        bad.dict(value["params"], "options.params")
     try:
         options = PlanOptions.of(value)
     except InputError as exc:
@@ -196,7 +199,8 @@ def _job(value, path: str, model: ModelDir, bad: Checker) -> TensorJob:
     out, op = bad.list(value.get("out"), "out"), value.get("op")
     if op not in _OPS:
         bad(f"unknown tensor job {op!r} in {path!r}")
-    if len(out) != 3 or not isinstance(out[0], str) or out[1] not in DTYPE_BITS:
+    if len(out) != 3 or not isinstance(out[0], str) or not isinstance(out[1], str) \
+            or out[1] not in DTYPE_BITS:
         bad(f"an output tensor of {path!r} is not [name, dtype, shape]")
     output = OutputTensor(out[0], out[1], _shape(out[2], bad))
     inputs = tuple(_source(s, model, bad) for s in bad.list(value.get("inputs"), "inputs"))
@@ -234,13 +238,17 @@ def _job_problem(job: TensorJob) -> str | None:
         return None if same and len(job.inputs) == 1 else "does not copy its one input"
     if job.op in ("cast", "dequantize") and (to not in _CAST_TO or to != out.dtype):
         return "does not compute to its output's dtype"
+    if job.op == "cast" and (tuple(out.shape) != tuple(first.shape) or len(job.inputs) != 1):
+        return "does not keep its one input's shape"
     if job.op == "scale":
-        ok = params.get("reciprocal") in (None, "exact", "nearest") and to in SCALE_DTYPES
+        ok = params.get("reciprocal") in (None, "exact", "nearest") and to in SCALE_DTYPES \
+            and math.prod(out.shape) == math.prod(first.shape) and len(job.inputs) == 1
         return None if ok and to == out.dtype else "has a parameter out of range"
     scheme = SCHEMES.get(params.get("scheme")) if isinstance(params.get("scheme"), str) else None
     block = params.get("block")
-    if scheme is None or not (block is None or isinstance(block, int) and not isinstance(
-            block, bool) or isinstance(block, tuple) and all(isinstance(b, int) for b in block)):
+    sizes = block if isinstance(block, tuple) else () if block is None else (block,)
+    if scheme is None or len(sizes) > 2 or not all(
+            isinstance(b, int) and not isinstance(b, bool) and 0 < b <= 1 << 20 for b in sizes):
         return "names no known scheme or block"
     if job.op == "quantize":
         layout = params.get("layout")

@@ -14,7 +14,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import signatures
 from .errors import InputError, ModelDirError
+from .execute.executors import executing
 from .model_ref import HF_SCHEME, ModelRef  # noqa: F401  (HF_SCHEME: the name callers know)
 from .opening import (  # noqa: F401  (recover, open_model, resolve_model: the API's own)
     open_local,
@@ -25,6 +27,7 @@ from .opening import (  # noqa: F401  (recover, open_model, resolve_model: the A
     recovered,
     resolve_model,
 )
+from .signatures import base_signature_of, signer_of, trust_of
 
 # Heavier modules (the engine, the recipe loader and its YAML library, huggingface_hub) are
 # imported by the functions that need them, so `inspect` and `--help` stay light.
@@ -108,13 +111,19 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
 def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
           options: PlanOptions | dict | None = None, out: str | os.PathLike | None = None,
           force: bool = False, progress: Progress | None = None, base_model: str | None = None,
-          allow_noop: bool = False, endpoint: str | None = None, **given) -> ApplyResult:
+          allow_noop: bool = False, endpoint: str | None = None, sign=None,
+          require_signed_base=None, **given) -> ApplyResult:
     """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``).
 
     ``options``: a ``PlanOptions`` (or a dict of its field names), as for ``plan``; the
     keywords ``given`` (``link``, ``force_copy``, ``jobs``, ``device``, ``max_shard_size``,
     ``params``, ``executor``, ``ray_address``) set those fields (``PlanOptions.of``). The
     executor reads them from the plan only.
+
+    ``sign`` (a private key path, a ``patcher.signing.keys.KeySigner`` or ``"sigstore"``): the
+    variant is committed with its OMS ``model.sig``, written last from the manifest's digests.
+    ``require_signed_base`` (a public key path or a ``patcher.signing.verify.Trust``): refuse a
+    base that is not signed by it, or whose files differ from what it signed.
 
     ``params``: values for the recipe's ``params:`` (typed, or strings as ``--set`` gives them;
     ``RECIPE.NAME`` for one of several recipes). ``endpoint``: the hub of ``from: hf://``
@@ -142,6 +151,7 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
     options = PlanOptions.of(options, **given).out_of_place()
     loaded = load(recipe)
     base_model = _checked_base_model(base_model)
+    signer, trust = signer_of(sign), trust_of(require_signed_base)   # refused before any work
     # Plan under the base's shared lock, so an in-place patch or revert cannot change the base
     # between planning and linking.
     recovered(model_directory(model))
@@ -153,8 +163,10 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
         target = output_for(model, base, loaded.name, out)
         the_plan = predict_for_plan(the_plan, target, options.link)
         warn_before_copying(the_plan.link)
+        with executing(options.executor, options.ray_address):
+            base_signature = base_signature_of(base, trust, options.jobs)
         return apply_plan(the_plan, base, target, force=force, progress=progress,
-                          base_model=base_model)
+                          base_model=base_model, signer=signer, base_signature=base_signature)
 
 
 def save_plan(the_plan: Plan, path: str | os.PathLike) -> Path:
@@ -165,27 +177,30 @@ def save_plan(the_plan: Plan, path: str | os.PathLike) -> Path:
     return save(the_plan, path)
 
 
-def apply_saved(plan_file: str | os.PathLike, model: str | os.PathLike | None = None,
-                **kwargs) -> ApplyResult:
+def apply_saved(plan_file: str | os.PathLike, model: str | os.PathLike | None = None, *,
+                sign=None, require_signed_base=None, **kwargs) -> ApplyResult:
     """Carry out exactly the plan saved at ``plan_file``: no recipe is read, nothing is
     planned again, and a base changed since the plan was made is refused (``PlanError``).
-    ``model``, when given, must be the plan's base; ``kwargs``: ``out``, ``force``,
-    ``progress``, ``base_model``, ``jobs``, ``executor``, ``ray_address``
-    (``patcher.saved_plan.apply_saved_plan``)."""
+    ``model``, when given, must be the plan's base; ``sign`` and ``require_signed_base`` as for
+    ``apply``; ``kwargs``: ``out``, ``force``, ``progress``, ``base_model``, ``jobs``,
+    ``executor``, ``ray_address`` (``patcher.saved_plan.apply_saved_plan``)."""
     from .saved_plan import apply_saved_plan
 
-    return apply_saved_plan(plan_file, model, **kwargs)
+    return apply_saved_plan(plan_file, model, signer=signer_of(sign),
+                            trust=trust_of(require_signed_base), **kwargs)
 
 
 def apply_stacked(recipes: list, model: str | os.PathLike, *, out: str | os.PathLike,
-                  force: bool = False, params: dict[str, dict] | None = None) -> Path:
+                  force: bool = False, params: dict[str, dict] | None = None,
+                  sign=None) -> Path:
     """Apply ``recipes`` one after the other into one variant at ``out`` that appears whole or
     not at all: the first out of place into a scratch directory beside ``out``, the others
     stacked on it in place (each a revertible patch: ``revert`` undoes them one by one), then
     the scratch directory renamed to ``out``. A recipe that refuses (a guard, a bad input)
     raises its error and leaves nothing: ``out`` is as it was. ``params``: recipe -> its params.
     ``force`` replaces an earlier variant at ``out``, or an earlier stacked output of this
-    same base (never a directory patched in place on another base)."""
+    same base (never a directory patched in place on another base). ``sign`` as for
+    ``apply``: the scratch directory is signed before it becomes ``out``."""
     from .execute.locking import lock_new_path
     from .execute.output_dir import (
         commit,
@@ -196,6 +211,7 @@ def apply_stacked(recipes: list, model: str | os.PathLike, *, out: str | os.Path
     from .fsops import remove_tree
 
     out, params = Path(out), params or {}
+    signer = signer_of(sign)
     with lock_new_path(out):
         remove_stale_staging(out)
         if os.path.lexists(out):
@@ -208,6 +224,10 @@ def apply_stacked(recipes: list, model: str | os.PathLike, *, out: str | os.Path
             apply(recipes[0], model, out=scratch, params=params.get(recipes[0]))
             for recipe in recipes[1:]:
                 apply_in_place(recipe, scratch, params=params.get(recipe))
+            if signer is not None:
+                from .signing.sign import sign_directory
+
+                sign_directory(scratch, signer, name=out.name)
             commit(scratch, out)
         finally:
             if os.path.lexists(scratch):
@@ -229,7 +249,7 @@ def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool 
     recovered(directory)
     # Shared: verifies and out-of-place applies read together; an in-place apply or a revert
     # (exclusive) cannot change the files while they are hashed.
-    with lock_directory(Path(directory), exclusive=False), _executor(executor, ray_address):
+    with lock_directory(Path(directory), exclusive=False), executing(executor, ray_address):
         report = verify_dir(Path(directory), jobs=jobs, fast=fast, on_progress=on_progress,
                             on_total=on_total)
         return check_layouts(Path(directory), report)
@@ -250,6 +270,9 @@ def apply_into_cache(recipe: str | os.PathLike | Recipe, model: str | os.PathLik
     from .execute.cache_revision import cache_repository, commit_into_cache, ref_path
     from .execute.locking import lock_directory
 
+    if options.get("sign") is not None:
+        raise InputError("--sign excludes --into-cache: a cache revision's files are links "
+                         "to its blobs", hint="sign a variant directory (-o OUT)")
     repo = cache_repository(model)
     ref_path(repo, name, force=force)          # refused before any work
     with lock_directory(repo, exclusive=True):
@@ -296,13 +319,6 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
         return apply_locked(the_plan, base, progress=progress, base_model=base_model)
 
 
-def _executor(name: str, address: str | None):
-    """Where the shard tasks and file hashes of one command run (``patcher.dispatch``)."""
-    from .execute.executors import executing
-
-    return executing(name, address)
-
-
 def _checked_base_model(value: str | None) -> str | None:
     from .model.base_identity import check_repo_id
 
@@ -327,7 +343,7 @@ def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None
     directory = model_directory(directory)
     recovered(directory)
     if out is not None:
-        with _executor(executor, ray_address):
+        with executing(executor, ray_address):
             return rebuild_base(directory, out, all_patches=all_patches, force=force, jobs=jobs)
     if executor != "local":
         raise InputError(f"--executor {executor} rebuilds the base into a new directory: "
@@ -358,14 +374,16 @@ def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | No
     return report
 
 
-def publish(directory: str | os.PathLike, repo_id: str, **kwargs):
-    """Verify and upload a variant in one commit (see ``hub.client.publish.publish``)."""
+def publish(directory: str | os.PathLike, repo_id: str, *, base: bool = False, **kwargs):
+    """Verify and upload a variant in one commit (see ``hub.client.publish.publish``); with
+    ``base``, a plain model and its files' sha256 (``hub.client.base_repo.publish_base``)."""
     from .gguf.single_file import model_directory
+    from .hub.client.base_repo import publish_base
     from .hub.client.publish import publish as run
 
     directory = model_directory(directory)
     recovered(directory)
-    return run(directory, repo_id, **kwargs)
+    return (publish_base if base else run)(directory, repo_id, **kwargs)
 
 
 def pull(repo_id: str, out: str | os.PathLike | None = None, **kwargs):
@@ -373,3 +391,7 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, **kwargs):
     from .hub.client.pull import pull as run
 
     return run(repo_id, out, **kwargs)
+
+
+sign = signatures.sign                       # the API's own, in patcher.signatures
+verify_signature = signatures.verify_signature

@@ -98,8 +98,10 @@ def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
     from huggingface_hub import snapshot_download
 
     from .hub.client.connection import client, hub_call, progress_bars
+    from .model.model_dir import BASE_RECORD
 
     hub = client(endpoint)
-    with progress_bars(progress):
+    with progress_bars(progress):    # without a base's digest record: the hub's, not the model's
         return Path(hub_call("download", ref.repo_id, snapshot_download, ref.repo_id,
-                             revision=ref.revision, endpoint=hub.endpoint, token=hub.token))
+                             revision=ref.revision, endpoint=hub.endpoint, token=hub.token,
+                             ignore_patterns=[BASE_RECORD]))

@@ -20,7 +20,14 @@ from .config.jsonfile import dump_json_document, load_json_document, unified_dif
 from .config.ops import apply_config_ops
 from .errors import NothingToChange, PlanError
 from .file_task import FileTask, TaskKind
-from .model.model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir, fingerprint, read_fingerprint
+from .model.model_dir import (
+    INDEX_NAME,
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    ModelDir,
+    fingerprint,
+    read_fingerprint,
+)
 from .plan_options import PlanOptions
 from .recipe.load import Recipe
 from .recipe.params.bind import bind_recipe
@@ -178,7 +185,7 @@ def _plan(recipe: Recipe, model: ModelDir, options: PlanOptions, endpoint: str |
         replaced.update(tensors.files)
         warnings.extend(_quantization_warnings(model, replaced, tensors.dtypes, changes))
     files = [replaced.pop(rel, None) or _link(model, rel)
-             for rel in sorted(model.files) if rel != MANIFEST_NAME]
+             for rel in sorted(model.files) if rel not in (MANIFEST_NAME, SIGNATURE_NAME)]
     files.extend(sorted(replaced.values(), key=lambda f: f.path))  # additions
     return Plan(recipe=recipe, base=model.root, files=tuple(files), changes=tuple(changes),
                 warnings=tuple(warnings), options=options, fingerprint=fingerprint(model.files),

@@ -202,11 +202,13 @@ def _read(path: Path) -> dict:
 def apply_saved_plan(path: str | os.PathLike, model: str | os.PathLike | None = None, *,
                      out: str | os.PathLike | None = None, force: bool = False,
                      progress=None, base_model: str | None = None, jobs: int | None = None,
-                     executor: str | None = None, ray_address: str | None = None):
+                     executor: str | None = None, ray_address: str | None = None,
+                     signer=None, trust=None):
     """Carry out the plan saved at ``path`` as a new variant at ``out`` (default: where
     ``apply`` would write it). ``model``, when given, must be the plan's base. ``jobs``,
     ``executor`` and ``ray_address`` say how the work runs, never what it writes; the rest is
-    the plan's. Returns the ``ApplyResult``."""
+    the plan's; ``signer`` and ``trust`` as ``api.apply``'s ``sign`` and ``require_signed_base``,
+    loaded (``patcher.signatures``). Returns the ``ApplyResult``."""
     from dataclasses import replace
 
     from .execute.engine import apply_plan, default_output
@@ -225,5 +227,8 @@ def apply_saved_plan(path: str | os.PathLike, model: str | os.PathLike | None = 
         check_unchanged(the_plan)
         the_plan = predict_for_plan(the_plan, target, options.link)
         warn_before_copying(the_plan.link)
+        from .signatures import base_signature_of
+
         return apply_plan(the_plan, base, target, force=force, progress=progress,
-                          base_model=base_model)
+                          base_model=base_model, signer=signer,
+                          base_signature=base_signature_of(base, trust, options.jobs))

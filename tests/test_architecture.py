@@ -29,6 +29,8 @@ FORBIDDEN = {
     "patcher.execute": ("patcher.hub", *_ABOVE),
     "patcher.gguf": ("patcher.hub", *_ABOVE),
     "patcher.remote": _ABOVE,
+    "patcher.signing": ("patcher.execute", "patcher.hub", "patcher.tensors", "patcher.plan",
+                        "patcher.recipe", *_ABOVE),
     "patcher.hub": _ABOVE,
     # a saved plan is read back by the library itself, never through the hub
     "patcher.saved_plan": ("patcher.hub", *_ABOVE),
@@ -185,6 +187,7 @@ LOCAL_EXCEPTIONS = {
     "patcher.fsops": {"NotRegularFile", "TooLarge"},  # OSError flavours read_capped raises
     "patcher.integrity.digests.hashing": {"_Cancelled"},
     "patcher.integrity.manifest_rules": {"Invalid"},
+    "patcher.signing.parse": {"_NotOMS"},             # becomes VerifyMismatch in parse_bundle
     "patcher.tensors.quant.kernel_args": {"NonFiniteInput"},
     "patcher.gguf.format": {"_NeedMore"},             # control flow: read more of the header
     "patcher.integrity.canonical_json": {"_NotPlain"},  # control flow: fall back to the stdlib

@@ -39,7 +39,8 @@ def apply_saved_plan(ctx, recipe: tuple[str, ...], model: str) -> bool:
         result = api.apply_saved(plan_file, model if recipe else None, out=p["out"],
                                  force=p["force"], progress=meters.engine_progress(),
                                  base_model=p["base_model"], jobs=p["jobs"],
-                                 executor=p["executor"], ray_address=p["ray_address"])
+                                 executor=p["executor"], ray_address=p["ray_address"],
+                                 sign=p.get("sign_key"), require_signed_base=p.get("base_key"))
     if p["as_json"]:
         emit_json({"output": str(result.output), "manifest_sha256": result.manifest_sha256,
                    "files": result.files, "bytes_linked": result.bytes_linked,

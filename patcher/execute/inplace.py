@@ -31,7 +31,7 @@ from ..gguf.header_inplace import apply_steps as header_apply_steps
 from ..gguf.header_inplace import header_rewrites, is_header_rewrite
 from ..gguf.header_inplace import stage_apply as stage_header_rewrites
 from ..integrity.patch_record import PATCHES_DIR, RECORD_NAME, encode_record
-from ..model.model_dir import MANIFEST_NAME, STATE_DIR, ModelDir
+from ..model.model_dir import MANIFEST_NAME, SIGNATURE_NAME, STATE_DIR, ModelDir
 from ..plan import Action, Plan, check_unchanged
 from .engine import ApplyResult
 from .journal import Journal, recover, roll_back, switch
@@ -48,6 +48,8 @@ def steps_for(plan: Plan, model: ModelDir) -> list[list[str]]:
     replaced = [(fp.source, None if fp.action is Action.DROP else fp.path)
                 for fp in plan.files
                 if fp.action is not Action.LINK and not is_header_rewrite(fp)]
+    if model.has(SIGNATURE_NAME):       # stale once patched: kept for revert, not in place
+        replaced.append((SIGNATURE_NAME, None))
     if model.has(MANIFEST_NAME):
         replaced.append((MANIFEST_NAME, MANIFEST_NAME))
     else:

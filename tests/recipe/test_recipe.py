@@ -355,6 +355,8 @@ ERROR_CASES = [
      "file name '.modelpatch/journal.json' is reserved for modelpatch's own records"),
     (HEAD + "files:\n  - add: §modelpatch.provenance.json\n    content: x\n",
      "file name 'modelpatch.provenance.json' is reserved for modelpatch's own records"),
+    (HEAD + "files:\n  - add: §model.sig\n    content: x\n",
+     "file name 'model.sig' is reserved for modelpatch's own records"),
     (HEAD + "files:\n  - §add: x.txt\n",
      "files: add needs one of 'content' (the text) and 'from' (a file next to the recipe)"),
     (HEAD + "files:\n  - {drop: a, §add: b, content: c}\n",

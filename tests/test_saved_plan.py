@@ -236,3 +236,16 @@ def test_a_quantizing_plan_round_trips(tmp_path):
     saved = api.apply_saved(tmp_path / "plan.json", out=tmp_path / "from-plan")
     direct = api.apply(recipe, base, out=tmp_path / "direct")
     assert read_manifest(saved.output).subjects == read_manifest(direct.output).subjects
+
+
+def test_a_saved_plan_applied_with_sign_writes_a_signed_variant(model, tmp_path):
+    """``--sign`` says how the variant is committed, not what it holds: it goes with a saved
+    plan, and the variant verifies against the signer's key."""
+    from signing_helpers import write_key
+
+    private, public = write_key(tmp_path)
+    _saved("fp8-block-to-bf16", model, tmp_path / "plan.json")
+    result = run("apply", tmp_path / "plan.json", "-o", tmp_path / "out", "--sign", private)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "model.sig").is_file()
+    assert run("verify", tmp_path / "out", "--key", public).exit_code == 0

@@ -266,7 +266,9 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                                "with `modelpatch sign`)")
     signer = None if dry_run else signer_from(sign_key)     # a bad key fails before any work
     if publish_to is not None:
-        _apply_and_publish(list(recipe), model, publish_to, endpoint, as_json, allow_noop,
+        from .hub_commands import apply_and_publish
+
+        apply_and_publish(list(recipe), model, publish_to, endpoint, as_json, allow_noop,
                            base_model, _set_values(set_values),
                            conflicting=in_place or out or dry_run or max_shard_size)
         return
@@ -313,28 +315,6 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                     "link_method": result.link_method})
     else:
         echo(os.path.abspath(result.output))      # in place too: the path as given
-
-
-def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, base_model,
-                       params, conflicting) -> None:
-    from ..hub.client.remote_apply import apply_and_publish
-    from ..model_ref import is_hub
-
-    if not is_hub(model):
-        raise click.UsageError("--publish needs MODEL as hf://ORG/NAME[@REV]; for a local "
-                               "variant run `modelpatch publish`")
-    if conflicting:
-        raise click.UsageError("--publish excludes --in-place, -o/--output, --dry-run and "
-                               "--max-shard-size")
-    r = apply_and_publish(recipe, model, repo_id, endpoint=endpoint, base_model=base_model,
-                          allow_noop=allow_noop, params=params)
-    if as_json:
-        emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
-                    "fetched": r.fetched, "copied_bytes": r.plan.copy_bytes,
-                    "uploaded_bytes": r.plan.upload_bytes})
-    else:
-        echo(f"fetched: {', '.join(r.fetched) or 'nothing'}")
-        echo(f"{r.repo_id}@{r.revision} {r.commit}")
 
 
 @main.command()

@@ -51,8 +51,7 @@ _KEYS = {"format", "version", "base", "fingerprint", "options", "recipe", "chang
 
 def plan_document(plan: Plan) -> dict:
     """``plan`` as the saved-plan JSON document. Raises InputError for a plan that cannot be
-    carried out from a file alone: of a model on a hub, of one .gguf file, in place, or with
-    GGUF rewrites."""
+    carried out from a file alone: of a model on a hub, of one .gguf file, or in place."""
     if plan.fingerprint is None:
         raise InputError("a plan of a model on a hub cannot be saved: `apply PLAN.json` runs "
                          "on local files", where=plan.base, hint="download the model first")
@@ -60,9 +59,9 @@ def plan_document(plan: Plan) -> dict:
         raise InputError("only a plan for a new variant of a model directory can be saved "
                          "(not one of a single .gguf file, nor in place)", where=plan.base)
     for f in plan.files:
-        if f.shard_task is not None and f.shard_task.kind is not TaskKind.SAFETENSORS:
-            raise InputError(f"a plan that rewrites {f.path} (GGUF) cannot be saved yet",
-                             where=plan.base)
+        if f.shard_task is not None and f.shard_task.kind is TaskKind.GGUF_HEADER:
+            raise InputError(f"a plan that rewrites the header of {f.path} in place cannot be "
+                             f"saved", where=plan.base)
     carried = plan.options.out_of_place()       # link "auto" unless a mode was given
     options = {f.name: getattr(carried, f.name) for f in fields(PlanOptions)}
     body = {
@@ -71,7 +70,7 @@ def plan_document(plan: Plan) -> dict:
         "options": options,
         "recipe": {"record": plan.recipe.manifest_record(), "identity": plan.recipe.identity()},
         "changes": changes_json(plan.changes), "warnings": list(plan.warnings),
-        "files": [_file_doc(f) for f in plan.files],
+        "files": [_file_doc(f, plan.base) for f in plan.files],
     }
     body = json.loads(json.dumps(body))        # plain JSON values, as a reader will see them
     return {**body, "sha256": _digest(body)}
@@ -88,12 +87,20 @@ def save_plan(plan: Plan, path: str | os.PathLike) -> Path:
     return target
 
 
-def _file_doc(f: FilePlan) -> dict:
+def _file_doc(f: FilePlan, base: Path) -> dict:
     task = f.shard_task
-    return {"path": f.path, "action": f.action.value, "source": f.source,
-            "size_before": f.size_before, "size_after": f.size_after,
-            "content": None if f.content is None else base64.b64encode(f.content).decode(),
-            "diff": f.diff,
+    out = {"path": f.path, "action": f.action.value, "source": f.source,
+           "size_before": f.size_before, "size_after": f.size_after,
+           "content": None if f.content is None else base64.b64encode(f.content).decode(),
+           "diff": f.diff, "shard_task": None, "gguf_task": None}
+    if task is not None and task.kind is TaskKind.GGUF:      # by base relpath, as a shard's
+        out["gguf_task"] = {
+            "output": task.output, "header": base64.b64encode(task.header).decode(),
+            "copies": [[name, Path(path).relative_to(base).as_posix(), offset, nbytes, pad]
+                       for name, path, offset, nbytes, pad in task.copies],
+            "changed": list(task.changed)}
+        return out
+    return {**out,
             "shard_task": None if task is None else {
                 "output": task.output, "metadata": task.metadata, "device": task.device,
                 "jobs": [{"out": [j.out.name, j.out.dtype, list(j.out.shape)], "op": j.op,

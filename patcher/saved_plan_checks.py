@@ -169,11 +169,14 @@ def file(entry, fingerprint: dict, model: ModelDir, bad: Checker) -> FilePlan:
     diff = entry.get("diff")
     if diff is not None:
         bad.text(diff, "diff")
-    task = entry.get("shard_task")
-    if (task is None) != (action is not Action.REWRITE_SHARD):
+    task, gguf = entry.get("shard_task"), entry.get("gguf_task")
+    if (task is not None and gguf is not None) or \
+            (task is None and gguf is None) != (action is not Action.REWRITE_SHARD):
         bad(f"{action.value} {path!r} has a shard task where it should not, or none")
     if task is not None:
         task = _task(task, path, model, bad)
+    elif gguf is not None:
+        task = _gguf_task(gguf, path, model, bad)
     return FilePlan(path, action, source=source,
                     size_before=bad.int(entry.get("size_before"), "size_before", optional=True),
                     size_after=size_after, content=content, diff=diff, shard_task=task)
@@ -192,6 +195,33 @@ def _task(value, path: str, model: ModelDir, bad: Checker) -> ShardTask:
         bad(f"device {device!r} is not a device name")
     jobs = tuple(_job(j, path, model, bad) for j in bad.list(value.get("jobs"), "jobs"))
     return ShardTask(output=path, metadata=metadata, jobs=jobs, device=device)
+
+
+def _gguf_task(value, path: str, model: ModelDir, bad: Checker):
+    """A GGUF file's rewrite: its new header, then byte ranges of base files. Every range lies
+    inside a file of the base; the header is checked as readers read it when written
+    (``gguf.readback``)."""
+    from .gguf.task import GGUFTask
+
+    value = bad.dict(value, "gguf_task")
+    if value.get("output") != path or not path.endswith(".gguf"):
+        bad(f"the GGUF task of {path!r} writes another file")
+    try:
+        header = base64.b64decode(bad.text(value.get("header"), "header"), validate=True)
+    except ValueError:
+        bad(f"the header of {path!r} is not base64")
+    copies = []
+    for copy in bad.list(value.get("copies"), "copies"):
+        if not (isinstance(copy, list) and len(copy) == 5 and isinstance(copy[0], str)):
+            bad(f"a copy into {path!r} is not [tensor, file, offset, nbytes, padding]")
+        name, rel, offset, nbytes, pad = copy
+        f = model.files.get(rel) if isinstance(rel, str) else None
+        offset, nbytes = bad.int(offset, "offset"), bad.int(nbytes, "nbytes")
+        if f is None or offset + nbytes > f.size or not 0 <= bad.int(pad, "padding") < 1 << 20:
+            bad(f"tensor {name!r} of {path!r} is not a range of a file of the base")
+        copies.append((name, str(f.path), offset, nbytes, pad))
+    changed = tuple(bad.text(c, "changed") for c in bad.list(value.get("changed"), "changed"))
+    return GGUFTask(path, header, tuple(copies), changed)
 
 
 def _job(value, path: str, model: ModelDir, bad: Checker) -> TensorJob:

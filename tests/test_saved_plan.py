@@ -139,9 +139,7 @@ def test_options_that_shape_a_plan_are_refused_with_a_saved_one(model, tmp_path)
     assert result.exit_code == 2 and "--set belongs to `modelpatch plan`" in result.stderr
 
 
-def test_a_plan_of_a_hub_model_or_a_gguf_rewrite_is_not_saved(tmp_path):
-    from gguf_fixtures import tiny_dir
-
+def test_a_plan_of_a_hub_model_is_not_saved(tmp_path):
     from patcher.errors import InputError
     from patcher.saved_plan import plan_document
 
@@ -150,9 +148,25 @@ def test_a_plan_of_a_hub_model_or_a_gguf_rewrite_is_not_saved(tmp_path):
 
     with pytest.raises(InputError, match="on a hub cannot be saved"):
         plan_document(Remote())
-    result = run("plan", "gguf-context", tiny_dir(tmp_path), "--save", tmp_path / "plan.json")
-    assert result.exit_code == 2 and "(GGUF) cannot be saved yet" in result.stderr
     assert not os.path.exists(tmp_path / "plan.json")
+
+
+def test_a_gguf_rewrite_round_trips_and_its_ranges_are_checked(tmp_path):
+    from gguf_fixtures import tiny_dir
+
+    base = tiny_dir(tmp_path)
+    path = tmp_path / "plan.json"
+    doc = _saved("gguf-context", base, path)
+    result = run("apply", path, "-o", tmp_path / "from-plan")
+    assert result.exit_code == 0, result.output
+    direct = api.apply("gguf-context", base, out=tmp_path / "direct")
+    assert read_manifest(tmp_path / "from-plan").subjects == \
+        read_manifest(direct.output).subjects
+    task = next(f["gguf_task"] for f in doc["files"] if f["gguf_task"])
+    task["copies"][0][3] = 1 << 40                  # past the end of the base file
+    _rewrite(path, doc)
+    result = run("apply", path, "-o", tmp_path / "out")
+    assert result.exit_code == 2 and "is not a range of a file of the base" in result.stderr
 
 
 def _change_log(manifest):

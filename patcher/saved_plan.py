@@ -10,7 +10,8 @@ A plan file is untrusted input, like a recipe. It is size-capped (``MAX_PLAN_BYT
 schema-versioned (``FORMAT``, ``VERSION``) and checked whole before anything runs: every output
 name is a plain relative name outside the state directory and the manifest, every file it reads
 is one the fingerprint lists, and every tensor a job reads is exactly a tensor of the base
-shard's header (name, dtype, shape, offsets). Its ``sha256`` (of the canonical JSON of the rest)
+shard's header (name, dtype, shape, offsets), or for a GGUF rewrite a byte range inside a base
+file. Its ``sha256`` (of the canonical JSON of the rest)
 catches a file edited by hand or cut short; it is not a signature: the checks above are what
 keep a crafted file from reading or writing anything but the base's files and the variant. For
 the same reason applying a plan never recovers an interrupted in-place patch of the directory it

@@ -28,7 +28,8 @@ def commands(group: click.Group = main, path=()) -> dict[str, click.Command]:
 
 
 def readme_rows() -> dict[str, set[str]]:
-    """Command name -> the options its row of the "Commands" table names."""
+    """Command name -> the options its rows of the "Commands" table name (``apply RECIPE``
+    and ``apply PLAN.json`` are two rows of one command)."""
     text = README.read_text()
     table = text[text.index("## Commands"):]
     table = table[:table.index("\n## ")]
@@ -41,7 +42,7 @@ def readme_rows() -> dict[str, set[str]]:
         for usage in re.findall(r"`([^`]+)`", cell):
             words = usage.replace("\\|", "|").split()
             name = " ".join(words[:2]) if " ".join(words[:2]) in known else words[0]
-            rows[name] = set(OPTION.findall(usage[len(name):]))
+            rows.setdefault(name, set()).update(OPTION.findall(usage[len(name):]))
     return rows
 
 

@@ -74,8 +74,7 @@ def test_json_shapes_the_result_of_every_command_that_has_one():
 # --- one line for a usage error -------------------------------------------------------------
 
 @pytest.mark.parametrize("args, line", [
-    (["apply"], "modelpatch: error: missing argument 'RECIPE...' (see `modelpatch apply "
-                "--help`)"),
+    (["apply"], "modelpatch: error: missing argument 'MODEL' (see `modelpatch apply --help`)"),
     (["inspect", "x", "--jsn"], "modelpatch: error: no such option '--jsn', did you mean "
                                 "'--json'? (see `modelpatch inspect --help`)"),
     (["nosuch"], "modelpatch: error: no such command 'nosuch' (see `modelpatch --help`)"),

@@ -388,23 +388,27 @@ HF_SCHEME = "hf://"
 
 
 def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
-                  progress: bool = True) -> Path:
+                  progress: bool = True, on_progress=None) -> Path:
     """A model directory; ``hf://org/name[@rev]`` is resolved through the huggingface_hub cache
     (downloaded if needed) to its snapshot directory. The endpoint defaults to ``$HF_ENDPOINT``
-    (a malformed one is an ``InputError``); ``progress=False``: no progress bars."""
+    (a malformed one is an ``InputError``); ``progress=False``: only huggingface_hub's errors
+    are logged; ``on_progress(bytes)`` counts what the download adds to the cache."""
     text = os.fspath(model)
     if not text.startswith(HF_SCHEME):
         return Path(text)
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.file_download import repo_folder_name
 
-    from .hub.client.connection import check_repo_id, client, hub_call, progress_bars
+    from .hub.client.connection import check_repo_id, client, hub_call, hub_output
+    from .hub.client.growth import reported_growth
 
     repo_id, _, revision = text[len(HF_SCHEME):].partition("@")
     if repo_id.count("/") != 1:
         raise InputError(f"{text!r} is not hf://ORG/NAME[@REVISION]")
     check_repo_id(repo_id)
     hub = client(endpoint)
-    with progress_bars(progress):
+    cached = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+    with hub_output(progress), reported_growth(cached, on_progress):
         return Path(hub_call("download", repo_id, snapshot_download, repo_id,
                              revision=revision or None, endpoint=hub.endpoint, token=hub.token))
 

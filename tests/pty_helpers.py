@@ -35,7 +35,13 @@ class Run:
 
     @property
     def lines(self) -> list[str]:
+        """The screen's rows."""
         return Screen(self.columns).feed(self.raw).lines()
+
+    @property
+    def logical_lines(self) -> list[str]:
+        """The screen's lines, each with the rows the terminal wrapped it onto joined."""
+        return Screen(self.columns).feed(self.raw).lines(joined=True)
 
 
 def run_on_terminal(argv: list[str], columns: int, *, env: dict | None = None,
@@ -78,6 +84,7 @@ class Screen:
         self.rows: list[list[str]] = [[]]
         self.row = self.col = 0
         self.pending_wrap = False
+        self.wrapped: set[int] = set()      # rows that continue the one above (a wrap)
 
     def feed(self, data: bytes) -> "Screen":
         text = data.decode("utf-8", errors="replace")
@@ -96,8 +103,17 @@ class Screen:
             i += 1
         return self
 
-    def lines(self) -> list[str]:
-        return ["".join(r).rstrip() for r in self.rows]
+    def lines(self, joined: bool = False) -> list[str]:
+        rows = ["".join(r) for r in self.rows]
+        if not joined:
+            return [r.rstrip() for r in rows]
+        out: list[str] = []
+        for i, row in enumerate(rows):
+            if i in self.wrapped and out:
+                out[-1] += row
+            else:
+                out.append(row)
+        return [line.rstrip() for line in out]
 
     def _line(self) -> list[str]:
         while len(self.rows) <= self.row:
@@ -112,6 +128,7 @@ class Screen:
             self.col, self.pending_wrap = 0, False
         elif ch == "\n":
             self.row, self.pending_wrap = self.row + 1, False
+            self.wrapped.discard(self.row)
             self._line()
         elif ch == "\b":
             self.col, self.pending_wrap = max(0, self.col - 1), False
@@ -122,6 +139,7 @@ class Screen:
         else:
             if self.pending_wrap:
                 self.row, self.col, self.pending_wrap = self.row + 1, 0, False
+                self.wrapped.add(self.row)
             self._line()[self.col] = ch
             if self.col == self.columns - 1:
                 self.pending_wrap = True

@@ -258,7 +258,9 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
     recipe = api.load(list(recipe))
     params = _set_values(set_values)
     if model.startswith(api.HF_SCHEME):
-        resolved = api.resolve_model(model, endpoint=endpoint, progress=not ctx.obj.get("quiet"))
+        from .progress import resolve_with_meter
+
+        resolved = resolve_with_meter(model, endpoint, bool(ctx.obj.get("quiet")))
         if out is None and not in_place and into_cache is None:   # never beside a snapshot
             out = f"{model[len(api.HF_SCHEME):].split('@')[0].split('/')[-1]}-" \
                   f"{recipe.name}"
@@ -268,8 +270,8 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
         _show_plan(api.plan(recipe, model, options=options, out=out, endpoint=endpoint),
                    as_json, allow_noop)
         return
-    if not ctx.obj.get("quiet") and sys.stderr.isatty():   # like the progress bars
-        echo(recipe_source(recipe.identity()), err=True)
+    for line in recipe_source(recipe.identity()).splitlines():    # which file ran, -q aside
+        logging.getLogger("modelpatch").info("%s", line)
     from .progress import Meters
 
     with Meters(bool(ctx.obj.get("quiet"))) as meters:

@@ -67,9 +67,14 @@ def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_js
 def pull(ctx, repo_id, out, endpoint, revision, reuse):
     """Download REPO_ID and verify every file against the hub's digests and the manifest."""
     from .. import api
+    from .progress import Meters
 
-    result = api.pull(repo_id, out, endpoint=endpoint, revision=revision,
-                      progress=not ctx.obj.get("quiet"), reuse=reuse)
+    quiet = bool(ctx.obj.get("quiet"))
+    with Meters(quiet) as meters:
+        meter = meters.meter("downloading")
+        result = api.pull(repo_id, out, endpoint=endpoint, revision=revision,
+                          progress=not quiet, reuse=reuse, on_progress=meter.update,
+                          on_total=meter.set_total)
     echo(str(result.output))
 
 

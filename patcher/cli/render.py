@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from ..display import printable_fields
-from ..units import human_bytes, human_count  # noqa: F401  (renderings use them)
+from ..units import human_bytes, human_count, plural  # noqa: F401  (renderings use them)
 
 
 def shorten(text: str, width: int) -> str:
@@ -247,7 +247,8 @@ def render_verify(report: dict) -> str:
     if report["ok"]:
         cached = f" ({report['cached_files']} from the digest cache)" if report["cached_files"] else ""
         against = report.get("against", "the manifest")
-        return f"OK  {report['checked']} files match {against}{cached}"
+        verb = "matches" if report["checked"] == 1 else "match"
+        return f"OK  {plural(report['checked'], 'file')} {verb} {against}{cached}"
     lines = [f"MISMATCH  {len(report['modified'])} modified, {len(report['missing'])} missing, "
              f"{len(report['extra'])} extra"]
     lines += [f"  modified  {m['path']}: {m['reason']}" + _shared_text(m.get("shared_with"))

@@ -64,7 +64,9 @@ def apply_fixes(model: str, recipes: list[str], *, out: str | None, in_place: bo
 
     local = model
     if is_remote(model):
-        local = str(api.resolve_model(model, endpoint=endpoint, progress=progress))
+        from ..cli.progress import resolve_with_meter
+
+        local = str(resolve_with_meter(model, endpoint, quiet=not progress))
         if out is None and not in_place:
             out = f"{model[len(api.HF_SCHEME):].split('@')[0].split('/')[-1]}-{OUTPUT_SUFFIX}"
     if in_place:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 from .. import faults
 from ..errors import InputError, OperationFailed, VerifyMismatch
+from ..units import plural
 from .digests.digest_cache import DigestCache, KnownDigests
 from .digests.hashing import hash_files_stat
 from .manifest import MANIFEST_NAME, read_manifest
@@ -84,7 +85,7 @@ class VerifyReport:
         """One line: ``2 modified, 1 missing, 0 extra (first: model.safetensors: sha256 differs)``.
         """
         if self.ok:
-            return f"{self.checked} files match"
+            return f"{plural(self.checked, 'file')} match" + ("es" if self.checked == 1 else "")
         if self.manifest_problems:
             return f"{MANIFEST_NAME}: {self.manifest_problems[0]}"
         if self.layout_problems and not (self.modified or self.missing or self.extra):

@@ -50,8 +50,8 @@ def render_inspect(report: dict) -> str:
                      f"min {human_bytes(min(sizes))}  max {human_bytes(max(sizes))}")
     kv = report["kv_cache_tensors"]
     dtypes = sorted({k["dtype"] for k in kv})
-    kinds = ", ".join(f"{sum(k['kind'] == kind for k in kv)} {plural}"
-                      for kind, plural in (("scale", "scales"), ("bias", "biases"))
+    kinds = ", ".join(plural(sum(k["kind"] == kind for k in kv), kind, many)
+                      for kind, many in (("scale", "scales"), ("bias", "biases"))
                       if any(k["kind"] == kind for k in kv))
     lines.append(f"kv cache   {len(kv)}" + (f" ({kinds}; {', '.join(dtypes)}), e.g. {kv[0]['name']}"
                                            if kv else ""))

@@ -1,13 +1,13 @@
 #!/usr/bin/env python
-"""Dequantization at the hardware's speed on one machine, side by side: the -j scaling curve of fp8-block-to-bf16 and
-nvfp4-to-bf16 on the CPU against the hand-written torch scripts, the CUDA path against the best
-CPU run and the fsync write bandwidth, verify against hashlib Pool(cores), and the manifest
-encoding at 273k tensors.
+"""Dequantization at the hardware's speed on one machine, side by side: the -j scaling curve of
+fp8-block-to-bf16 and nvfp4-to-bf16 on the CPU against the hand-written torch scripts, the CUDA path
+against the best CPU run and the fsync write bandwidth, verify against hashlib Pool(cores), and the
+manifest encoding at 273k tensors.
 
-Every command is a subprocess; wall time, and CPU seconds from ``wait4`` (its whole tree).
-Rounds alternate their order. Results go to ``--out/dequant-scaling-<label>.json`` (one file per machine,
-committed), and ``dequant-scaling.md`` plus ``dequant_scaling.png`` are rendered from every such file
-there, so rerunning on one machine keeps the figures of the others (``--render`` only renders).
+Every command is a subprocess; wall time, and CPU seconds from ``wait4`` (its whole tree). Rounds
+alternate their order. Results go to ``--out/dequant-scaling-<label>.json`` (one file per machine,
+committed), and ``dequant-scaling.md`` plus ``dequant_scaling.png`` are rendered from every such
+file there, so rerunning on one machine keeps the figures of the others (``--render`` only renders).
 
 Usage: python benchmarks/bench_dequant_scaling.py --label LABEL [--fp8-gb 2] [--nvfp4-gb 2]
        [--shards 24] [--rounds 2] [--jobs 1,2,4,8,16] [--cuda] [--cuda-jobs 1,4,8] [--workdir DIR]

@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+            "{% endfor %}")
 TENSOR_MIB = 64
 # the hasher modelpatch uses (OpenSSL through hashlib), over an mmap as hash_writer.py does
 # The yardstick: one pass that copies the file and hashes it (sha256) on the way, in Python with
@@ -47,7 +48,8 @@ KERNEL_COPY_HASH = (
     "    m.close()\nif sys.argv[3:]: os.fsync(fo)\n")
 HASHLIB = ("import hashlib, mmap, sys\nf = open(sys.argv[1], 'rb')\n"
            "m = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))\n"
-           "h = hashlib.sha256()\nfor o in range(0, len(m), 64 << 20): h.update(m[o:o + (64 << 20)])")
+           "h = hashlib.sha256()\n"
+           "for o in range(0, len(m), 64 << 20): h.update(m[o:o + (64 << 20)])")
 
 
 PROFILE = """## Where the time went before (profile of the single-threaded writer)
@@ -93,7 +95,8 @@ def commands(work: Path, base: Path) -> dict[str, tuple[list[str], Path]]:
     tmpl.write_text(TEMPLATE)
     recipe = work / "chat.yaml"
     recipe.write_text("modelpatch: 1\nname: chat\ndescription: new template\ngguf:\n"
-                      "  metadata:\n    - {set: tokenizer.chat_template, from: chat_template.jinja}\n")
+                      "  metadata:\n"
+                      "    - {set: tokenizer.chat_template, from: chat_template.jinja}\n")
     new_meta = Path(__import__("gguf").__file__).parent / "scripts" / "gguf_new_metadata.py"
     out = work / "out"
     mp = [sys.executable, "-m", "patcher.cli", "-q", "apply", str(recipe), str(base), "-o",
@@ -129,7 +132,12 @@ def commands(work: Path, base: Path) -> dict[str, tuple[list[str], Path]]:
     }
 
 
-YARDSTICK_NOTE = ("The yardstick is `copy_file_range+sha256, one pass`: the kernel copies while Python hashes the same bytes from an mmap window, one window after the other (what cp plus sha256 in one pass costs here); modelpatch fsyncs what it writes, so the durable yardstick (`+ fsync`) is the like-for-like one. At 2 GiB, interpreter start-up and imports (about 0.3-0.5 s here) are a large part of modelpatch's time; a larger file amortises them.")
+YARDSTICK_NOTE = (
+    "The yardstick is `copy_file_range+sha256, one pass`: the kernel copies while Python hashes "
+    "the same bytes from an mmap window, one window after the other (what cp plus sha256 in one "
+    "pass costs here); modelpatch fsyncs what it writes, so the durable yardstick (`+ fsync`) is "
+    "the like-for-like one. At 2 GiB, interpreter start-up and imports (about 0.3-0.5 s here) are "
+    "a large part of modelpatch's time; a larger file amortises them.")
 
 # where the sections of gguf.md that other scripts own begin
 OTHER_SECTIONS = "## In place: the header region only"

@@ -38,7 +38,8 @@ EXPLAINED = (
     "directory grows by the old header bytes instead of a second copy of the file, and the "
     "disk sees the header region written instead of the whole file. Wall times move with "
     "the load of the shared machine (CPU time is steadier); the hashing is a floor for both, "
-    "and on a slow or nearly full disk the difference grows with the file's size. `revert` hashes three times in both "
+    "and on a slow or nearly full disk the difference grows with the file's size. `revert` "
+    "hashes three times in both "
     "modes (the patched file against the manifest, the revert data against the record, the "
     "restored file).")
 
@@ -117,7 +118,8 @@ def main() -> None:
              f"{args.rounds}`: a {size / 2**30:.2f} GiB GGUF, `{{arch}}.context_length` set "
              f"(the header fits), `apply --in-place` then `revert`, each on a fresh copy with an "
              f"empty digest cache; {args.rounds} rounds after a warm-up, medians (CPU time, user + "
-             f"system, in parentheses; every run's wall time in brackets); {os.cpu_count()} CPUs shared with other work (load average "
+             f"system, in parentheses; every run's wall time in brackets); {os.cpu_count()} "
+             "CPUs shared with other work (load average "
              f"{os.getloadavg()[0]:.1f} at the end). \"whole file\": the same copy with a second "
              f"hard link, which the header-only write refuses.", "",
              "| mode | the plan says | apply --in-place s (CPU s) | revert s (CPU s) | "

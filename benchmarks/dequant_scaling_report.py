@@ -1,5 +1,6 @@
-"""dequant-scaling.md and dequant_scaling.png from every ``dequant-scaling-<label>.json`` in the report
-directory (bench_dequant_scaling.py): one section per machine, the targets with their verdicts."""
+"""dequant-scaling.md and dequant_scaling.png from every ``dequant-scaling-<label>.json`` in the
+report directory (bench_dequant_scaling.py): one section per machine, the targets with their
+verdicts."""
 
 from __future__ import annotations
 
@@ -97,7 +98,8 @@ def _machine(r: dict) -> list[str]:
                      f"`--device cuda` run pays before its first tensor): {g['wall_s']:.2f} s, "
                      f"{g['cpu_s']:.2f} CPU-s.\n")
     for name, text in (r.get("profiles") or {}).items():
-        L += [f"Profile of `apply {name}` (cProfile in the process; on Python 3.12 it sees every thread; tottime first):\n",
+        L += [f"Profile of `apply {name}` (cProfile in the process; on Python 3.12 it sees "
+              "every thread; tottime first):\n",
               "```", text.strip(), "```", ""]
     o = r.get("openmp_wait_policy_j1")
     if o:
@@ -140,11 +142,13 @@ def render(out: Path) -> None:
     reports = [json.loads(p.read_text()) for p in sorted(out.glob("dequant-scaling-*.json"))]
     L = ["# Dequantization at the hardware's speed\n",
          "Rendered by `benchmarks/bench_dequant_scaling.py --render` from every "
-         "`dequant-scaling-<machine>.json` here (each written by a run on that machine). Ratios are "
+         "`dequant-scaling-<machine>.json` here (each written by a run on that machine). "
+         "Ratios are "
          "modelpatch / baseline of the medians of rounds run side by side; the CUDA rows "
          "compare with the best CPU run (target: at most 0.5x) and the fsync write bandwidth "
          "(target: at least 0.8x).\n"]
-    verdicts = out / "dequant-scaling-verdicts.md"     # hand-written: each target, MET or MISSED, why
+    # hand-written: each target, MET or MISSED, and why
+    verdicts = out / "dequant-scaling-verdicts.md"
     if verdicts.exists():
         L.append(verdicts.read_text())
     for r in reports:

@@ -140,10 +140,12 @@ def render(r: dict) -> str:
         "filesystem, so the run takes at least the largest of three times: the CPU work spread "
         "over all cores, each node's own traffic to the storage, and the filesystem's aggregate "
         "bandwidth, which no number of nodes raises. Computed from the Ray worker's per-core rate "
-        "measured above (block FP8 on this VM's shared cores; `dequant-scaling.md` measured nvfp4-to-bf16 at a similar cost per output "
+        "measured above (block FP8 on this VM's shared cores; `dequant-scaling.md` measured "
+        "nvfp4-to-bf16 at a similar cost per output "
         "byte on this VM) with **assumed** nodes of 64 cores and 12.5 GB/s (100 Gb/s) to the "
         "storage, and an **assumed** 40 GB/s aggregate filesystem (a mid-size Lustre or GPFS; a "
-        "single NFS server's 1-5 GB/s would bound the run at 8-42 min, whatever k). Memory is not a bound: a task holds about twice its largest tensor's sources and "
+        "single NFS server's 1-5 GB/s would bound the run at 8-42 min, whatever k). Memory is "
+        "not a bound: a task holds about twice its largest tensor's sources and "
         "output (`task_memory`).",
         "",
         *_projection(r),
@@ -151,7 +153,8 @@ def render(r: dict) -> str:
         "Reading the table: the CPU bound falls as 1/k and the per-node I/O bound too, until the "
         "filesystem's aggregate bandwidth, a constant, is the largest: from there more nodes add "
         "nothing. The same arithmetic with a measured per-core rate from a server CPU (the "
-        "`nvidia-h200` rows of `dequant-scaling.md`) and the real storage's figures gives the point "
+        "`nvidia-h200` rows of `dequant-scaling.md`) and the real storage's figures gives the "
+        "point "
         "for a given cluster; plug them into `ray_report.py`'s constants.",
         "",
     ]

@@ -18,7 +18,8 @@ def _config_only(by: dict) -> list[dict]:
     big = _largest(by)
     r = by[big]
     first_time = {
-        "id": "config_only_first_time", "target": "apply sm120-fp16-kv, first time (cold digest cache) <= 0.15 x "
+        "id": "config_only_first_time",
+        "target": "apply sm120-fp16-kv, first time (cold digest cache) <= 0.15 x "
                   "(cp -r + JSON edit), cp WITHOUT a final sync",
         "at_gb": float(big), "measured": r["ratios"]["first_time_vs_cp"], "limit": 0.15,
         "verdict": verdict(r["ratios"]["first_time_vs_cp"] <= 0.15),
@@ -31,7 +32,8 @@ def _config_only(by: dict) -> list[dict]:
                      (r["ratios"].get("first_time_hf_cache_vs_cp") or 9) <= 0.15)}}
     known = med(r["commands"], "modelpatch_digests_known")
     digests_known = {
-        "id": "config_only_digests_known", "target": "apply sm120-fp16-kv with digests known < 1 s (wall, incl. interpreter "
+        "id": "config_only_digests_known",
+        "target": "apply sm120-fp16-kv with digests known < 1 s (wall, incl. interpreter "
                   "start-up)",
         "at_gb": float(big), "measured": known, "limit": 1.0, "verdict": verdict(known < 1.0),
         "per_size": {s: med(by[s]["commands"], "modelpatch_digests_known") for s in by}}
@@ -42,7 +44,8 @@ def _tensor_count(c: dict) -> dict:
     known = med(c["commands"], "modelpatch_digests_known")
     count = ("about nvidia/Kimi-K2.5-NVFP4's count" if c["tensors"] > 200_000
              else "a reduced stand-in for Kimi-K2.5-NVFP4's ~273k")
-    return {"id": "config_only_digests_known_tensor_count", "target": f"the same < 1 s, at {c['tensors']} tensors in {c['shards']} shards "
+    return {"id": "config_only_digests_known_tensor_count",
+            "target": f"the same < 1 s, at {c['tensors']} tensors in {c['shards']} shards "
                       f"({count}; beyond the 8 GB / 16-shard models)",
             "at_gb": c["model_gb"], "measured": known, "limit": 1.0,
             "verdict": verdict(known < 1.0), "per_size": {},
@@ -52,7 +55,8 @@ def _tensor_count(c: dict) -> dict:
 def _verify(by: dict) -> dict:
     big = _largest(by)
     m = by[big]["ratios"]["verify_vs_hashlib_pool"]
-    return {"id": "verify_vs_hashlib", "target": f"verify <= 1.1 x hashlib sha256 per file in {CORES} processes "
+    return {"id": "verify_vs_hashlib",
+            "target": f"verify <= 1.1 x hashlib sha256 per file in {CORES} processes "
                       "(the per-core hashlib limit on all cores)",
             "at_gb": float(big), "measured": m, "limit": 1.1, "verdict": verdict(m <= 1.1),
             "per_size": {s: by[s]["ratios"]["verify_vs_hashlib_pool"] for s in by},
@@ -63,7 +67,8 @@ def _drop_kv(by: dict) -> list[dict]:
     big = _largest(by)
     r = by[big]["ratios"]
     wall = {
-        "id": "drop_kv_time", "target": "drop-kv-scales wall time <= 1.0 x load_file/save_file script (modelpatch "
+        "id": "drop_kv_time",
+        "target": "drop-kv-scales wall time <= 1.0 x load_file/save_file script (modelpatch "
                   "first time: cold digest cache, sha256 included; script without sync)",
         "at_gb": float(big), "measured": r["time_first_time_vs_load_save"], "limit": 1.0,
         "verdict": verdict(r["time_first_time_vs_load_save"] <= 1.0),
@@ -72,7 +77,8 @@ def _drop_kv(by: dict) -> list[dict]:
         "also": {"digests_known": r["time_digests_known_vs_load_save"],
                  "first_time_vs_script_with_sync": r["time_first_time_vs_load_save_sync"]}}
     rss = {
-        "id": "drop_kv_peak_rss", "target": "drop-kv-scales peak RSS <= 0.5 x load_file/save_file script (the largest "
+        "id": "drop_kv_peak_rss",
+        "target": "drop-kv-scales peak RSS <= 0.5 x load_file/save_file script (the largest "
                   "process of each command)",
         "at_gb": float(big), "measured": r["peak_rss_vs_load_save"], "limit": 0.5,
         "verdict": verdict(r["peak_rss_vs_load_save"] <= 0.5),

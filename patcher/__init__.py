@@ -1,3 +1,3 @@
 """modelpatch: declarative, verifiable, reversible patches for model checkpoints."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -154,8 +154,14 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
           max_shard_size: int | None = None, progress: Progress | None = None,
           base_model: str | None = None, allow_noop: bool = False,
           params: dict | None = None, endpoint: str | None = None,
-          executor: str = "local", ray_address: str | None = None) -> ApplyResult:
+          executor: str = "local", ray_address: str | None = None,
+          sign=None, require_signed_base=None) -> ApplyResult:
     """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``).
+
+    ``sign`` (a private key path, a ``patcher.signing.keys.KeySigner`` or ``"sigstore"``): the
+    variant is committed with its OMS ``model.sig``, written last from the manifest's digests.
+    ``require_signed_base`` (a public key path or a ``patcher.signing.verify.Trust``): refuse a
+    base that is not signed by it, or whose files differ from what it signed.
 
     ``params``: values for the recipe's ``params:`` (typed, or strings as ``--set`` gives them;
     ``RECIPE.NAME`` for one of several recipes). ``endpoint``: the hub of ``from: hf://``
@@ -181,6 +187,7 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
 
     loaded = load(recipe)
     base_model = _checked_base_model(base_model)
+    signer, trust = signer_of(sign), trust_of(require_signed_base)   # refused before any work
     # Plan under the base's shared lock, so an in-place patch or revert cannot change the base
     # between planning and linking.
     from .gguf.single_file import model_directory
@@ -198,19 +205,23 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
         the_plan = predict_for_plan(the_plan, target, link)
         warn_before_copying(the_plan.link)
         with _executor(executor, ray_address):
+            base_signature = _base_signature(base, trust, jobs)
             return apply_plan(the_plan, base, target, force=force, link=link, jobs=jobs,
-                              progress=progress, base_model=base_model)
+                              progress=progress, base_model=base_model, signer=signer,
+                              base_signature=base_signature)
 
 
 def apply_stacked(recipes: list, model: str | os.PathLike, *, out: str | os.PathLike,
-                  force: bool = False, params: dict[str, dict] | None = None) -> Path:
+                  force: bool = False, params: dict[str, dict] | None = None,
+                  sign=None) -> Path:
     """Apply ``recipes`` one after the other into one variant at ``out`` that appears whole or
     not at all: the first out of place into a scratch directory beside ``out``, the others
     stacked on it in place (each a revertible patch: ``revert`` undoes them one by one), then
     the scratch directory renamed to ``out``. A recipe that refuses (a guard, a bad input)
     raises its error and leaves nothing: ``out`` is as it was. ``params``: recipe -> its params.
     ``force`` replaces an earlier variant at ``out``, or an earlier stacked output of this
-    same base (never a directory patched in place on another base)."""
+    same base (never a directory patched in place on another base). ``sign`` as for
+    ``apply``: the scratch directory is signed before it becomes ``out``."""
     from .execute.locking import lock_new_path
     from .execute.output_dir import (
         commit,
@@ -221,6 +232,7 @@ def apply_stacked(recipes: list, model: str | os.PathLike, *, out: str | os.Path
     from .fsops import remove_tree
 
     out, params = Path(out), params or {}
+    signer = signer_of(sign)
     with lock_new_path(out):
         remove_stale_staging(out)
         if os.path.lexists(out):
@@ -233,6 +245,10 @@ def apply_stacked(recipes: list, model: str | os.PathLike, *, out: str | os.Path
             apply(recipes[0], model, out=scratch, params=params.get(recipes[0]))
             for recipe in recipes[1:]:
                 apply_in_place(recipe, scratch, params=params.get(recipe))
+            if signer is not None:
+                from .signing.sign import sign_directory
+
+                sign_directory(scratch, signer, name=out.name)
             commit(scratch, out)
         finally:
             if os.path.lexists(scratch):
@@ -291,6 +307,9 @@ def apply_into_cache(recipe: str | os.PathLike | Recipe, model: str | os.PathLik
     from .execute.cache_revision import cache_repository, commit_into_cache, ref_path
     from .execute.locking import lock_directory
 
+    if options.get("sign") is not None:
+        raise InputError("--sign excludes --into-cache: a cache revision's files are links "
+                         "to its blobs", hint="sign a variant directory (-o OUT)")
     repo = cache_repository(model)
     ref_path(repo, name, force=force)          # refused before any work
     with lock_directory(repo, exclusive=True):
@@ -311,8 +330,8 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
                    base_model: str | None = None, allow_noop: bool = False,
                    params: dict | None = None, endpoint: str | None = None) -> ApplyResult:
     """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model``,
-    ``params`` and ``endpoint`` as for ``apply``. A plan that changes nothing raises ``NothingToChange`` unless
-    ``allow_noop``."""
+    ``params`` and ``endpoint`` as for ``apply``. A plan that changes nothing raises
+    ``NothingToChange`` unless ``allow_noop``."""
     from .execute.inplace import apply_locked, prepare_directory
     from .execute.locking import lock_directory
     from .gguf.single_file import check_in_place, is_gguf_file
@@ -401,6 +420,7 @@ def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
 
     from .hub.client.connection import check_repo_id, client, hub_call, hub_output
     from .hub.client.growth import reported_growth
+    from .model.model_dir import BASE_RECORD
 
     repo_id, _, revision = text[len(HF_SCHEME):].partition("@")
     if repo_id.count("/") != 1:
@@ -408,9 +428,11 @@ def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
     check_repo_id(repo_id)
     hub = client(endpoint)
     cached = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
+    # Without a base's digest record: the hub's, not the model's.
     with hub_output(progress), reported_growth(cached, on_progress):
         return Path(hub_call("download", repo_id, snapshot_download, repo_id,
-                             revision=revision or None, endpoint=hub.endpoint, token=hub.token))
+                             revision=revision or None, endpoint=hub.endpoint, token=hub.token,
+                             ignore_patterns=[BASE_RECORD]))
 
 
 def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | None = None,
@@ -436,14 +458,16 @@ def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | No
     return report
 
 
-def publish(directory: str | os.PathLike, repo_id: str, **kwargs):
-    """Verify and upload a variant in one commit (see ``hub.client.publish.publish``)."""
+def publish(directory: str | os.PathLike, repo_id: str, *, base: bool = False, **kwargs):
+    """Verify and upload a variant in one commit (see ``hub.client.publish.publish``); with
+    ``base``, a plain model and its files' sha256 (``hub.client.base_repo.publish_base``)."""
     from .gguf.single_file import model_directory
+    from .hub.client.base_repo import publish_base
     from .hub.client.publish import publish as run
 
     directory = model_directory(directory)
     _recovered(directory)
-    return run(directory, repo_id, **kwargs)
+    return (publish_base if base else run)(directory, repo_id, **kwargs)
 
 
 def pull(repo_id: str, out: str | os.PathLike | None = None, **kwargs):
@@ -451,3 +475,55 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, **kwargs):
     from .hub.client.pull import pull as run
 
     return run(repo_id, out, **kwargs)
+
+
+def signer_of(sign):
+    """A ``KeySigner`` for a private key path (checked now: mode, type, passphrase),
+    ``"sigstore"`` for keyless, or ``sign`` as given."""
+    from .signing.keys import load_signer
+    from .signing.sign import KEYLESS
+
+    if sign is None or sign == KEYLESS or not isinstance(sign, (str, os.PathLike)):
+        return sign
+    return load_signer(sign)
+
+
+def trust_of(key):
+    """A ``Trust`` for a public key path, or ``key`` as given (None, or a ``Trust``)."""
+    from .signing.verify import Trust
+
+    return Trust.load(key=key) if isinstance(key, (str, os.PathLike)) else key
+
+
+def _base_signature(base: ModelDir, trust, jobs: int | None) -> dict | None:
+    if trust is None:
+        return None         # the builder records what the base's model.sig claims
+    from .signing.verify import base_signature
+
+    return base_signature(base.root, trust, fast=True, jobs=jobs)
+
+
+def sign(directory: str | os.PathLike, signer, *, full: bool = False,
+         jobs: int | None = None) -> Path:
+    """Write ``directory/model.sig`` (OMS v1.0) from its verified manifest's digests
+    (``patcher.signing.sign``); ``signer`` as ``apply``'s ``sign``."""
+    from .execute.locking import lock_directory
+    from .signing.sign import sign_directory
+
+    signer = signer_of(signer)
+    _recovered(directory)
+    with lock_directory(Path(directory), exclusive=True):
+        return sign_directory(directory, signer, full=full, jobs=jobs)
+
+
+def verify_signature(directory: str | os.PathLike, trust, *, ignore_unsigned: bool = False,
+                     fast: bool = False, jobs: int | None = None, on_progress=None):
+    """Check ``directory/model.sig`` with ``trust`` (a ``Trust``, or a public key path), then
+    the files against it; returns a ``SignatureReport`` or raises ``VerifyMismatch``."""
+    from .execute.locking import lock_directory
+    from .signing.verify import verify_signed
+
+    _recovered(directory)
+    with lock_directory(Path(directory), exclusive=False):
+        return verify_signed(directory, trust_of(trust), ignore_unsigned=ignore_unsigned,
+                             fast=fast, jobs=jobs, on_progress=on_progress)

@@ -4,8 +4,8 @@ By default (no executor in effect) they run as they always have: shard tasks in 
 its worker pool (``patcher.tensors.writing.shard_pool``), file hashes in threads
 (``patcher.integrity.digests.hashing``). Inside ``using(executor)`` those two functions hand
 their work to ``executor`` instead (``patcher.execute.ray_executor``: a Ray cluster that shares
-the model's storage). Everything else (planning, staging, linking, the manifest, the commit) stays with the
-caller, so an executor only ever sees self-contained tasks with absolute paths.
+the model's storage). Everything else (planning, staging, linking, the manifest, the commit)
+stays with the caller, so an executor only ever sees self-contained tasks with absolute paths.
 
 An executor has two methods, with the signatures and results of the local functions they stand
 in for:

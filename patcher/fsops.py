@@ -1,7 +1,8 @@
 """Filesystem primitives with the durability and sharing rules modelpatch relies on.
 
 - ``link_or_copy`` shares data with the base: reflink where the filesystem has it, else hardlink,
-  else copy (``linking`` predicts which, and holds the ``--link`` modes). A linked file keeps its inode's mode: chmod on a hardlink would change the base too.
+  else copy (``linking`` predicts which, and holds the ``--link`` modes). A linked file keeps its
+  inode's mode: chmod on a hardlink would change the base too.
 - Files modelpatch writes itself are created read-only (0o444) and fsynced before the commit.
 - The one way to write a small file durably: ``write_file`` creates a new file, fsynced;
   ``replace_file`` replaces one atomically (temporary file, fsync, rename, directory fsync).

@@ -19,7 +19,14 @@ from .changes import FileAdded, FileDropped, changes_json
 from .config.jsonfile import dump_json_document, load_json_document, unified_diff
 from .config.ops import apply_config_ops
 from .errors import InputError, NothingToChange, PlanError
-from .model.model_dir import INDEX_NAME, MANIFEST_NAME, ModelDir, fingerprint, read_fingerprint
+from .model.model_dir import (
+    INDEX_NAME,
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    ModelDir,
+    fingerprint,
+    read_fingerprint,
+)
 from .recipe.load import Recipe
 from .recipe.params.bind import bind_recipe
 from .recipe.regex_bound import plan_wide
@@ -210,7 +217,7 @@ def _plan(recipe: Recipe, model: ModelDir, options: PlanOptions, endpoint: str |
         replaced.update(tensors.files)
         warnings.extend(_quantization_warnings(model, replaced, tensors.dtypes, changes))
     files = [replaced.pop(rel, None) or _link(model, rel)
-             for rel in sorted(model.files) if rel != MANIFEST_NAME]
+             for rel in sorted(model.files) if rel not in (MANIFEST_NAME, SIGNATURE_NAME)]
     files.extend(sorted(replaced.values(), key=lambda f: f.path))  # additions
     return Plan(recipe=recipe, base=model.root, files=tuple(files), changes=tuple(changes),
                 warnings=tuple(warnings), options=options, fingerprint=fingerprint(model.files),

@@ -29,6 +29,8 @@ FORBIDDEN = {
     "patcher.execute": ("patcher.hub", *_ABOVE),
     "patcher.gguf": ("patcher.hub", *_ABOVE),
     "patcher.remote": _ABOVE,
+    "patcher.signing": ("patcher.execute", "patcher.hub", "patcher.tensors", "patcher.plan",
+                        "patcher.recipe", *_ABOVE),
     "patcher.hub": _ABOVE,
     # the hub's storage is pure standard library: the Starlette side is the server's
     "patcher.hub.store": ("patcher.hub.server",),
@@ -38,7 +40,8 @@ FORBIDDEN = {
 ALLOWED = {"patcher.recipe": ("patcher.tensors.schemes",)}
 
 # modules every package may import: they import nothing from patcher
-STANDALONE = ("patcher.collector", "patcher.errors", "patcher.fsops", "patcher.faults", "patcher.units",
+STANDALONE = ("patcher.collector", "patcher.errors", "patcher.fsops", "patcher.faults",
+              "patcher.units",
               "patcher.display",
               "patcher.dispatch", "patcher.changes")
 
@@ -168,6 +171,7 @@ LOCAL_EXCEPTIONS = {
     "patcher.fsops": {"NotRegularFile", "TooLarge"},  # OSError flavours read_capped raises
     "patcher.integrity.digests.hashing": {"_Cancelled"},
     "patcher.integrity.manifest_rules": {"Invalid"},
+    "patcher.signing.parse": {"_NotOMS"},             # becomes VerifyMismatch in parse_bundle
     "patcher.tensors.quant.kernel_args": {"NonFiniteInput"},
     "patcher.gguf.format": {"_NeedMore"},             # control flow: read more of the header
     "patcher.integrity.canonical_json": {"_NotPlain"},  # control flow: fall back to the stdlib

@@ -24,7 +24,8 @@ def test_replace_file_writes_its_temp_file_where_told(tmp_path, monkeypatch):
     seen = []
     real_replace = os.replace
     monkeypatch.setattr(fsops.os, "replace",
-                        lambda src, dst: (seen.append(os.path.dirname(src)), real_replace(src, dst)))
+                        lambda src, dst: (seen.append(os.path.dirname(src)),
+                                          real_replace(src, dst)))
     fsops.replace_file(tmp_path / "repo.json", b"{}", tmp_dir=tmp_path / "tmp")
     assert seen == [str(tmp_path / "tmp")] and (tmp_path / "repo.json").read_bytes() == b"{}"
     assert list((tmp_path / "tmp").iterdir()) == []

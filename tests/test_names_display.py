@@ -27,7 +27,8 @@ def test_dot_directories_can_be_allowed():
     assert checked_name(".cache/x", what="x", allow_dot_dirs=True) == ".cache/x"
 
 
-@pytest.mark.parametrize("value", ["../../x", "A" * 64, "a" * 63, "g" * 40, 40, None, "a" * 40 + "\n"])
+@pytest.mark.parametrize("value", ["../../x", "A" * 64, "a" * 63, "g" * 40, 40, None,
+                                   "a" * 40 + "\n"])
 def test_digests_are_hex_only(value):
     with pytest.raises(UnsafeName):
         checked_digest(value, what="ETag")
@@ -45,7 +46,8 @@ def test_revisions_pass(value):
     assert checked_revision(value) == value
 
 
-@pytest.mark.parametrize("value", ["../main", "/main", "main/", "a/../b", ".hidden", "a b", "", "x" * 201, None])
+@pytest.mark.parametrize("value", ["../main", "/main", "main/", "a/../b", ".hidden", "a b", "",
+                                   "x" * 201, None])
 def test_hostile_revisions_are_refused(value):
     with pytest.raises(UnsafeName):
         checked_revision(value)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from importlib import metadata
@@ -62,14 +63,17 @@ def test_installed_metadata_pins_nothing_exactly():
         pytest.skip("modelpatch is not installed")
     origin = json.loads(dist.read_text("direct_url.json") or "{}").get("url", "")
     if os.path.realpath(origin.removeprefix("file://")) != str(REPO):
-        pytest.skip(f"the installed modelpatch comes from {origin or 'an index'}, not this checkout")
+        pytest.skip(f"the installed modelpatch comes from {origin or 'an index'}, "
+                    "not this checkout")
     assert _exact_pins(dist) == []
 
 
 def test_the_cpu_constraint_pins_the_tested_torch():
     lines = [line.strip() for line in (REPO / "constraints" / "cpu.txt").read_text().splitlines()
              if line.strip() and not line.lstrip().startswith("#")]
-    assert lines == ["torch==2.13.0+cpu", "transformers==5.25.0"]
+    assert lines[0] == "torch==2.13.0+cpu"
+    assert "transformers==5.25.0" in lines
+    assert all(re.fullmatch(r"[A-Za-z0-9_.-]+==[A-Za-z0-9_.+-]+", line) for line in lines), lines
     readme = (REPO / "README.md").read_text()
     opening = readme[readme.index("```bash"):readme.index("```", readme.index("```bash") + 3)]
     ci = (REPO / ".ci" / "run").read_text()
@@ -87,3 +91,16 @@ def test_the_package_is_marked_typed_and_ships_the_marker():
     assert (REPO / "patcher" / "py.typed").is_file()
     data = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert "py.typed" in data["tool"]["setuptools"]["package-data"]["patcher"]
+
+
+def test_the_version_is_one_and_released():
+    """``patcher.__version__`` (recorded in every manifest) is pyproject's version, and the
+    CHANGELOG has a dated section for it."""
+    import patcher
+
+    tomllib = pytest.importorskip("tomllib")           # Python 3.11+
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert patcher.__version__ == version
+    assert re.search(rf"^## \[{re.escape(version)}\] - \d{{4}}-\d{{2}}-\d{{2}}$",
+                     (REPO / "CHANGELOG.md").read_text(), re.MULTILINE)

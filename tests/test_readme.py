@@ -54,8 +54,21 @@ def test_the_readme_marks_its_runnable_blocks():
     languages = [lang for lang, _ in blocks]
     assert languages.count("bash") >= 2 and languages.count("python") >= 1
     commands = "\n".join(body for _, body in blocks)
-    for command in ("inspect", "plan", "apply", "verify", "revert", "--in-place"):
+    for command in ("inspect", "plan", "apply", "verify", "revert", "--in-place", "hub serve",
+                    "publish --base", "pull"):
         assert f" {command} " in commands or f" {command}\n" in commands, command
+
+
+#: The self-hosted hub's port in the README; the test serves it on a free one instead.
+README_HUB_PORT = "8080"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def test_the_readme_runs_as_written(kimi_dir, tmp_path):
@@ -66,16 +79,21 @@ def test_the_readme_runs_as_written(kimi_dir, tmp_path):
     shutil.copytree(kimi_dir, root / "examples" / "out" / "kimi-k25-nvfp4")
     _fake_venv(root)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "HF_HOME": str(tmp_path / "hf-home"), "MODELPATCH_CACHE_DIR": str(tmp_path / "dc")}
+    for var in ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        env.pop(var, None)
     steps = first_command_modelpatch_steps(text)
     assert steps, "the first command no longer applies a recipe"
-    script = ["set -euo pipefail", *steps]
+    # a block that starts a server in the background: stopped whatever happens
+    script = ["set -euo pipefail", "trap 'kill $(jobs -p) 2> /dev/null || true' EXIT", *steps]
+    port = str(_free_port())
     for n, (lang, body) in enumerate(runnable_blocks(text)):
         if lang == "python":
             (root / f"block{n}.py").write_text(body)
             script.append(f".venv/bin/python block{n}.py")
         else:
-            script.append(body)
+            script.append(body.replace(README_HUB_PORT, port))
     result = subprocess.run(["bash", "-c", "\n".join(script)], cwd=root, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -84,6 +102,9 @@ def test_the_readme_runs_as_written(kimi_dir, tmp_path):
     assert "OK " in result.stdout                         # verify's verdict
     assert (root / "examples/out/kimi-k25-nvfp4-sm120-fp16-kv").is_dir()
     assert not (root / "examples/out/kimi-in-place/.modelpatch").exists()   # reverted
+    # the self-hosted hub: from an empty hub to a verified pull of a variant of its base
+    assert (root / "examples/out/kimi-sm120-pulled/modelpatch.provenance.json").is_file()
+    assert (root / "examples/out/hub/tokens.json").is_file()
 
 
 @pytest.mark.parametrize("needle", ["pip install 'modelpatch[hub]'", "modelpatch[hub]'"])

@@ -32,6 +32,12 @@ from .group import (
     set_quiet,
 )
 from .output import echo, echo_json, escape_log_lines
+from .sign_commands import (
+    require_signed_base_option,
+    sign_options,
+    signer_from,
+    verify_options,
+)
 
 LOG_FORMAT = "modelpatch: %(message)s"
 
@@ -232,10 +238,12 @@ def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
 @set_option
 @executor_options
 @quiet_option
+@sign_options
+@require_signed_base_option
 @click.pass_context
 def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, jobs, device,
           max_shard_size, as_json, allow_noop, base_model, into_cache, publish_to, endpoint,
-          set_values, executor, ray_address):
+          set_values, executor, ray_address, sign_key=None, base_key=None):
     """Apply RECIPE (a path or a built-in name; several are applied in order as one) to MODEL
     and write a verified variant. For MODEL a .gguf file, the variant is the directory OUT
     (default: <file>-<recipe> beside it) holding the new file and its manifest."""
@@ -247,6 +255,11 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
     refuse_in_place(in_place, executor)
     if into_cache is not None and (in_place or out or publish_to is not None):
         raise click.UsageError("--into-cache excludes --in-place, -o/--output and --publish")
+    if (sign_key or base_key) and (in_place or into_cache is not None or publish_to):
+        raise click.UsageError("--sign and --require-signed-base make a variant directory: they "
+                               "exclude --in-place, --into-cache and --publish (sign afterwards "
+                               "with `modelpatch sign`)")
+    signer = None if dry_run else signer_from(sign_key)     # a bad key fails before any work
     if publish_to is not None:
         _apply_and_publish(list(recipe), model, publish_to, endpoint, as_json, allow_noop,
                            base_model, _set_values(set_values),
@@ -292,7 +305,8 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                                jobs=jobs, device=device, max_shard_size=max_shard_size,
                                progress=progress, base_model=base_model,
                                allow_noop=allow_noop, params=params, endpoint=endpoint,
-                               executor=executor, ray_address=ray_address)
+                               executor=executor, ray_address=ray_address,
+                               sign=signer, require_signed_base=base_key)
     if as_json:
         emit_json({"output": str(result.output), "recipe": recipe.identity(),
                     "manifest_sha256": result.manifest_sha256,
@@ -335,24 +349,33 @@ def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, ba
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 @executor_options
 @quiet_option
+@verify_options
 @click.pass_context
-def verify(ctx, directory, jobs, fast, as_json, executor, ray_address):
+def verify(ctx, directory, jobs, fast, as_json, executor, ray_address, **signature):
     """Rehash DIRECTORY against its provenance manifest. Exit 1 on any mismatch. A .gguf file
-    stands for the directory holding it."""
+    stands for the directory holding it. With --key (--cert-chain, --identity): check its
+    model.sig first, then every file against the signature."""
     from .. import api
     from .progress import Meters
     from .render import render_verify
+    from .sign_commands import signature_checked, signed_only, verify_signature
 
     with Meters(bool(ctx.obj.get("quiet"))) as meters:
         meter = meters.meter("verifying")
-        report = api.verify(directory, jobs=jobs, fast=fast, on_progress=meter.update,
-                            on_total=meter.set_total, executor=executor,
-                            ray_address=ray_address)
+        signed = verify_signature(directory, fast=fast, jobs=jobs, on_progress=meter.update,
+                                  **signature)
+        if signed_only(directory, signature):       # a signed model without a manifest
+            echo_json({"ok": True, "signature": signed}) if as_json else echo("\n".join(signed))
+            return
+        # After a signature check every file was just hashed: the cache has them, verified.
+        report = api.verify(directory, jobs=jobs, fast=fast or signature_checked(signature),
+                            on_progress=meter.update, on_total=meter.set_total,
+                            executor=executor, ray_address=ray_address)
     data = report.as_dict()
     if as_json:
-        echo_json(data)
+        echo_json(dict(data, signature=signed) if signed else data)
     else:
-        echo(render_verify(data))
+        echo("\n".join([*signed, render_verify(data)]))
     if not report.ok:
         ctx.exit(1)
 
@@ -361,7 +384,8 @@ def verify(ctx, directory, jobs, fast, as_json, executor, ray_address):
 @click.argument("directory", type=click.Path(path_type=str))
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
               help="Rebuild the base into OUT instead of reverting DIRECTORY in place.")
-@click.option("--all", "all_patches", is_flag=True, help="Revert every patch, back to the original.")
+@click.option("--all", "all_patches", is_flag=True,
+              help="Revert every patch, back to the original.")
 @click.option("--force", is_flag=True, help="Revert even if DIRECTORY changed since the patch.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Parallel hashing workers (default: all cores).")
@@ -383,8 +407,9 @@ def revert(directory, out, all_patches, force, jobs, as_json, executor, ray_addr
 from ..doctor.command import doctor  # noqa: E402  (its own module; click only)
 from .hub_commands import hub, publish, pull  # noqa: E402
 from .recipe_commands import recipes  # noqa: E402
+from .sign_commands import sign  # noqa: E402
 
-for command in (doctor, hub, publish, pull, recipes):
+for command in (doctor, hub, publish, pull, recipes, sign):
     main.add_command(command)
 
 add_shared_options(main)     # after every command: --debug, -q and --json after the subcommand

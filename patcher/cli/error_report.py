@@ -27,7 +27,7 @@ from .output import echo, echo_json
 PARAMETER_FLAGS = {"force": "--force", "force_copy": "--copy", "all_patches": "--all",
                    "device": "--device", "endpoint": "--endpoint", "jobs": "--jobs",
                    "max_shard_size": "--max-shard-size", "allow_noop": "--allow-noop",
-                   "port": "--port", "host": "--host"}
+                   "port": "--port", "host": "--host", "base": "--base"}
 _PARAMETER = re.compile(r"\b(%s)=('?)([^'\s,;)]*)\2" % "|".join(PARAMETER_FLAGS))
 _FUNCTION_WORDS = {"apply_in_place()": "--in-place", "verify()": "`modelpatch verify`"}
 

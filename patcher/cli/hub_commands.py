@@ -26,18 +26,31 @@ from .output import echo
               help="Only show what would be copied server-side from the base repository and "
                    "what uploaded; change nothing.")
 @base_model_option
+@click.option("--base", "is_base", is_flag=True,
+              help="DIRECTORY is a plain model, not a variant: upload its files with a record "
+                   "of their sha256, which pull checks as it checks a variant's manifest.")
 @quiet_option
 @click.pass_context
 def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_json, plan_only,
-            base_model):
+            base_model, is_base):
     """Verify the variant DIRECTORY and upload it to REPO_ID in one commit. Files its base
-    repository on the hub already holds are copied there server-side, not uploaded."""
+    repository on the hub already holds are copied there server-side, not uploaded. With
+    --base: upload the model DIRECTORY as it is, for variants to be made from."""
     from .. import api
     from . import render
 
-    r = api.publish(directory, repo_id, endpoint=endpoint, private=private, revision=revision,
-                    message=message, progress=not ctx.obj.get("quiet"), base_model=base_model,
-                    plan_only=plan_only)
+    progress = not ctx.obj.get("quiet")
+    if is_base:
+        if base_model:
+            raise click.UsageError("--base-model names the base of a variant; --base publishes "
+                                   "the base itself")
+        r = api.publish(directory, repo_id, base=True, endpoint=endpoint, private=private,
+                        revision=revision, message=message, progress=progress,
+                        plan_only=plan_only)
+    else:
+        r = api.publish(directory, repo_id, endpoint=endpoint, private=private,
+                        revision=revision, message=message, progress=progress,
+                        base_model=base_model, plan_only=plan_only)
     if as_json:
         emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
                     "files": r.files, "copied_bytes": r.plan.copy_bytes,
@@ -62,19 +75,26 @@ def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_js
 @click.option("--reuse", "reuse", multiple=True, type=click.Path(file_okay=False, path_type=str),
               help="Directory whose files to link instead of downloading when their sha256 "
                    "matches (repeatable; the Hugging Face cache is always searched).")
+@click.option("--force", is_flag=True,
+              help="Replace an existing output that an earlier pull or apply wrote, in one "
+                   "rename (as apply --force); only the files that changed are downloaded.")
+@click.option("--key", "pub_key", type=click.Path(dir_okay=False, path_type=str), default=None,
+              metavar="PUB.pem", help="Also require model.sig signed by this public key, and "
+                                      "every file as it signed them.")
 @quiet_option
 @click.pass_context
-def pull(ctx, repo_id, out, endpoint, revision, reuse):
+def pull(ctx, repo_id, out, endpoint, revision, reuse, force, pub_key):
     """Download REPO_ID and verify every file against the hub's digests and the manifest."""
     from .. import api
     from .progress import Meters
 
+    trust = api.trust_of(pub_key)          # a bad key file fails before the download
     quiet = bool(ctx.obj.get("quiet"))
     with Meters(quiet) as meters:
         meter = meters.meter("downloading")
         result = api.pull(repo_id, out, endpoint=endpoint, revision=revision,
-                          progress=not quiet, reuse=reuse, on_progress=meter.update,
-                          on_total=meter.set_total)
+                          progress=not quiet, reuse=reuse, force=force, trust=trust,
+                          on_progress=meter.update, on_total=meter.set_total)
     echo(str(result.output))
 
 
@@ -90,14 +110,26 @@ def hub() -> None:
               help="Address to listen on (0.0.0.0 for every interface).")
 @click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535),
               help="TCP port to listen on (0: any free port).")
-def hub_serve(root, host, port):
+@click.option("--init", is_flag=True,
+              help="Create ROOT if it does not exist: a new, empty hub (without it a missing "
+                   "ROOT is refused, so a mistyped path never serves an empty hub).")
+def hub_serve(root, host, port, init):
     """Serve repositories stored under ROOT until interrupted."""
+    import os
+    from pathlib import Path
+
+    from ..errors import InputError
+
+    if not os.path.lexists(root):
+        if not init:
+            raise InputError("no hub here: the directory does not exist", where=root,
+                             hint="check --root, or add --init to create a new, empty hub")
+        Path(root).mkdir(parents=True)
     try:
         from ..hub.server.app import serve
     except ImportError as exc:
         raise click.ClickException(f"the hub server needs its extra: pip install -e '.[hub]' "
                                    f"in the modelpatch checkout ({exc.name} is missing)") from None
-    from pathlib import Path
 
     from .. import collector
 

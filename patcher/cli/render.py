@@ -30,7 +30,8 @@ def table(rows: list[list[str]], header: list[str]) -> list[str]:
 
 def render_inspect(report: dict) -> str:
     report = printable_fields(report)
-    lines = [f"model      {report['path']}" + ("  (HF cache snapshot)" if report["hf_cache_snapshot"] else "")]
+    cache_note = "  (HF cache snapshot)" if report["hf_cache_snapshot"] else ""
+    lines = [f"model      {report['path']}{cache_note}"]
     for arch in report["architectures"]:
         names = ", ".join(arch["architectures"] or []) or "-"
         lines.append(f"arch {arch['path']:<14} {names}  model_type={_or_dash(arch['model_type'])}")
@@ -40,7 +41,8 @@ def render_inspect(report: dict) -> str:
                  f"bytes {human_bytes(t['bytes'] + t['scale_bytes'])} "
                  f"(scales {human_bytes(t['scale_bytes'])})")
     for title, key in (("dtype", "per_dtype"), ("group", "per_group")):
-        rows = [[name, c["tensors"], human_count(c["params"]), human_bytes(c["bytes"] + c["scale_bytes"])]
+        rows = [[name, c["tensors"], human_count(c["params"]),
+                 human_bytes(c["bytes"] + c["scale_bytes"])]
                 for name, c in report["tensors"][key].items()]
         lines += ["  " + line for line in table(rows, [title, "tensors", "params", "bytes"])]
     s = report["shards"]
@@ -194,8 +196,8 @@ def render_tensor_changes(changes: list[dict], per_shard: int = 20) -> list[str]
                 block.append(f"    ... and {rest} more (--json lists them all)")
                 break
             block.append(f"    {TENSOR_KINDS[c['kind']][0]} {_tensor_line(c)}")
-            block += [f"        {TENSOR_KINDS[x['kind']][0]} {_companion_line(x, c['tensor'], shard)}"
-                      for x in own]
+            block += [f"        {TENSOR_KINDS[x['kind']][0]} "
+                      f"{_companion_line(x, c['tensor'], shard)}" for x in own]
         lines += block
     return lines + [""]
 
@@ -245,7 +247,8 @@ def _shared_text(shared: list[str] | None) -> str:
 def render_verify(report: dict) -> str:
     report = printable_fields(report)
     if report["ok"]:
-        cached = f" ({report['cached_files']} from the digest cache)" if report["cached_files"] else ""
+        cached = (f" ({report['cached_files']} from the digest cache)"
+                  if report["cached_files"] else "")
         against = report.get("against", "the manifest")
         verb = "matches" if report["checked"] == 1 else "match"
         return f"OK  {plural(report['checked'], 'file')} {verb} {against}{cached}"

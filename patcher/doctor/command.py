@@ -26,9 +26,12 @@ import click
 @click.option("--endpoint", default=None, envvar="HF_ENDPOINT",
               help="Hub URL for hf://ORG/NAME[@REV] (default: huggingface.co, or $HF_ENDPOINT).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+@click.option("--sign", "sign_key", type=click.Path(dir_okay=False, path_type=str),
+              default=None, metavar="PRIVATE.pem",
+              help="With --fix: commit the fixed variant signed (OMS model.sig) by this key.")
 @click.pass_context
 def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in_place, force,
-           endpoint, as_json):
+           endpoint, as_json, sign_key=None):
     """Check MODEL (a directory or hf://ORG/NAME[@REV], read without its tensor data) against
     an engine version and GPU. Exit 1 when a blocker is found (after --fix: when one remains)."""
     from .. import api
@@ -40,6 +43,10 @@ def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in
         raise click.UsageError("-o/--output, --in-place and --force go with --fix")
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")
+    if sign_key is not None and (not fix or in_place):
+        raise click.UsageError("--sign goes with --fix, without --in-place (sign a patched "
+                               "directory afterwards with `modelpatch sign`)")
+    signer = api.signer_of(sign_key)            # a bad key fails before any work
     if in_place and model.startswith(api.HF_SCHEME):
         raise click.UsageError("--in-place cannot patch a hub model (it would change the "
                                "download cache); give -o OUT or nothing")
@@ -50,7 +57,8 @@ def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in
     if recipes:
         quiet = bool((ctx.find_root().obj or {}).get("quiet"))
         fixed = apply_fixes(model, recipes, out=out, in_place=in_place, force=force,
-                            endpoint=endpoint, progress=not quiet, params=fixing_params(report))
+                            endpoint=endpoint, progress=not quiet, params=fixing_params(report),
+                            sign=signer)
         final = api.doctor(fixed, engine=engine, gpu=gpu, rules=rules_dirs,
                            allow_recipe_files=allow_recipe_files)
         report["fix"] = {"recipes": recipes, "output": str(fixed), "after": final}

@@ -155,6 +155,11 @@ def render(report: dict) -> str:
     report = printable_fields(report)
     t = report["target"]
     engine = f"{t['engine']}=={t['engine_version']}" if t["engine"] else "no engine given"
+    model_words = [report["model"]]
+    if report.get("remote"):            # the commit read, on the hub read: runs as printed
+        from ..remote.model import command_words
+
+        model_words = command_words(report["remote"])
     lines = [f"model      {report['model']}",
              f"target     {engine}, {t['gpu'] or 'no GPU given'}"]
     for f in report["findings"]:
@@ -164,7 +169,7 @@ def render(report: dict) -> str:
             lines.append(f"{'':<11}evidence: {e['source']} ({e['versions']})")
         if f["fix"]:
             also = "" if f["severity"] == "info" else "  (or doctor --fix)"
-            lines.append(f"{'':<11}fix: {fix_command(f['fix'], report['model'])}{also}")
+            lines.append(f"{'':<11}fix: {fix_command(f['fix'], model_words)}{also}")
     for n in report["not_checked"]:
         needs = ["--engine NAME==VERSION" if "engine_version" in n["needs"] else "--engine"
                  ] if {"engine", "engine_version"} & set(n["needs"]) else []
@@ -191,14 +196,16 @@ def _details_lines(finding: dict) -> list[str]:
     return [f"{'':<11}{label}: {', '.join(map(str, shown))}"]
 
 
-def fix_command(fix: dict, model: str) -> str:
+def fix_command(fix: dict, model: str | list[str]) -> str:
     """The ``modelpatch apply`` command line of a finding's fix, every word quoted for a POSIX
-    shell (``eos_token=<|eot|>`` would be a redirection, ``[EOS]`` a glob)."""
+    shell (``eos_token=<|eot|>`` would be a redirection, ``[EOS]`` a glob). ``model``: its
+    path, or the words naming it (``hf://ORG/NAME@COMMIT --endpoint URL``)."""
     params = fix.get("params") or {}
     words = ["modelpatch", "apply", fix["recipe"]]
     for key, value in params.items():
         words += ["--set", f"{key}={_param_text(value)}"]
-    return " ".join(shlex.quote(w) for w in [*words, model])
+    model_words = [model] if isinstance(model, str) else model
+    return " ".join(shlex.quote(w) for w in [*words, *model_words])
 
 
 def _param_text(value) -> str:

@@ -56,9 +56,10 @@ def fixing_params(report: dict) -> dict[str, dict]:
 
 def apply_fixes(model: str, recipes: list[str], *, out: str | None, in_place: bool,
                 endpoint: str | None, progress: bool, force: bool = False,
-                params: dict[str, dict] | None = None) -> Path:
+                params: dict[str, dict] | None = None, sign=None) -> Path:
     """Apply ``recipes`` (with ``params``: recipe -> its params) to ``model``; returns the
-    directory that holds the result: ``out``, else ``default_output``."""
+    directory that holds the result: ``out``, else ``default_output``. ``sign`` (a loaded
+    signer): the fixed variant is committed with its ``model.sig``."""
     params = params or {}
     from .. import api
 
@@ -81,7 +82,7 @@ def apply_fixes(model: str, recipes: list[str], *, out: str | None, in_place: bo
             raise
         return Path(local)
     return api.apply_stacked(recipes, local, out=out or default_output(local), force=force,
-                             params=params)
+                             params=params, sign=sign)
 
 
 def default_output(model: str) -> Path:

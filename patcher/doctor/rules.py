@@ -152,7 +152,7 @@ def _fix_data(v: rc.Validator, pos: tuple[int, int], fix: dict) -> dict:
     rule's directory only with ``--allow-recipe-files``), ``params`` no local path
     (``model:``, ``file:``), as for an ``include:`` line's params."""
     from ..errors import InputError
-    from ..recipe.params.parse import include_path
+    from ..recipe.params.include import include_path
     from ..recipe.sources import local_source_problem
 
     name = fix["recipe"]

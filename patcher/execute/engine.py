@@ -27,7 +27,7 @@ from ..integrity.patch_record import (
 )
 from ..integrity.shared_inodes import remember_variant
 from ..model import header_cache
-from ..model.model_dir import MANIFEST_NAME, STATE_DIR, ModelDir
+from ..model.model_dir import MANIFEST_NAME, SIGNATURE_NAME, STATE_DIR, ModelDir
 from ..plan import Action, Plan, check_unchanged
 from .locking import lock_directory, lock_new_path
 from .output_dir import (
@@ -73,8 +73,12 @@ def default_output(model_root: Path, recipe_name: str) -> Path:
 
 def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
                link: str = "auto", jobs: int | None = None,
-               progress: Progress | None = None, base_model: str | None = None) -> ApplyResult:
-    """Write the variant described by ``plan`` to ``out``.
+               progress: Progress | None = None, base_model: str | None = None,
+               signer=None, base_signature: dict | None = None) -> ApplyResult:
+    """Write the variant described by ``plan`` to ``out``. With ``signer`` (a
+    ``patcher.signing.keys.KeySigner``, or ``"sigstore"``) its ``model.sig`` is written last in
+    staging, so the variant appears signed or not at all; ``base_signature``: what the manifest
+    records of the base's ``model.sig`` (``patcher.signing.verify.base_signature``).
 
     Raises:
         InputError: ``out`` exists (without ``force``) or is the base itself.
@@ -106,7 +110,9 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
             try:
                 with interrupts.policy():
                     result, builder = _build(plan, model, staging, link, jobs,
-                                             progress or Progress(), base_model)
+                                             progress or Progress(), base_model,
+                                             signer=signer, base_signature=base_signature,
+                                             name=out.name)
                     with interrupts.deferred():     # renamed whole, or not at all
                         commit(staging, out)
                 _refresh_caches(builder, result.pop("base_digests"))
@@ -126,9 +132,11 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
 
 
 def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | None,
-           progress: Progress, base_model: str | None) -> tuple[dict, PatchBuilder]:
+           progress: Progress, base_model: str | None, *, signer=None,
+           base_signature: dict | None = None, name: str = "") -> tuple[dict, PatchBuilder]:
     """Lay out the whole variant in ``staging``."""
-    builder = PatchBuilder(plan, model, jobs=jobs, progress=progress, base_model=base_model)
+    builder = PatchBuilder(plan, model, jobs=jobs, progress=progress, base_model=base_model,
+                           base_signature=base_signature)
     carried = _Carrier(link, progress.copying)
     if plan.link is not None and plan.link.method == "copy" and progress.copy_total:
         progress.copy_total(plan.link.carried_bytes)
@@ -143,6 +151,10 @@ def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | No
     manifest_sha = builder.write_manifest(staging, subjects, base_digests)
     record.manifest_sha256 = manifest_sha
     _write_revert_data(record, model, staging, carried)
+    if signer is not None:         # last: over the manifest's digests, nothing rehashed
+        from ..signing.sign import resources_of, write_new_signature
+
+        write_new_signature(staging, name, resources_of(subjects, manifest_sha), signer)
     fsync_tree(staging)
     copied = carried.bytes.get("copy", 0)
     return {"manifest_sha256": manifest_sha, "files": len(subjects),
@@ -184,7 +196,8 @@ def _write_revert_data(record: PatchRecord, model: ModelDir, staging: Path,
         _link_tree(old, staging / PATCHES_DIR / old.name, carry)
     patch_dir = staging / PATCHES_DIR / record.dirname
     originals = patch_dir / "originals"
-    for rel in record.replaced + ([MANIFEST_NAME] if record.base_manifest else []):
+    for rel in record.replaced + ([MANIFEST_NAME] if record.base_manifest else []) + (
+            [SIGNATURE_NAME] if record.base_signature else []):
         carry(model.files[rel].path, make_parents(originals, rel))
     write_file(make_parents(patch_dir, RECORD_NAME), encode_record(record))
 

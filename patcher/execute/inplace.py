@@ -3,10 +3,11 @@
 Under the directory's exclusive lock, any interrupted journal is recovered first
 (``prepare_directory``); the plan is made there, under the lock (``api.apply_in_place``), and
 carried out only if the directory is still what it read (``plan.check_unchanged``: a plan made
-before another process patched the directory is refused, never applied twice). New files are written to ``.modelpatch/staging-N/`` (same filesystem), the patch
-record to ``.modelpatch/patches/NNNN-name/``. Then the journal switches: each replaced or dropped
-file is renamed into the patch's ``originals/``, each new file is renamed into place, and the
-provenance manifest goes last. A crash at any instant is finished or undone by the next command
+before another process patched the directory is refused, never applied twice). New files are written
+to ``.modelpatch/staging-N/`` (same filesystem), the patch record to
+``.modelpatch/patches/NNNN-name/``. Then the journal switches: each replaced or dropped file is
+renamed into the patch's ``originals/``, each new file is renamed into place, and the provenance
+manifest goes last. A crash at any instant is finished or undone by the next command
 (``journal.recover``).
 
 Hugging Face cache snapshots: a replaced file that is a symlink into ``../../blobs/`` is never
@@ -30,7 +31,7 @@ from ..gguf.header_inplace import apply_steps as header_apply_steps
 from ..gguf.header_inplace import header_rewrites, is_header_rewrite
 from ..gguf.header_inplace import stage_apply as stage_header_rewrites
 from ..integrity.patch_record import PATCHES_DIR, RECORD_NAME, encode_record
-from ..model.model_dir import MANIFEST_NAME, STATE_DIR, ModelDir
+from ..model.model_dir import MANIFEST_NAME, SIGNATURE_NAME, STATE_DIR, ModelDir
 from ..plan import Action, Plan, check_unchanged
 from .engine import ApplyResult
 from .journal import Journal, recover, roll_back, switch
@@ -47,6 +48,8 @@ def steps_for(plan: Plan, model: ModelDir) -> list[list[str]]:
     replaced = [(fp.source, None if fp.action is Action.DROP else fp.path)
                 for fp in plan.files
                 if fp.action is not Action.LINK and not is_header_rewrite(fp)]
+    if model.has(SIGNATURE_NAME):       # stale once patched: kept for revert, not in place
+        replaced.append((SIGNATURE_NAME, None))
     if model.has(MANIFEST_NAME):
         replaced.append((MANIFEST_NAME, MANIFEST_NAME))
     else:

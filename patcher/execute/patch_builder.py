@@ -23,7 +23,7 @@ from ..integrity.digests.digest_cache import KnownDigests
 from ..integrity.manifest import build_statement, read_manifest, write_manifest
 from ..integrity.patch_record import BaseFile, PatchRecord, next_sequence
 from ..model.base_identity import identify
-from ..model.model_dir import MANIFEST_NAME, ModelDir
+from ..model.model_dir import MANIFEST_NAME, SIGNATURE_NAME, ModelDir
 from ..plan import Action, Plan
 
 log = logging.getLogger("modelpatch")
@@ -46,9 +46,12 @@ class PatchBuilder:
     """The work both apply modes share: new files, digests, the patch record, the manifest."""
 
     def __init__(self, plan: Plan, model: ModelDir, *, jobs: int | None, progress: Progress,
-                 base_model: str | None = None):
+                 base_model: str | None = None, base_signature: dict | None = None):
         self.plan, self.model, self.jobs, self.progress = plan, model, jobs, progress
         self.base_model = base_model     # ORG/NAME given by the user, else identified
+        # The base's model.sig as recorded (verified by apply --require-signed-base), else
+        # read here: its signer as it claims.
+        self.base_signature = base_signature
         self.known = KnownDigests()
         self.trusted = _base_manifest_digests(model)
         # Known digests of the files this patch reads, looked up before anything is linked: a
@@ -124,7 +127,8 @@ class PatchBuilder:
 
     def _rewrite_shards(self, shards: list, dest: Path) -> dict[str, str]:
         """Write the rewritten shards; a base shard whose digest is not known yet is hashed as
-        the rewrite reads it (``patcher.integrity.digests.source_digest``), not in a pass of its own."""
+        the rewrite reads it (``patcher.integrity.digests.source_digest``), not in a pass of its
+        own."""
         from ..tensors.writing.shard_pool import run_shard_tasks
 
         for fp in shards:
@@ -178,7 +182,8 @@ class PatchBuilder:
             replaced=sorted(f.source for f in files if f.source and f.action is not Action.LINK),
             added=sorted(f.path for f in files
                          if f.source is None and f.action is not Action.DROP),
-            base_manifest=model.has(MANIFEST_NAME), base_path=str(model.root))
+            base_manifest=model.has(MANIFEST_NAME), base_path=str(model.root),
+            base_signature=model.has(SIGNATURE_NAME))
 
     def subjects(self, staging: Path, digests: dict[str, str],
                  base_digests: dict[str, str]) -> dict[str, tuple[str, int]]:
@@ -205,8 +210,10 @@ class PatchBuilder:
             subjects=subjects,
             base_files={p: (base_digests[p], model.files[p].size) for p in base_digests},
             recipe=plan.recipe.manifest_record(),
-            options=plan.options.to_json(), changes=changes_json(plan.changes), started=self.started,
-            finished=_now(), base_statement=base_statement, base_model=base_model)
+            options=plan.options.to_json(), changes=changes_json(plan.changes),
+            started=self.started,
+            finished=_now(), base_statement=base_statement, base_model=base_model,
+            base_signature=self.base_signature or _claimed_signature(model))
         return write_manifest(dest, statement)[0]
 
 
@@ -231,6 +238,23 @@ def _base_manifest_digests(model: ModelDir) -> dict[str, str]:
         if st.st_mtime_ns <= written and st.st_ctime_ns <= written:
             trusted[rel] = digest
     return trusted
+
+
+def _claimed_signature(model: ModelDir) -> dict | None:
+    """The base's ``model.sig`` as it claims to be signed (not checked), or None."""
+    from ..errors import VerifyMismatch
+    from ..signing.verify import base_signature
+
+    if not model.has(SIGNATURE_NAME):
+        return None
+    try:
+        return base_signature(model.root)
+    except VerifyMismatch as exc:
+        import hashlib
+
+        data = model.files[SIGNATURE_NAME].path.read_bytes()
+        return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
+                "signer": f"unknown ({exc.message})", "verified": False, "carried": False}
 
 
 def _base_statement(model: ModelDir) -> dict | None:

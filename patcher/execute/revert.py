@@ -37,7 +37,7 @@ from ..gguf.header_inplace import revert_steps as header_revert_steps
 from ..gguf.header_inplace import stage_revert as stage_current_headers
 from ..integrity.digests.digest_cache import KnownDigests
 from ..integrity.patch_record import PATCHES_DIR, PatchRecord, patch_dirs, read_record
-from ..model.model_dir import MANIFEST_NAME, STATE_DIR
+from ..model.model_dir import MANIFEST_NAME, SIGNATURE_NAME, STATE_DIR
 from .journal import JOURNAL_NAME, Journal, recover, switch
 from .locking import lock_directory, lock_new_path
 from .output_dir import commit, fsync_tree, make_staging_dir, remove_stale_staging
@@ -66,7 +66,8 @@ def _check_unmodified(root: Path, force: bool, jobs: int | None) -> None:
     except InputError as exc:           # no manifest, or an unreadable one
         if not force:
             raise VerifyMismatch(f"cannot check it is unchanged since the patch: {exc.message}",
-                                 where=exc.where or root, hint="force=True reverts anyway") from None
+                                 where=exc.where or root,
+                                 hint="force=True reverts anyway") from None
         log.warning("%s: %s; reverting anyway (force=True)", root, exc.one_line())
         return
     if not report.ok:
@@ -141,7 +142,8 @@ def revert_steps(patch_dir: Path, record: PatchRecord) -> list[list[str]]:
     steps = [["discard", rel] for rel in sorted(set(record.replaced) | set(record.added))]
     steps.append(["discard", MANIFEST_NAME])
     steps += [["rmdir", d] for d in record.made_dirs]
-    restore = list(record.replaced) + ([MANIFEST_NAME] if record.base_manifest else [])
+    restore = list(record.replaced) + ([MANIFEST_NAME] if record.base_manifest else []) + (
+        [SIGNATURE_NAME] if record.base_signature else [])
     for rel in restore:
         original = patch_dir / "originals" / rel
         link = record.links.get(rel)
@@ -164,7 +166,8 @@ def revert_in_place(root: Path, *, force: bool = False, jobs: int | None = None)
             f"{record.base_path}; reverting it in place would turn the variant into a copy of "
             f"its base", where=root, hint="rebuild the base with `modelpatch revert DIR -o OUT`")
     _check_unmodified(root, force, jobs)
-    for rel in list(record.replaced) + ([MANIFEST_NAME] if record.base_manifest else []):
+    for rel in list(record.replaced) + ([MANIFEST_NAME] if record.base_manifest else []) + (
+            [SIGNATURE_NAME] if record.base_signature else []):
         original = patch_dir / "originals" / rel
         if not os.path.lexists(original) and rel not in record.links:
             raise InputError(f"the original of {rel} is missing from the revert data",
@@ -315,6 +318,8 @@ def _rebuild_one(source: Path, staging: Path, jobs: int | None, force: bool) -> 
     if record.base_manifest:
         src = _original(originals / MANIFEST_NAME, source / MANIFEST_NAME)
         _link(src, make_parents(staging, MANIFEST_NAME), None)
+    if record.base_signature:           # the base's own model.sig, byte for byte
+        _link(originals / SIGNATURE_NAME, make_parents(staging, SIGNATURE_NAME), None)
     for older in patch_dirs(source)[:-1]:
         # Older revert data comes along (symlinked originals as links to their files).
         for path in sorted(older.rglob("*")):

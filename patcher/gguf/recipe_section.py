@@ -19,9 +19,10 @@
         - {select: {regex: "^output\\.", layers: "0-3"}, rename: {pattern: "x", to: "y"}}
       strip_nextn: true               # drop the MTP/nextn blocks, fix the block count
 
-A select matches a tensor when every one of its keys does (``layers`` reads the block number
-of ``blk.N.*`` names). ``type`` is a GGUF value type in lower case (``uint32``, ``float32``, ``string``, ``bool``...) or
-``array[uint32]``; without it a key keeps its type, and a new key's type is inferred.
+A select matches a tensor when every one of its keys does (``layers`` reads the block number of
+``blk.N.*`` names). ``type`` is a GGUF value type in lower case (``uint32``, ``float32``,
+``string``, ``bool``...) or ``array[uint32]``; without it a key keeps its type, and a new key's type
+is inferred.
 """
 
 from __future__ import annotations

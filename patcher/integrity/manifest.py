@@ -174,7 +174,8 @@ def build_statement(*, subjects: Mapping[Any, tuple[str, int]],
                     base_statement: "dict | Manifest | None" = None,
                     invocation_id: str | None = None,
                     versions: Mapping[str, str] | None = None,
-                    base_model: str | None = None) -> dict:
+                    base_model: str | None = None,
+                    base_signature: Mapping[str, Any] | None = None) -> dict:
     """Build the provenance statement of a variant (a plain dict, ready for :func:`write_manifest`).
 
     Args:
@@ -195,11 +196,15 @@ def build_statement(*, subjects: Mapping[Any, tuple[str, int]],
         versions: builder versions; default :func:`tool_versions`.
         base_model: the hub repository ``ORG/NAME`` the original base is, when known
             (``patcher.model.base_identity``); recorded as ``externalParameters.base_model``.
+        base_signature: the base's ``model.sig`` (sha256, size, signer, whether verified; never
+            carried into the variant), recorded as ``externalParameters.base_signature``.
     """
     _check_recipe(recipe)
     external: dict[str, Any] = {"recipe": dict(recipe), "options": dict(options)}
     if base_model:
         external["base_model"] = base_model
+    if base_signature:
+        external["base_signature"] = dict(base_signature)
     dependencies = _file_entries(base_files, "base file")
     if base_statement is not None:
         base_dict, base_link = _base_provenance_link(base_statement)

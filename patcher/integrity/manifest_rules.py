@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from ..model.model_dir import MANIFEST_NAME, STATE_DIR, is_model_path
+from ..names import name_problem
 from .digests.hashing import is_sha256_hex
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -28,31 +29,21 @@ class DigestEntry(NamedTuple):
 # -- paths ---------------------------------------------------------------------------------------
 
 def is_excluded(name: str) -> bool:
-    """True for the names a manifest never lists: the manifest, ``.modelpatch/``, ``.git``,
-    ``.cache/`` (what ``model_dir.is_model_path`` leaves out)."""
+    """True for the names a manifest never lists: the manifest, ``model.sig``, ``.modelpatch/``,
+    ``.git``, ``.cache/`` (what ``model_dir.is_model_path`` leaves out)."""
     return not is_model_path(name)
 
 
 def check_relpath(name: object) -> str | None:
-    """Return why ``name`` is not a normalized relative POSIX path inside a variant, else None."""
-    if not isinstance(name, str):
-        return "name is not a string"
-    if name == "":
-        return "empty path"
-    if "\\" in name:
-        return "backslash in path (paths use '/')"
-    if "\x00" in name:
-        return "NUL character in path"
-    if name.startswith("/"):
-        return "absolute path"
-    parts = name.split("/")
-    if ".." in parts:
-        return "path escapes the directory ('..')"
-    if any(p in ("", ".") for p in parts):
-        return "path is not normalized (empty or '.' component)"
+    """Return why ``name`` is not a normalized relative POSIX path inside a variant, else None:
+    the check of every name from outside (``patcher.names``), dot-directories allowed (a model
+    may ship ``.github/``), then the names a manifest never lists."""
+    problem = name_problem(name, allow_dot_dirs=True)
+    if problem is not None:
+        return f"{'path' if isinstance(name, str) else 'name'} {problem}"
     if is_excluded(name):
-        return (f"reserved path ({MANIFEST_NAME}, {STATE_DIR}/, .git and .cache/ are never "
-                f"listed)")
+        return (f"reserved path ({MANIFEST_NAME}, model.sig, {STATE_DIR}/, .git and .cache/ "
+                f"are never listed)")
     return None
 
 
@@ -66,7 +57,9 @@ def _obj(value: Any, where: str) -> dict:
     return value
 
 
-def _file_entry(entry: Any, where: str) -> tuple[str, DigestEntry]:
+def file_entry(entry: Any, where: str) -> tuple[str, DigestEntry]:
+    """A statement's file entry ``{"name", "digest": {"sha256"}, "annotations": {"size"}}`` as
+    ``(name, DigestEntry)``; ``Invalid`` naming ``where`` and what is wrong."""
     entry = _obj(entry, where)
     name = entry.get("name")
     label = f"{where} ({name!r})" if isinstance(name, str) else where
@@ -98,7 +91,7 @@ def validate_statement(statement: Any, where: str = "") -> tuple[dict, dict, Dig
         raise Invalid(f"{prefix}subject: expected a list")
     subjects: dict[str, DigestEntry] = {}
     for i, entry in enumerate(subject):
-        name, value = _file_entry(entry, f"{prefix}subject[{i}]")
+        name, value = file_entry(entry, f"{prefix}subject[{i}]")
         if name in subjects:
             raise Invalid(f"{prefix}subject[{i}] ({name!r}): duplicate name")
         subjects[name] = value
@@ -133,7 +126,7 @@ def validate_statement(statement: Any, where: str = "") -> tuple[dict, dict, Dig
                 raise Invalid(f"{deps_where}[{i}]: a second base provenance link")
             link = DigestEntry(sha256, size)
             continue
-        name, value = _file_entry(entry, f"{deps_where}[{i}]")
+        name, value = file_entry(entry, f"{deps_where}[{i}]")
         if name in base_files:
             raise Invalid(f"{deps_where}[{i}] ({name!r}): duplicate name")
         base_files[name] = value

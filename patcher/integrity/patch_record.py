@@ -65,6 +65,9 @@ class PatchRecord:
     # In place: files of which only the header region was rewritten (a GGUF's metadata): rel ->
     # length of the base's bytes kept under headers/<rel> (not in replaced nor originals/).
     headers: dict[str, int] = field(default_factory=dict)
+    # The base's OMS signature (model.sig) is under originals/: a variant never carries it, and
+    # revert restores it byte for byte.
+    base_signature: bool = False
 
     @property
     def dirname(self) -> str:
@@ -88,7 +91,8 @@ class PatchRecord:
                        made_dirs=[str(d) for d in data.get("made_dirs") or []],
                        manifest_sha256=_optional_sha256(data.get("manifest_sha256")),
                        headers={str(k): _length(v)
-                                for k, v in (data.get("headers") or {}).items()})
+                                for k, v in (data.get("headers") or {}).items()},
+                       base_signature=bool(data.get("base_signature", False)))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"malformed patch record: {exc}", where=where) from None
         outside = [p for p in [*record.base_files, *record.replaced, *record.added,

@@ -21,7 +21,8 @@ KV_CACHE_RE = re.compile(r"(^|\.)(k_proj\.k_(scale|bias)|v_proj\.v_(scale|bias)|
 
 # Module groups, first match wins. Routers count as "other".
 _GROUPS = [
-    ("vision", re.compile(r"(^|\.)(vision_tower|vision_model|visual|mm_projector|multi_modal_projector)\.")),
+    ("vision", re.compile(
+        r"(^|\.)(vision_tower|vision_model|visual|mm_projector|multi_modal_projector)\.")),
     ("lm_head", re.compile(r"(^|\.)lm_head\.")),
     ("embeddings", re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings)\.")),
     ("norms", re.compile(r"norm[^.]*\.(weight|bias)$")),
@@ -104,7 +105,8 @@ def _weight_format(qc: dict) -> dict:
 def quantization_summary(model: ModelDir) -> dict:
     path, qc = _quant_config(model.config)
     hf = model.hf_quant_config
-    hq = hf["quantization"] if isinstance(hf, dict) and isinstance(hf.get("quantization"), dict) else {}
+    hq = hf.get("quantization") if isinstance(hf, dict) else None
+    hq = hq if isinstance(hq, dict) else {}
     summary: dict[str, Any] = {"config": None, "hf_quant_config": None, "disagreements": []}
     if qc is not None:
         wf = _weight_format(qc)

@@ -24,11 +24,19 @@ from .index_text import index_from_headers
 from .safetensors_io import ShardHeader, TensorInfo, parse_header, read_raw_header
 from .shard_index import ShardIndex, index_defects, name_to_shard, parse_index, shard_set
 
-__all__ = ["INDEX_NAME", "MANIFEST_NAME", "ModelDir", "ModelFile", "ShardIndex", "parse_index"]
+__all__ = ["INDEX_NAME", "MANIFEST_NAME", "SIGNATURE_NAME", "ModelDir", "ModelFile", "ShardIndex",
+           "parse_index"]
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_SHARD_NAME = "model.safetensors"
 MANIFEST_NAME = "modelpatch.provenance.json"
+# The OMS signature of the directory (``patcher.signing``): over the files, not one of them. A
+# variant never carries its base's (it would not match the variant's files); the revert data
+# keeps it.
+SIGNATURE_NAME = "model.sig"
+#: The digest record ``publish --base`` commits beside a base on a hub: the hub repository's,
+#: never the model's (``pull`` sets it aside; a hub model is read and downloaded without it).
+BASE_RECORD = "modelpatch.base.json"
 STATE_DIR = ".modelpatch"
 # Bookkeeping, not model content: our revert data, git (a directory, or the file a worktree or
 # submodule has), and the huggingface_hub local-dir download cache. One rule for every command:
@@ -38,9 +46,11 @@ SKIPPED_DIRS = frozenset({STATE_DIR, ".git", ".cache"})
 
 def is_model_path(relpath: str) -> bool:
     """Whether ``relpath`` (POSIX, relative to the model root) can belong to the model: not the
-    manifest, nothing under ``SKIPPED_DIRS``. Verify, manifests, revert and publish use it; the
-    model listing skips the same directories (and keeps the manifest, as provenance)."""
-    return relpath != MANIFEST_NAME and relpath.split("/", 1)[0] not in SKIPPED_DIRS
+    manifest nor the signature, nothing under ``SKIPPED_DIRS``. Verify, manifests, revert and
+    publish use it; the model listing skips the same directories (and keeps the manifest and
+    the signature, as provenance)."""
+    return (relpath not in (MANIFEST_NAME, SIGNATURE_NAME)
+            and relpath.split("/", 1)[0] not in SKIPPED_DIRS)
 
 
 @dataclass(frozen=True)
@@ -104,7 +114,8 @@ class ModelDir:
         return self.files[relpath].path.read_bytes()
 
     def json(self, relpath: str) -> Any:
-        """The parsed JSON file ``relpath`` (strict: UTF-8, no duplicate keys), or None if absent."""
+        """The parsed JSON file ``relpath`` (strict: UTF-8, no duplicate keys), or None if
+        absent."""
         if relpath not in self._json:
             if relpath not in self.files:
                 return None
@@ -213,7 +224,8 @@ def _list_files(root: Path, cache_repo: Path | None) -> Iterator[tuple[str, Mode
     real_root = os.path.realpath(root)
     allowed = [real_root] + ([str(cache_repo)] if cache_repo else [])
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not (dirpath == str(root) and d in SKIPPED_DIRS))
+        top = dirpath == str(root)
+        dirnames[:] = sorted(d for d in dirnames if not (top and d in SKIPPED_DIRS))
         for name in dirnames:
             if os.path.islink(os.path.join(dirpath, name)):
                 raise ModelDirError("symlinked directories are not supported",

@@ -173,7 +173,8 @@ def _parse_header_json(raw: bytes, where: str) -> tuple[dict[str, TensorInfo], d
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SafetensorsFormatError(f"header is not UTF-8 (byte {exc.start})", where=where) from None
+        raise SafetensorsFormatError(f"header is not UTF-8 (byte {exc.start})",
+                                     where=where) from None
     obj = _loads(text, where)
     if not isinstance(obj, dict):
         raise SafetensorsFormatError("header is not a JSON object", where=where)

@@ -16,7 +16,8 @@ from ..model.model_dir import SKIPPED_DIRS
 Pos = tuple[int, int]  # 1-based (line, column)
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,99}\Z")
-RESERVED_NAMES = ("modelpatch.provenance.json",)
+# the provenance manifest and the OMS signature: never a recipe's to write or drop
+RESERVED_NAMES = ("modelpatch.provenance.json", "model.sig")
 RESERVED_DIRS = (".modelpatch",)
 
 

@@ -47,6 +47,7 @@ from .json_schema_parts import (
     ref,
     shared_defs,
 )
+from .params import include as includes
 from .params import parse as params
 from .schema import PARAM_TYPES, PATCH_OP_OPERAND, RECIPE_FORMAT_VERSIONS, PatchOp
 from .tensor_ops import parse as tensor_parse
@@ -199,8 +200,8 @@ def _top_level() -> dict:
                     "description": "Other recipes applied first, in order: a built-in name or "
                     "a path relative to this recipe, optionally with parameter values.",
                     "items": {"oneOf": [ref("nonEmptyString"),
-                                        strict(params.INCLUDE_KEYS, "include",
-                                               params.INCLUDE_REQUIRED)]}},
+                                        strict(includes.INCLUDE_KEYS, "include",
+                                               includes.INCLUDE_REQUIRED)]}},
         "requires": {"type": nullable("array"), "items": ref("condition"),
                      "description": "Guards: every condition must hold or the model is "
                                     "refused."},

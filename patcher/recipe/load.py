@@ -29,7 +29,8 @@ from ..errors import InputError, RecipeError, YamlProblems
 from ..fsops import NotRegularFile, TooLarge, read_capped
 from . import checks as rc
 from .guards import check_guards, evaluate_guards  # noqa: F401  (re-exported)
-from .params.parse import parse_include, parse_params, template_ops
+from .params.include import parse_include
+from .params.parse import parse_params, template_ops
 from .schema import RECIPE_FORMAT_VERSIONS, ConfigOp, DropFile, FileOp, OutputLayout, Recipe
 from .sections import parse_condition, parse_config, parse_file_op
 from .tensor_ops.parse import parse_tensor_op

@@ -160,7 +160,8 @@ def parse_from(v, node: Any, pos: tuple[int, int]) -> dict | None:
     ``Template`` that gives one) and ``sha256`` (a pin, maybe a ``Template``), read at bind.
     None when a problem was recorded."""
     from . import checks as rc
-    from .params.parse import read_beside, template_value
+    from .params.include import read_beside
+    from .params.parse import template_value
 
     text = v.string(node, "from")
     pin = node.get("sha256", "")

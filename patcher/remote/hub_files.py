@@ -49,31 +49,41 @@ class HubFiles:
                  what: str = "inspect"):
         from huggingface_hub.utils import build_hf_headers
 
+        from ..hub.client import guard
         from ..hub.client.connection import client, hub_call
+        from ..names import checked_digest, checked_name
 
         api = client(endpoint)
         self.repo_id, self.endpoint, self.what = repo_id, api.endpoint, what
         self.transfer = Transfer()
-        info = hub_call(what, repo_id, api.model_info, repo_id, revision=revision,
-                         files_metadata=True)
+        # one deadline for the listing and every read after it (``guard``)
+        self.deadline = guard.new_deadline()
+        with guard.within(self.deadline):
+            info = hub_call(what, repo_id, api.model_info, repo_id, revision=revision,
+                             files_metadata=True)
         self.transfer.add(0)        # the repository listing (its body is not model bytes)
-        self.commit: str = info.sha
+        self.commit: str = checked_digest(info.sha, what="the listing's commit id",
+                                          lengths=(40,))
         self.sizes: dict[str, int] = {}
         for sibling in info.siblings or []:
-            if sibling.size is None:
+            name = checked_name(sibling.rfilename, what="the hub's file listing entry",
+                                allow_dot_dirs=True)
+            if not isinstance(sibling.size, int) or sibling.size < 0:
                 raise HubError("the hub lists files without their sizes", where=repo_id)
-            self.sizes[sibling.rfilename] = sibling.size
+            self.sizes[name] = sibling.size
         self._headers = build_hf_headers(token=api.token, library_name="modelpatch")
 
     def read(self, path: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes ``start`` to ``end - 1`` of ``path`` (default: to its end), by one request."""
+        from ..hub.client import guard
         from ..hub.client.connection import hub_call
 
         size = self.sizes[path]
         end = size if end is None else end
         if end <= start:
             return b""
-        return hub_call(self.what, self.repo_id, self._ranged_get, path, start, end, size)
+        with guard.within(self.deadline):
+            return hub_call(self.what, self.repo_id, self._ranged_get, path, start, end, size)
 
     def _ranged_get(self, path: str, start: int, end: int, size: int) -> bytes:
         from huggingface_hub import hf_hub_url

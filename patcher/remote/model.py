@@ -14,7 +14,14 @@ from pathlib import PosixPath
 
 from .. import collector
 from ..errors import ModelDirError
-from ..model.model_dir import INDEX_NAME, SKIPPED_DIRS, ModelDir, ModelFile, parse_index
+from ..model.model_dir import (
+    BASE_RECORD,
+    INDEX_NAME,
+    SKIPPED_DIRS,
+    ModelDir,
+    ModelFile,
+    parse_index,
+)
 from ..model.safetensors_io import SafetensorsFormatError, header_length, parse_header
 from .hub_files import HF_SCHEME, HubFiles, parse_hf_url
 
@@ -29,11 +36,20 @@ PREFETCHED = ("config.json", "hf_quant_config.json", "generation_config.json",
 
 
 class HubRoot(PosixPath):
-    """The root of a remote model; printed as ``hf://org/name[@rev]`` (paths under it too)."""
+    """The root of a remote model; printed as ``hf://org/name[@rev]`` (paths under it too).
+
+    It is never a local path: ``open``, ``os.stat`` and every other filesystem call refuse it
+    in one line, so no code path can read ``./hf:/org/name/...`` of the current directory in
+    the hub's place (its files' bytes come only from ``RemoteModel.read_bytes``)."""
 
     def __str__(self) -> str:
         text = super().__str__()
         return HF_SCHEME + text[len("hf:/"):] if text.startswith("hf:/") else text
+
+    def __fspath__(self) -> str:
+        raise ModelDirError("is a file of a hub repository, not of this machine: only its JSON "
+                            "files and safetensors headers are read for an hf:// model",
+                            where=str(self), hint="download it first: apply hf://... does")
 
 
 def is_remote(model: object) -> bool:
@@ -54,7 +70,7 @@ class RemoteModel(ModelDir):
         hub = HubFiles(repo_id, revision, endpoint, what=what)
         root = HubRoot("hf:/" + repo_id + (f"@{revision}" if revision else ""))
         files = {rel: ModelFile(rel, root / rel, size) for rel, size in sorted(hub.sizes.items())
-                 if rel.split("/", 1)[0] not in SKIPPED_DIRS}
+                 if rel.split("/", 1)[0] not in SKIPPED_DIRS and rel != BASE_RECORD}
         shard_names = [rel for rel in files if rel.endswith(".safetensors")]
         wanted = [rel for rel in (INDEX_NAME, *PREFETCHED) if rel in files]
         with ThreadPoolExecutor(max_workers=MAX_PARALLEL_FETCHES) as pool:
@@ -117,4 +133,22 @@ def describe_transfer(report: dict) -> str:
             f"repository's {human_bytes(report['repo_bytes'])} ({report['repo_id']}@{report['commit'][:12]})")
 
 
-__all__ = ["RemoteModel", "HubRoot", "is_remote", "describe_transfer", "MAX_PARALLEL_FETCHES"]
+#: Endpoints a command line reaches without ``--endpoint`` (huggingface_hub's default).
+DEFAULT_HOSTS = ("huggingface.co", "hf.co")
+
+
+def command_words(report: dict) -> list[str]:
+    """How a command line names the remote model a ``transfer_report`` describes so that it
+    runs as printed, anywhere: ``hf://ORG/NAME@COMMIT`` (the very commit that was read), then
+    ``--endpoint URL`` unless the hub is huggingface.co."""
+    from urllib.parse import urlparse
+
+    words = [f"{HF_SCHEME}{report['repo_id']}@{report['commit']}"]
+    host = (urlparse(report.get("endpoint") or "").hostname or "").lower()
+    if host and not any(host == h or host.endswith("." + h) for h in DEFAULT_HOSTS):
+        words += ["--endpoint", report["endpoint"]]
+    return words
+
+
+__all__ = ["RemoteModel", "HubRoot", "is_remote", "describe_transfer", "command_words",
+           "MAX_PARALLEL_FETCHES"]

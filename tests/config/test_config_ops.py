@@ -122,7 +122,8 @@ def test_rfc6902_ops_with_missing_ok_skip_scopes_without_their_path():
     new, changes = apply(doc, "- {op: replace, path: /q/kv, value: null, in: [/, /t], "
                               "missing_ok: true}\n"
                               "- {op: remove, path: /nope, missing_ok: true}\n"
-                              "- {op: move, from: /h/x, path: /h/y, in: [/, /t], missing_ok: true}\n"
+                              "- {op: move, from: /h/x, path: /h/y, in: [/, /t],"
+                              " missing_ok: true}\n"
                               "- {op: replace, path: /q/k, value: 1, missing_ok: true}\n")
     assert new == {"q": {"kv": None, "k": 1}, "t": {"q": {}}, "h": {"y": 1}}
     assert [(c.kind, c.path, c.before, c.after) for c in changes] == [

@@ -179,7 +179,8 @@ def test_failing_json_patch_test_op_writes_nothing(kimi, tmp_path):
 
 def test_recipe_editing_a_missing_file_is_an_error(kimi, tmp_path):
     recipe = tmp_path / "m.yaml"
-    recipe.write_text("modelpatch: 1\nname: m\ndescription: x\nconfig:\n  preprocessor_config.json:\n"
+    recipe.write_text("modelpatch: 1\nname: m\ndescription: x\nconfig:\n"
+                      "  preprocessor_config.json:\n"
                       "    - set: /size\n      value: 3\n")
     result = run("apply", recipe, kimi, ok=False)
     assert result.exit_code == 2

@@ -138,7 +138,8 @@ def _check_after_kill(scenario: Scenario, root: Path, case: Path, blobs_before) 
             if v is not None and v.returncode != 0:
                 problems.append(f"output exists but does not verify: {v.stdout} {v.stderr}")
             if _state(out, scenario.vary) != scenario.output_state:
-                problems.append(f"output differs: {diff(scenario.output_state, _state(out, scenario.vary))[:6]}")
+                changed = diff(scenario.output_state, _state(out, scenario.vary))
+                problems.append(f"output differs: {changed[:6]}")
             return problems
     elif state == scenario.after:
         return problems
@@ -149,7 +150,8 @@ def _check_after_kill(scenario: Scenario, root: Path, case: Path, blobs_before) 
         return problems
     observed = _state(scenario.observed(root), scenario.vary)
     if observed != scenario.states[scenario.after]:
-        problems.append(f"rerun result differs: {diff(scenario.states[scenario.after], observed)[:6]}")
+        changed = diff(scenario.states[scenario.after], observed)
+        problems.append(f"rerun result differs: {changed[:6]}")
     if scenario.output is not None:
         out = scenario.output(root)
         if _state(out, scenario.vary) != scenario.output_state:

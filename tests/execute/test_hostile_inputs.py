@@ -62,8 +62,8 @@ must refuse them before writing anything.
 | 50 | manifest that is a FIFO                 | verify (subproc)| exit 2, no hang              |
 | 51 | manifest JSON nested 100k deep          | verify          | exit 2                       |
 | 52 | config.json that is a FIFO              | apply (subproc) | exit 2, no hang              |
-| 53 | crafted .modelpatch/journal.json with '..' or absolute paths | verify | exit 2, outside untouched |
-| 54 | crafted journal reaching out through a symlinked directory | verify | refused, outside untouched |
+| 53 | crafted journal.json: '..' or absolute | verify          | exit 2, outside untouched    |
+| 54 | crafted journal through a symlinked dir | verify          | refused, outside untouched   |
 | 55 | -o inside the base                      | apply           | exit 2                       |
 | 56 | -o PARENT --force (contains the base)   | apply           | exit 2, parent untouched     |
 
@@ -390,7 +390,8 @@ def test_recipe_name_with_path_characters(tmp_path):
      ["r.yaml:", "same"]),
     ("tensors:\n  - select: {regex: 'k_proj\\.weight$'}\n"
      "    rename: {pattern: 'k_proj', to: 'v_proj'}\n", ["r.yaml:", "v_proj"]),
-    ("tensors:\n  - select: {glob: '*.no_such_tensor'}\n    drop: true\n", ["r.yaml:", "matches no"]),
+    ("tensors:\n  - select: {glob: '*.no_such_tensor'}\n    drop: true\n",
+     ["r.yaml:", "matches no"]),
     ("files:\n  - add: config.json\n    content: '{}'\n", ["r.yaml:", "config.json"]),
 ], ids=["drop-missing", "patch-remove-missing", "patch-test-fails", "patch-replace-missing",
         "rename-missing", "missing-config-file", "config-rename-collision",
@@ -408,7 +409,8 @@ def test_catastrophic_regex_is_refused_at_load(tmp_path, pattern):
                           "    drop: true\n" % pattern)
     # A model whose names make those patterns backtrack for ages.
     names = {"a" * 60 + "!": ("F32", [], 4), "ab" * 30 + "!": ("F32", [], 4),
-             ("word " * 20) + "!": ("F32", [], 4), "1" * 60: ("F32", [], 4), "x" * 60: ("F32", [], 4)}
+             ("word " * 20) + "!": ("F32", [], 4), "1" * 60: ("F32", [], 4),
+             "x" * 60: ("F32", [], 4)}
     model = make_model(tmp_path / "m", shards={S1: names}, config={"model_type": "t"})
     refuse_apply(model, tmp_path, "r.yaml:", "backtrack", recipe=recipe, timeout=60,
                  subprocess_=pattern == r"(a+)+$")       # one through a real process

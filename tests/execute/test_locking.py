@@ -238,5 +238,6 @@ def test_a_signal_unwinds_cleanly_with_the_shells_exit_code(kimi_dir, tmp_path, 
     _out, err = holder.communicate(timeout=60)
     assert holder.returncode == code and err.strip() == "modelpatch: interrupted"
     assert not (tmp_path / "v").exists()
-    assert not [p for p in tmp_path.iterdir() if ".modelpatch-" in p.name or p.name.endswith(".lock")]
+    assert not [p for p in tmp_path.iterdir()
+                if ".modelpatch-" in p.name or p.name.endswith(".lock")]
     assert diff(snapshot(root), before) == []

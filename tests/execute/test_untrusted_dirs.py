@@ -1,7 +1,7 @@
-"""The engine side of untrusted directories: recipes write only model files, ``git clone`` and ``hf download
---local-dir`` directories patch, verify and revert like any other, ``--force`` never deletes
-revert data, a bad ``files: add`` is refused by ``plan``, and recovery that cannot roll forward
-rolls back once and for all.
+"""The engine side of untrusted directories: recipes write only model files, ``git clone`` and ``hf
+download --local-dir`` directories patch, verify and revert like any other, ``--force`` never
+deletes revert data, a bad ``files: add`` is refused by ``plan``, and recovery that cannot roll
+forward rolls back once and for all.
 """
 
 from __future__ import annotations

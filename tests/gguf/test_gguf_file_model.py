@@ -51,7 +51,8 @@ def test_apply_to_one_file_of_many_writes_a_directory_with_it_and_its_manifest(t
     assert [s["name"] for s in statement["subject"]] == ["tiny-Q8_0.gguf"]
     assert api.verify(out / "tiny-Q8_0.gguf").ok           # a file stands for its directory
     after = snapshot(root)
-    assert diff(before, {k: v for k, v in after.items() if not k.startswith("tiny-Q8_0-gguf")}) == []
+    kept = {k: v for k, v in after.items() if not k.startswith("tiny-Q8_0-gguf")}
+    assert diff(before, kept) == []
     back = tmp_path / "back"
     assert run("revert", out / "tiny-Q8_0.gguf", "-o", back).exit_code == 0
     assert (back / "tiny-Q8_0.gguf").read_bytes() == model.read_bytes()

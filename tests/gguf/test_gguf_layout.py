@@ -61,7 +61,8 @@ def _header_end(path: Path) -> tuple[int, int]:
 
 def _recipe(tmp_path: Path, name: str) -> Path:
     path = tmp_path / f"name-{len(name)}.yaml"
-    path.write_text(f"modelpatch: 1\nname: rename\ndescription: a new general.name\ngguf:\n  metadata:\n"
+    path.write_text("modelpatch: 1\nname: rename\ndescription: a new general.name\n"
+                    "gguf:\n  metadata:\n"
                     f"    - {{set: general.name, value: {name}}}\n")
     return path
 

@@ -84,7 +84,7 @@ def test_pull_refuses_malformed_input_in_one_line(hub, variant, tmp_path, monkey
                                   hub.endpoint), 2)
     api.publish(variant, "alice/ok", endpoint=hub.endpoint)
     (tmp_path / "taken").write_text("x")
-    for args, code in ((["pull", "alice/ok", "-o", tmp_path / "no" / "such" / "dir"], 3),
+    for args, code in ((["pull", "alice/ok", "-o", tmp_path / "no" / "such" / "dir"], 2),
                        (["pull", "alice/ok", "-o", tmp_path / "taken"], 2),
                        (["pull", "alice/ok", "--revision", "no such rev"], 2),   # named, bad input
                        (["pull", "alice/ok", "--revision", "a\nb"], 3),

@@ -282,3 +282,29 @@ def test_pull_skips_a_reuse_file_it_cannot_read(world, tmp_path, monkeypatch, ca
     assert f"cannot read {unreadable} to compare it (Permission denied)" in caplog.text
     assert r.reused_bytes == world["shard_bytes"] - unreadable.stat().st_size
     assert api.verify(r.output).ok
+
+
+def test_reuse_never_hard_links_a_file_another_user_owns(tmp_path, monkeypatch):
+    """A ``--reuse`` or cache file owned by someone else is copied (or reflinked), never
+    hard-linked: its owner's later edits must not change the pulled variant. Files the user
+    owns are still hard-linked."""
+    import hashlib
+    import os
+
+    from patcher.hub.client.reuse import link_into
+
+    source = tmp_path / "theirs.safetensors"
+    source.write_bytes(b"shard bytes" * 100)
+    sha = hashlib.sha256(source.read_bytes()).hexdigest()
+    wanted = {"model.safetensors": (sha, source.stat().st_size)}
+    owner = source.stat().st_uid
+    monkeypatch.setattr(os, "getuid", lambda: owner + 1)          # the file is someone else's
+    (tmp_path / "staging").mkdir()
+    reuse = link_into(tmp_path / "staging", wanted, {sha: source})
+    pulled = tmp_path / "staging" / "model.safetensors"
+    assert reuse.linked and pulled.read_bytes() == source.read_bytes()
+    assert not os.path.samestat(pulled.stat(), source.stat())
+    monkeypatch.setattr(os, "getuid", lambda: owner)
+    (tmp_path / "staging2").mkdir()
+    link_into(tmp_path / "staging2", wanted, {sha: source})
+    assert os.path.samestat((tmp_path / "staging2" / "model.safetensors").stat(), source.stat())

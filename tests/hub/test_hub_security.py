@@ -243,3 +243,37 @@ def test_start_up_removes_staging_no_live_server_owns(tmp_path):
         assert call(running, "GET", "/api/whoami-v2", token="write-alice")[0] == 200
     in_flight.write(b"data")
     assert len(in_flight.commit()) == 64
+
+
+SURROGATE = "\ud800"
+_DUP = f"/api/models/{PUBLIC}/lfs-files/duplicate"
+
+
+@pytest.mark.parametrize("method, path, body", [
+    ("POST", _DUP, {"target": {"type": [1], "name": PUBLIC}, "files": []}),
+    ("POST", _DUP, {"target": {"type": {"a": 1}, "name": PUBLIC}, "files": []}),
+    ("POST", _DUP, {"target": {"type": "model", "name": SURROGATE}, "files": []}),
+    ("POST", _DUP, {"target": {"type": "model", "name": PUBLIC},
+                    "files": [{"sha256": SURROGATE, "filename": "a"}]}),
+    ("POST", f"/api/models/{PUBLIC}/preupload/main",
+     {"files": [{"path": SURROGATE, "size": 1, "sample": ""}]}),
+    ("POST", f"/{PUBLIC}.git/info/lfs/objects/batch",
+     {"operation": "upload", "transfers": ["basic"], "objects": [{"oid": SURROGATE, "size": 1}]}),
+    ("POST", f"/api/models/{PUBLIC}/commit/main",
+     [{"key": "header", "value": {"summary": "x"}},
+      {"key": "file", "value": {"path": SURROGATE, "content": "", "encoding": "base64"}}]),
+    ("POST", f"/api/models/{PUBLIC}/branch/new-branch", {"startingPoint": SURROGATE}),
+])
+def test_hostile_json_gets_a_4xx_json_answer(server, method, path, body):
+    """A list or object where a string belongs, and a lone surrogate (valid JSON, not UTF-8)
+    in every string the hub takes as a name, path, oid or revision: 4xx with a JSON error,
+    never a 500, and never an exception out of the dispatcher."""
+    raw = "\n".join(json.dumps(line) for line in body) if isinstance(body, list) \
+        else json.dumps(body)
+    content_type = "application/x-ndjson" if isinstance(body, list) else "application/json"
+    status, headers, answer = call(server, method, path, raw, token="write-alice",
+                                   headers={"Content-Type": content_type})
+    assert 400 <= status < 500, (status, answer)
+    assert headers["content-type"] == "application/json"
+    assert "error" in json.loads(answer)
+    assert call(server, "GET", "/api/whoami-v2", token="write-alice")[0] == 200

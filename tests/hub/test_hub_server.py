@@ -363,7 +363,8 @@ def test_same_content_twice_stores_one_blob(hub: RunningHub, model: dict[str, by
     assert not tmp_leftovers(hub.root)
 
 
-def test_interrupted_upload_leaves_no_partial_blob(hub: RunningHub, model: dict[str, bytes]) -> None:
+def test_interrupted_upload_leaves_no_partial_blob(hub: RunningHub,
+                                                   model: dict[str, bytes]) -> None:
     data = os.urandom(3 * 1024 * 1024)
     oid = sha256(data)
     actions, errors, transfer = post_lfs_batch_info(
@@ -435,7 +436,8 @@ def test_concurrent_commits_serialize(tmp_path: Path) -> None:
     head = store.resolve(meta, "main")
     assert sorted(head.tree) == sorted(f"f{i}.txt" for i in range(8))
     assert len(list(store.history(meta, head))) == 9
-    assert head.tree["f0.txt"]["git_oid"] == "7fe7a21b0677ba28c909e9926592e3d47e97b0af"  # git hash-object
+    # the oid git hash-object gives
+    assert head.tree["f0.txt"]["git_oid"] == "7fe7a21b0677ba28c909e9926592e3d47e97b0af"
     record = json.loads((meta.dir / "commits" / f"{head.id}.json").read_bytes())
     canonical = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     assert head.id == hashlib.sha256(canonical.encode()).hexdigest()[:40]

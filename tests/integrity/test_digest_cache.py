@@ -1,4 +1,5 @@
-"""patcher.integrity.digests.digest_cache: digests keyed by (dev, ino, size, mtime_ns), and KnownDigests."""
+"""patcher.integrity.digests.digest_cache: digests keyed by (dev, ino, size, mtime_ns), and
+KnownDigests."""
 
 from __future__ import annotations
 

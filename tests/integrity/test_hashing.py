@@ -1,4 +1,5 @@
-"""patcher.integrity.digests.hashing: file digests, parallel hashing, hashing while writing and copying."""
+"""patcher.integrity.digests.hashing: file digests, parallel hashing, hashing while writing and
+copying."""
 
 from __future__ import annotations
 

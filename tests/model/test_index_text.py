@@ -107,7 +107,7 @@ def test_another_order_is_parsed(tmp_path):
 def test_defects_are_named_by_the_exact_path(tmp_path, defect, message):
     model, weight_map, total = _model(tmp_path)
     first, second = sorted(weight_map)[:2]
-    wm, meta, extra_text = dict(weight_map), {"total_size": total}, None
+    wm, meta = dict(weight_map), {"total_size": total}
     if defect == "wrong shard":
         wm[first] = next(s for s in sorted(set(wm.values())) if s != wm[first])
     elif defect == "missing":

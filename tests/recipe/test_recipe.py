@@ -355,6 +355,8 @@ ERROR_CASES = [
      "file name '.modelpatch/journal.json' is reserved for modelpatch's own records"),
     (HEAD + "files:\n  - add: §modelpatch.provenance.json\n    content: x\n",
      "file name 'modelpatch.provenance.json' is reserved for modelpatch's own records"),
+    (HEAD + "files:\n  - add: §model.sig\n    content: x\n",
+     "file name 'model.sig' is reserved for modelpatch's own records"),
     (HEAD + "files:\n  - §add: x.txt\n",
      "files: add needs one of 'content' (the text) and 'from' (a file next to the recipe)"),
     (HEAD + "files:\n  - {drop: a, §add: b, content: c}\n",
@@ -393,7 +395,8 @@ ERROR_CASES = [
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    drop: true\n    §cast: bf16\n",
      "one action per tensor operation; found 'drop' and 'cast' (write two list items)"),
     (HEAD + "tensors:\n  - §select: {glob: '*'}\n",
-     "a tensor operation needs one of: drop, rename, copy, split, scale, refuse, cast, dequantize, quantize"),
+     "a tensor operation needs one of: drop, rename, copy, split, scale, refuse, cast, "
+     "dequantize, quantize"),
     (HEAD + "tensors:\n  - §drop: true\n", "tensor operation needs 'select'"),
     (HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: §nvfp4}\n",
      "unknown scheme 'nvfp4' (did you mean 'nvfp4-modelopt' or 'nvfp4-compressed-tensors'?)"),
@@ -836,7 +839,8 @@ SCHEMA_VALID = [
            "    cast: float16\n"
            "  - select: {regex: '.*'}\n    quantize: {scheme: fp8-block, layout: "
            "compressed-tensors, block: [64, 32]}\n",
-    HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: fp8-block, block: [64, 64]}\n"
+    HEAD + "tensors:\n  - select: {glob: '*'}\n"
+           "    dequantize: {scheme: fp8-block, block: [64, 64]}\n"
            "  - select: {glob: '*'}\n    dequantize: {scheme: auto, to: fp16, block: [1, 128]}\n",
     HEAD + "requires:\n  - not: {any_of: [{all_of: [{file: a.json, path: '', exists: true}]}]}\n"
            "    in: ['/', /x]\n    message: m\n",
@@ -908,7 +912,8 @@ SCHEMA_INVALID = [
            "layout: modelopt}\n",
     HEAD + "tensors:\n  - select: {glob: '*'}\n    quantize: {scheme: nvfp4-compressed-tensors, "
            "layout: compressed-tensors, block: [16, 16]}\n",
-    HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: fp8-block, block: [0, 64]}\n",
+    HEAD + "tensors:\n  - select: {glob: '*'}\n"
+           "    dequantize: {scheme: fp8-block, block: [0, 64]}\n",
     HEAD + "tensors:\n  - select: {glob: '*'}\n    dequantize: {scheme: fp8-block, block: 64}\n",
 ]
 

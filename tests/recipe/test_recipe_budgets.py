@@ -11,7 +11,7 @@ import pytest
 from patcher.errors import RecipeError
 from patcher.recipe import load as load_module
 from patcher.recipe.load import load_recipe
-from patcher.recipe.params import parse as params_parse
+from patcher.recipe.params import include as includes
 
 HEAD = "modelpatch: 1\nname: t\ndescription: d\n"
 
@@ -43,7 +43,7 @@ def test_a_recipe_included_twice_is_read_once(tmp_path, monkeypatch):
                         lambda path, source: reads.append(path) or real(path, source))
     recipe = load_recipe(tmp_path / "r0.yaml")
     assert len(reads) == depth + 1
-    assert params_parse.expanded_includes(recipe) == 2 ** (depth + 1) - 2
+    assert includes.expanded_includes(recipe) == 2 ** (depth + 1) - 2
 
 
 def test_a_long_include_chain_is_refused_by_the_depth_budget(tmp_path):
@@ -54,7 +54,7 @@ def test_a_long_include_chain_is_refused_by_the_depth_budget(tmp_path):
     with pytest.raises(RecipeError) as info:
         load_recipe(tmp_path / "c0.yaml")
     line = _one_line(info.value)
-    assert "include depth budget" in line and str(params_parse.MAX_INCLUDE_DEPTH) in line
+    assert "include depth budget" in line and str(includes.MAX_INCLUDE_DEPTH) in line
 
 
 def test_an_include_fan_out_is_refused_by_the_count_budget(tmp_path):
@@ -70,7 +70,7 @@ def test_an_include_fan_out_is_refused_by_the_count_budget(tmp_path):
 
 
 def test_the_include_file_budget(tmp_path, monkeypatch):
-    monkeypatch.setattr(params_parse, "MAX_INCLUDE_FILES", 3)
+    monkeypatch.setattr(includes, "MAX_INCLUDE_FILES", 3)
     for i in range(5):
         _write(tmp_path / f"f{i}.yaml", HEAD)
     top = _write(tmp_path / "top.yaml",
@@ -247,9 +247,10 @@ def test_gguf_tensor_patterns_get_the_same_load_checks(op, message):
 
 
 def test_a_model_ignore_pattern_draws_on_the_plan_budget(monkeypatch):
-    """A model's own re: ignore entries are matched against each dequantized module when the
-    plan checks the quantization it still declares: a catastrophic one (0.2 s a name, matched
-    from the start as compressed-tensors does) is refused in one line by the plan budget, and a nested-too-deeply one is no pattern (no RecursionError)."""
+    """A model's own re: ignore entries are matched against each dequantized module when the plan
+    checks the quantization it still declares: a catastrophic one (0.2 s a name, matched from the
+    start as compressed-tensors does) is refused in one line by the plan budget, and a
+    nested-too-deeply one is no pattern (no RecursionError)."""
     from patcher.changes import TensorConverted
     from patcher.errors import PlanError
     from patcher.recipe import regex_bound

@@ -174,9 +174,13 @@ def test_no_warning_when_the_recipe_excludes_the_dequantized_modules(kimi_dir, t
     extra = """
         config:
           config.json:
-            - {op: add, path: /quantization_config/ignore/-, value: 'language_model.model.layers.1.mlp.experts.0*'}
+            - op: add
+              path: /quantization_config/ignore/-
+              value: 'language_model.model.layers.1.mlp.experts.0*'
           hf_quant_config.json:
-            - {op: add, path: /quantization/exclude_modules/-, value: 'language_model.model.layers.1.mlp.experts.0.*'}
+            - op: add
+              path: /quantization/exclude_modules/-
+              value: 'language_model.model.layers.1.mlp.experts.0.*'
         """
     tensors = """
         - select: {glob: "*.layers.1.mlp.experts.0.*.weight", dtype: [U8]}

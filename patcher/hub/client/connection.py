@@ -69,6 +69,9 @@ def client(endpoint: str | None):
         constants.HF_HUB_DISABLE_XET = True
     from huggingface_hub import HfApi
 
+    from .guard import install
+
+    install()                 # every answer checked before huggingface_hub acts on it
     return HfApi(endpoint=endpoint)
 
 
@@ -78,12 +81,22 @@ def hub_call(what: str, repo_id: str, fn, *args, **kwargs):
     from huggingface_hub.errors import (
         HfHubHTTPError,
         HFValidationError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
 
     try:
         return fn(*args, **kwargs)
+    except LocalEntryNotFoundError as exc:
+        # snapshot_download found neither the hub nor a cached copy: report why it could not
+        # ask the hub (its own text is a paragraph of advice), as every other call does
+        cause = exc.__cause__
+        if cause is None or isinstance(cause, OfflineModeIsEnabled):
+            raise HubError(f"{what}: not in the Hugging Face cache, and HF_HUB_OFFLINE forbids "
+                           f"downloading it", where=repo_id) from None
+        return hub_call(what, repo_id, _raise, cause, endpoint=_endpoint(fn, kwargs))
     except HFValidationError as exc:
         raise InputError(f"{what}: {str(exc).splitlines()[0] if str(exc) else 'invalid argument'}",
                          where=repo_id) from None
@@ -103,9 +116,25 @@ def hub_call(what: str, repo_id: str, fn, *args, **kwargs):
     except OSError as exc:
         raise HubError(f"{what}: {exc.strerror or exc}", where=repo_id) from None
     except _transport_errors() as exc:      # connection refused, DNS, TLS, timeouts
-        raise HubError(f"{what}: cannot reach the hub ({type(exc).__name__}: "
+        raise HubError(f"{what}: cannot reach the hub at {_endpoint(fn, kwargs)} "
+                       f"({type(exc).__name__}: "
                        f"{str(exc).splitlines()[0] if str(exc) else 'no details'})",
                        where=repo_id, hint="check --endpoint / HF_ENDPOINT") from None
+
+
+def _raise(exc: BaseException, endpoint: str | None = None):
+    raise exc
+
+
+def _endpoint(fn, kwargs: dict) -> str:
+    """The hub a call talks to: its ``endpoint`` argument, its ``HfApi``'s, else
+    huggingface_hub's default."""
+    endpoint = kwargs.get("endpoint") or getattr(getattr(fn, "__self__", None), "endpoint", None)
+    if not endpoint:
+        from huggingface_hub import constants
+
+        endpoint = constants.ENDPOINT
+    return str(endpoint).rstrip("/")
 
 
 _STATUS_HINTS = {

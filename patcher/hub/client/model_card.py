@@ -163,9 +163,10 @@ def dump_front_matter(metadata: dict[str, Any]) -> str:
 
 
 def render_card(existing: str | None, manifest: Manifest, base_model: str | None,
-                base: str) -> str:
+                base: str, signer: str | None = None) -> str:
     """The card for a variant of ``base`` (its path: named in the text when ``base_model``, the
-    hub repository ``ORG/NAME``, is None)."""
+    hub repository ``ORG/NAME``, is None). ``signer``: who signed the variant's ``model.sig``;
+    the base's signer comes from the manifest."""
     metadata, body = split_card(existing or "")
     chain = recipe_chain(manifest)
     if base_model:
@@ -192,6 +193,7 @@ def render_card(existing: str | None, manifest: Manifest, base_model: str | None
         + " applied. Every file is listed with its sha256 in `modelpatch.provenance.json`; "
           "`modelpatch verify` checks a download against it.",
         "",
+        *_signature_lines(manifest, signer),
         *_changes_section(chain),
         END,
         "",
@@ -199,6 +201,22 @@ def render_card(existing: str | None, manifest: Manifest, base_model: str | None
     body = _SECTION.sub(lambda _: section, body) if _SECTION.search(body) else (
         body.rstrip("\n") + ("\n\n" if body.strip() else "") + section)
     return dump_front_matter(metadata) + body
+
+
+def _signature_lines(manifest: Manifest, signer: str | None) -> list[str]:
+    """Who signed the variant and its base (OMS ``model.sig``), as the signatures say."""
+    lines = []
+    if signer is not None:
+        lines.append(f"Signed (OpenSSF Model Signing, `model.sig`) by {code(signer)}: "
+                     f"`modelpatch verify DIR --key PUB.pem` or `model_signing verify` checks it.")
+    external = manifest.predicate["buildDefinition"]["externalParameters"]
+    base = external.get("base_signature")
+    if isinstance(base, dict) and isinstance(base.get("signer"), str):
+        checked = "verified when this variant was made" if base.get("verified") is True else \
+            "not checked when this variant was made"
+        lines.append(f"The base was signed by {code(base['signer'])} ({checked}; its "
+                     f"`model.sig` is not carried into the variant, whose files differ).")
+    return [*lines, ""] if lines else []
 
 
 def _base_text(base_model: str | None, base: str) -> str:

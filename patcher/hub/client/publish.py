@@ -15,10 +15,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import HubError, VerifyMismatch
+from ...errors import HubError, InputError, VerifyMismatch
 from ...integrity.manifest import read_manifest
 from ...integrity.patch_record import patch_dirs, read_record
-from ...model.model_dir import MANIFEST_NAME
+from ...model.model_dir import MANIFEST_NAME, SIGNATURE_NAME
 from .connection import check_endpoint, check_repo_id, client, hub_call, hub_output
 from .model_card import CARD_NAME, ORIGINAL_README, render_card
 from .server_copies import TransferPlan, plan_transfer
@@ -53,6 +53,10 @@ def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None 
     if base_model is not None:
         check_base_model(base_model)
     root = Path(directory)
+    if root.is_dir() and not os.path.lexists(root / MANIFEST_NAME):
+        raise InputError("no provenance manifest: not a modelpatch variant", where=root,
+                         hint="base=True publishes a plain model (a base) with the sha256 of "
+                              "its files")
     with lock_directory(root, exclusive=False):   # no in-place patch between verify and upload
         report = verify_dir(root)
         if not report.ok:
@@ -73,26 +77,51 @@ def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,
     names = {rel: ORIGINAL_README if rel == CARD_NAME else rel for rel in manifest.subjects}
     plan = hub_call("check the base repository", repo_id, plan_transfer, api, manifest, base,
                      base_model, names)
-    for note in plan.notes:
-        log.warning("publish: %s", note)
     branch = revision or "main"
+    signer = _signer(root, manifest)            # a stale model.sig is refused before any write
     if plan_only:
+        _say_why_uploaded(plan)
         return PublishResult(repo_id=repo_id, revision=branch, commit=None,
-                             files=len(names) + 2, plan=plan)
-    if announce:                               # what goes where, before it goes
-        log.info("publish: %s, to %s", plan.summary(), repo_id)
+                             files=len(names) + 2 + (signer is not None), plan=plan)
     hub_call("create_repo", repo_id, api.create_repo, repo_id, private=private, exist_ok=True)
     if branch != "main":
         hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
                   exist_ok=True)
     existing = existing_card(root, api, repo_id, branch)
-    card = render_card(existing, manifest, base_model, base).encode("utf-8")
+    card = render_card(existing, manifest, base_model, base, signer=signer).encode("utf-8")
     extra = {MANIFEST_NAME: str(root / MANIFEST_NAME), CARD_NAME: card}
+    if signer is not None:              # uploaded as is: pull --key checks it
+        extra[SIGNATURE_NAME] = str(root / SIGNATURE_NAME)
     commit_message = message or (f"modelpatch: {manifest.recipe['name']} applied to "
                                  f"{base_model or _label(base)}")
     oid = commit_variant(api, repo_id, branch, root, names, plan, extra, commit_message)
-    return PublishResult(repo_id=repo_id, revision=branch, commit=oid, files=len(names) + 2,
-                         plan=plan)
+    _say_why_uploaded(plan)      # what was sent, once the hub took it (never before: it may
+    if announce:                 # refuse, and the error is then the one line)
+        log.info("publish: %s, to %s", plan.summary(), repo_id)
+    return PublishResult(repo_id=repo_id, revision=branch, commit=oid,
+                         files=len(names) + len(extra), plan=plan)
+
+
+def _signer(root: Path, manifest) -> str | None:
+    """Who ``model.sig`` says signed the variant (checked by ``pull --key``), or None when
+    unsigned. A signature over other digests than the manifest's (the variant changed since it
+    was signed) is refused: it would fail every verification downstream."""
+    from ...signing.parse import read_bundle
+    from ...signing.sign import resources_of
+
+    if not os.path.lexists(root / SIGNATURE_NAME):
+        return None
+    bundle = read_bundle(root / SIGNATURE_NAME)
+    if bundle.resources != resources_of(manifest.subjects, manifest.sha256):
+        raise VerifyMismatch("model.sig does not sign these files (the variant changed after "
+                             "it was signed)", where=root / SIGNATURE_NAME,
+                             hint="sign it again: modelpatch sign DIR --key PRIVATE.pem")
+    return bundle.claimed_signer()
+
+
+def _say_why_uploaded(plan: TransferPlan) -> None:
+    for note in plan.notes:
+        log.warning("publish: %s", note)
 
 
 def _identified_base_model(base: str, manifest) -> str | None:
@@ -170,9 +199,8 @@ def commit_variant(api, repo_id: str, branch: str, root: Path, names: dict[str, 
 
     info = hub_call("create_commit", repo_id, attempt)
     if isinstance(info, _CopyRefused):
-        log.warning("publish: server-side copy refused (%s): uploading the %d files instead",
-                    info.reason, len(plan.copies))
-        plan.upload_all(f"server-side copy refused ({info.reason})")
+        plan.upload_all(f"server-side copy refused ({info.reason}): uploaded the "
+                        f"{len(plan.copies)} files instead")
         info = hub_call("create_commit", repo_id, attempt)
         if isinstance(info, _CopyRefused):      # uploads only: a refusal of copies is a bug
             raise HubError(f"the hub refused server-side copies of a commit that has none "

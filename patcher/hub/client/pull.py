@@ -5,7 +5,8 @@ rename it into place.
 Before downloading, LFS files whose bytes are already on this machine (the Hugging Face cache,
 ``--reuse DIR``: ``reuse.py``) are linked into the staging directory and verified; only the
 others are downloaded. The repository and commit are recorded in the pulled directory
-(``.modelpatch/hub/source.json``, outside what verify checks), so a variant made from it can be published with server-side copies.
+(``.modelpatch/hub/source.json``, outside what verify checks), so a variant made from it can be
+published with server-side copies.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ... import interrupts
 from ...errors import InputError, PatchError, VerifyMismatch
 from ...fsops import remove_tree
 from ...integrity.manifest import read_manifest
 from ...integrity.snapshot_verify import git_blob_sha1
-from ...model.model_dir import MANIFEST_NAME, SKIPPED_DIRS
+from ...model.model_dir import MANIFEST_NAME, SIGNATURE_NAME, SKIPPED_DIRS
+from ...names import checked_digest, checked_name
 from ...units import human_bytes, plural
+from .base_repo import check_pulled_base, is_published_base
 from .connection import check_repo_id, client, hub_call, hub_output
 from .growth import reported_growth
 from .model_card import CARD_NAME, HUB_CARD_COPY, HUB_FILES, ORIGINAL_README
@@ -44,29 +48,43 @@ class PullResult:
 
 def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | None = None,
          revision: str | None = None, progress: bool = True,
-         reuse: list[str | os.PathLike] | tuple = (), on_progress=None,
-         on_total=None) -> PullResult:
+         reuse: list[str | os.PathLike] | tuple = (), force: bool = False,
+         trust=None, on_progress=None, on_total=None) -> PullResult:
     """Download ``repo_id`` into ``out`` and verify it; nothing appears at ``out`` unless every
     file matches both the hub's digests and the provenance manifest. ``progress=False``: no
     log line saying what is reused and downloaded; ``on_total(bytes)`` and
     ``on_progress(bytes)`` count the download. LFS files already in the Hugging Face cache or
-    under a ``reuse`` directory are linked instead of downloaded. Errors name the repository,
-    never the staging directory."""
+    under a ``reuse`` directory are linked instead of downloaded. ``force``: replace an ``out``
+    that an earlier pull or apply wrote, in one rename, reusing its unchanged files. Errors name
+    the repository, never the staging directory."""
     from huggingface_hub import snapshot_download
 
     from ...execute.locking import lock_new_path
-    from ...execute.output_dir import make_staging_dir, remove_stale_staging
+    from ...execute.output_dir import (
+        commit,
+        make_staging_dir,
+        remove_stale_staging,
+        restore_replaced,
+    )
 
     check_repo_id(repo_id)
     reuse_dirs = [_reuse_dir(d) for d in reuse]
     out = Path(os.path.abspath(out or repo_id.split("/")[-1]))
+    if not out.parent.is_dir():
+        raise InputError("the output's parent directory does not exist", where=out.parent)
     api = client(endpoint)
     with lock_new_path(out):
+        restore_replaced(out)          # put back what a killed pull --force had moved aside
         if os.path.lexists(out):
-            raise InputError("output already exists", where=out)
+            if not force:
+                raise InputError("output already exists", where=out,
+                                 hint="force=True replaces it")
+            _refuse_to_replace(out)
+            reuse_dirs.append(out)     # an update downloads only what changed
         remove_stale_staging(out)      # left by a killed pull
         info = hub_call("model_info", repo_id, api.model_info, repo_id, revision=revision,
                          files_metadata=True)
+        _check_listing(info)
         _refuse_state_files([s.rfilename for s in info.siblings or []], repo_id)
         staging = make_staging_dir(out)
         try:
@@ -90,20 +108,48 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
             remove_tree(staging / ".cache")          # huggingface_hub's local-dir bookkeeping
             try:
                 _check_hub_digests(staging, info, repo_id)
-                _require_manifest(staging, repo_id)
-                _restore_readme(staging)
-                _set_aside_git_attributes(staging)
-                _check_manifest(staging, repo_id)
+                if is_published_base(staging):
+                    check_pulled_base(staging, repo_id)
+                else:
+                    _require_manifest(staging, repo_id)
+                    _restore_readme(staging)
+                    _set_aside_git_attributes(staging)
+                    _check_manifest(staging, repo_id)
+                if trust is not None:
+                    _check_signature(staging, repo_id, trust)
                 write_pulled_source(staging, repo_id, info.sha)
             except PatchError as exc:
                 _name_the_repo(exc, staging, repo_id)
                 raise
-            os.rename(staging, out)
+            with interrupts.deferred():    # renamed whole (an earlier output moved aside
+                commit(staging, out)       # and back on failure), or not at all
         except BaseException:
             remove_tree(staging)
             raise
     return PullResult(output=out, commit=info.sha, files=len(info.siblings or []),
                       reused_bytes=reused.bytes, downloaded_bytes=downloaded)
+
+
+def _refuse_to_replace(out: Path) -> None:
+    """``force`` replaces what pull or apply wrote (a variant, a pulled base), never another
+    directory, nor one holding revert data of its own."""
+    from ...execute.output_dir import refuse_to_replace_a_stranger
+
+    if out.is_dir() and not out.is_symlink() and (out / SOURCE_FILE).is_file() \
+            and not (out / MANIFEST_NAME).exists():
+        return                         # a base an earlier pull wrote
+    refuse_to_replace_a_stranger(out)
+
+
+def _check_listing(info) -> None:
+    """Every name and digest the listing gives is a name, never a path (``patcher.names``),
+    checked before the staging directory exists."""
+    checked_digest(info.sha, what="the listing's commit id", lengths=(40,))
+    for sibling in info.siblings or []:
+        checked_name(sibling.rfilename, what="the hub's file listing entry",
+                     allow_dot_dirs=True)
+        if sibling.lfs is not None:
+            checked_digest(sibling.lfs.sha256, what="the hub's LFS sha256", lengths=(64,))
 
 
 def _reuse_dir(path: str | os.PathLike) -> Path:
@@ -183,10 +229,20 @@ def _set_aside_git_attributes(root: Path) -> None:
         os.rename(attributes, target)
 
 
+def _check_signature(root: Path, repo_id: str, trust) -> None:
+    """``pull --key``: the download is signed by ``trust`` and matches what it signed."""
+    from ...signing.verify import verify_signed
+
+    if not (root / SIGNATURE_NAME).exists():
+        raise VerifyMismatch("not signed: the repository has no model.sig", where=repo_id)
+    verify_signed(root, trust, fast=True, also_ignore=(HUB_FILES,))   # what pull set aside
+
+
 def _require_manifest(root: Path, repo_id: str) -> None:
     if not (root / MANIFEST_NAME).exists():
         raise InputError("not a modelpatch variant: no provenance manifest in the repository",
-                         where=repo_id)
+                         where=repo_id, hint="a base model is pulled when `modelpatch publish "
+                                             "--base` put it there, with its digests")
 
 
 def _check_manifest(root: Path, repo_id: str) -> None:

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...changes import changes_json
-from ...errors import InputError
+from ...errors import HubError, InputError
 from ...integrity.manifest import build_statement, read_manifest, write_manifest
 from ...model.model_dir import MANIFEST_NAME
+from ...names import checked_digest, checked_name
 from ...plan import Action, PlanOptions, require_change
 from .connection import check_repo_id, client, hub_call
 from .model_card import CARD_NAME, ORIGINAL_README, render_card
@@ -68,7 +69,9 @@ def apply_and_publish(recipe, url: str, repo_id: str, *, endpoint: str | None = 
     source = BaseSource(model.hub.repo_id, model.hub.commit, "the hf:// input")
     info = hub_call("model_info", source.repo_id, api.model_info, source.repo_id,
                      revision=source.revision, files_metadata=True)
-    lfs = {s.rfilename: s.lfs.sha256 for s in info.siblings or [] if s.lfs is not None}
+    lfs = {_listed(s.rfilename): checked_digest(s.lfs.sha256, what="the hub's LFS sha256",
+                                                lengths=(64,))
+           for s in info.siblings or [] if s.lfs is not None}
     with tempfile.TemporaryDirectory(prefix="modelpatch-remote-") as tmp:
         root = Path(tmp)
         digests, fetched = _write_small_files(root, model, the_plan, lfs)
@@ -115,17 +118,28 @@ def _write_small_files(root: Path, model, the_plan, lfs: dict[str, str]
             fetched.append(fp.source)
             digests[fp.source] = hashlib.sha256(data).hexdigest()
             if fp.action is Action.LINK:
-                _write(root / fp.path, data)
+                _write(root, fp.path, data)
         elif fp.source is not None:
             digests[fp.source] = lfs[fp.source]
         if fp.action in (Action.WRITE_JSON, Action.ADD):
-            _write(root / fp.path, fp.content)
+            _write(root, fp.path, fp.content)
     return digests, sorted(fetched)
 
 
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+def _listed(name: object) -> str:
+    return checked_name(name, what="the hub's file listing entry", allow_dot_dirs=True)
+
+
+def _write(root: Path, rel: str, data: bytes) -> None:
+    """``data`` as ``root/rel``, a new file: ``rel`` is a name (the hub's listing or the plan),
+    checked before anything is created, and never a path out of ``root``."""
+    path = root / _listed(rel)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "xb") as f:
+            f.write(data)
+    except (FileExistsError, NotADirectoryError, IsADirectoryError):
+        raise HubError(f"the hub lists {rel!r} twice, or as a file and a directory") from None
 
 
 def _write_manifest(root: Path, model, the_plan, digests: dict[str, str], lfs: dict[str, str],

@@ -9,9 +9,10 @@ Where it looks, for each wanted sha256:
 2. the directories given with ``--reuse DIR``: every regular file of a wanted size, hashed.
 
 A name is only a claim: a match is linked (reflink, else hardlink, else copy) into the staging
-directory and hashed there; a file whose bytes do not have the sha256 is removed and
-downloaded instead. Pull then checks the reused files against the hub's digests and the
-manifest like every downloaded one.
+directory and hashed there (a file this user does not own is reflinked or copied, never
+hard-linked: its owner's later edits would change the pulled variant); a file whose bytes do
+not have the sha256 is removed and downloaded instead. Pull then checks the reused files
+against the hub's digests and the manifest like every downloaded one.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from ...errors import PatchError
 from ...fsops import link_or_copy
 from ...integrity.digests.hashing import hash_files, sha256_file
+from ...names import checked_digest, checked_name
 
 log = logging.getLogger("modelpatch")
 
@@ -55,7 +57,8 @@ def cache_blob_dirs() -> list[Path]:
 def find_local(wanted: dict[str, tuple[str, int]], reuse_dirs: list[Path]) -> dict[str, Path]:
     """For the sha256 of ``wanted`` (``{path: (sha256, size)}``), a local file claimed or found
     to hold it: ``{sha256: file}``."""
-    sizes = {sha: size for sha, size in wanted.values()}
+    sizes = {checked_digest(sha, what="the hub's LFS sha256", lengths=(64,)): size
+             for sha, size in wanted.values()}
     found: dict[str, Path] = {}
     blob_dirs = cache_blob_dirs()
     for sha, size in sizes.items():
@@ -93,15 +96,17 @@ def _hash_readable(paths: list[Path]) -> dict[Path, str]:
 def link_into(staging: Path, wanted: dict[str, tuple[str, int]], found: dict[str, Path]) -> Reuse:
     """Link each wanted file a local match exists for into ``staging``; keep it only if its
     bytes hash to the wanted sha256."""
+    for rel in wanted:      # every name checked before the first link is made
+        checked_name(rel, what="the hub's file listing entry", allow_dot_dirs=True)
     reuse = Reuse()
     for rel, (sha, size) in sorted(wanted.items()):
         source = found.get(sha)
         if source is None:
             continue
         dest = staging / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
         try:
-            link_or_copy(source, dest)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            _link_own_or_copy(source, dest)
         except OSError as exc:
             log.warning("pull: cannot reuse %s (%s): downloading %s", source,
                         exc.strerror or exc, rel)
@@ -114,6 +119,14 @@ def link_into(staging: Path, wanted: dict[str, tuple[str, int]], found: dict[str
             continue
         reuse.linked[rel] = (source, size)
     return reuse
+
+
+def _link_own_or_copy(source: Path, dest: Path) -> None:
+    """``link_or_copy``, except that an inode this user does not own is never shared by a hard
+    link: the inode actually linked is checked, then replaced by a copy."""
+    if link_or_copy(source, dest) == "hardlink" and os.stat(dest).st_uid != os.getuid():
+        os.unlink(dest)
+        link_or_copy(source, dest, mode="copy")
 
 
 def _size(path: Path) -> int | None:

@@ -55,7 +55,7 @@ def _target(hub: Hub, request: Request, payload: dict[str, Any], who: Any) -> Re
     if not isinstance(target, dict) or not isinstance(target.get("name"), str):
         raise BadRequest("'target' must be an object with a 'type' and a 'name'")
     kind = target.get("type", "model")
-    if kind not in REPO_KINDS:
+    if not isinstance(kind, str) or kind not in REPO_KINDS:
         raise BadRequest(f"unsupported target repo type {kind!r}")
     meta = hub.readable_repo(request, kind, target["name"], who)
     require_write(who, meta.namespace)

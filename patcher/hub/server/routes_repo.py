@@ -195,7 +195,8 @@ async def repo_info(hub: Hub, request: Request, p: dict[str, str]) -> Response:
 
 async def list_tree(hub: Hub, request: Request, p: dict[str, str]) -> Response:
     meta, commit = await in_thread(_readable_commit, hub, request, p)
-    entries = await in_thread(_tree_entries, commit, p, truthy(request.query_params.get("recursive")))
+    recursive = truthy(request.query_params.get("recursive"))
+    entries = await in_thread(_tree_entries, commit, p, recursive)
     try:
         cursor = int(request.query_params.get("cursor", "0"))
         limit = min(int(request.query_params.get("limit", TREE_PAGE_SIZE)), TREE_PAGE_SIZE)

@@ -129,7 +129,8 @@ def error_response(err: HubRequestError) -> JSONResponse:
     if err.code:
         headers["X-Error-Code"] = err.code
     headers.update(err.headers)
-    return JSONResponse({"error": err.message}, status_code=err.status, headers=headers)
+    return JSONResponse({"error": printable(err.message)}, status_code=err.status,
+                        headers=headers)
 
 
 def base_url(request: Request) -> str:
@@ -164,11 +165,17 @@ async def read_json(request: Request, limit: int = JSON_BODY_LIMIT) -> Any:
 
 
 def parse_json(data: bytes) -> Any:
-    """``data`` as JSON; 400 for invalid or too deeply nested JSON."""
+    """``data`` as JSON; 400 for invalid or too deeply nested JSON, and for a string holding a
+    lone surrogate (``"\\ud800"``: valid JSON, not valid UTF-8, so no name, path, oid or
+    revision of a repository can hold one, and it could not be written or answered)."""
     try:
-        return json.loads(data)
+        value = json.loads(data)
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRequest("request body holds a lone surrogate (not valid UTF-8)") from None
     except (ValueError, RecursionError):
         raise BadRequest("request body is not valid JSON (or nested too deeply)") from None
+    return value
 
 
 async def read_json_object(request: Request, limit: int = JSON_BODY_LIMIT) -> dict[str, Any]:

@@ -132,7 +132,8 @@ class Store(BlobStore):
         """Create an empty repo whose ``main`` branch holds an empty initial commit. The repo is
         assembled in tmp/ and renamed into place, so it appears complete or not at all."""
         if kind not in REPO_KINDS:
-            raise BadRequest(f"unsupported repo type {kind!r} (this hub serves models and datasets)")
+            raise BadRequest(
+                f"unsupported repo type {kind!r} (this hub serves models and datasets)")
         namespace, _ = split_repo_id(repo_id)
         if namespace.lower() in RESERVED_NAMESPACES:
             raise BadRequest(f"namespace {namespace!r} is reserved")

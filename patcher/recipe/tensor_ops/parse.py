@@ -298,7 +298,9 @@ def _action(v: rc.Validator, node: Any, action: str,
         return None
     if action in ("rename", "copy"):
         renamed = _rename(v, value, pos, select, action)
-        return renamed if renamed is None or action == "rename" else CopyTensors(renamed.pattern, renamed.to)
+        if renamed is None or action == "rename":
+            return renamed
+        return CopyTensors(renamed.pattern, renamed.to)
     if action == "dequantize":
         return _dequantize(v, value)
     v.check_keys(value, ACTION_KEYS["quantize"], "quantize", required=ACTION_REQUIRED["quantize"])

@@ -60,10 +60,10 @@ def write_shard(task: ShardTask, target: Path,
                 hash_sources: frozenset[str] = frozenset(), *,
                 stop: threading.Event | None = None, fsync: bool = True
                 ) -> tuple[str, str | None, HashResult | None]:
-    """Write ``task``'s shard to ``target`` (which must not exist), reading, computing and
-    writing in a pipeline (``patcher.tensors.writing.shard_pipeline``); ``ShardStopped`` is raised at
-    the next tensor once ``stop`` is set (another shard failed, or Ctrl-C). The file is made
-    read-only and fsynced, unless ``fsync`` is False: then the caller makes it durable.
+    """Write ``task``'s shard to ``target`` (which must not exist), reading, computing and writing
+    in a pipeline (``patcher.tensors.writing.shard_pipeline``); ``ShardStopped`` is raised at the
+    next tensor once ``stop`` is set (another shard failed, or Ctrl-C). The file is made read-only
+    and fsynced, unless ``fsync`` is False: then the caller makes it durable.
 
     Returns its sha256, and the task's source file with that file's digest if it is in
     ``hash_sources`` and could be hashed along the way (else None, None)."""

@@ -21,7 +21,8 @@ whenever the output dtype is the scale's dtype, and DeepSeek's whenever the outp
 docs/numerics.md says where the producers' own results differ.
 
 Large weights are processed in row chunks, so the extra memory is the output tensor plus a few
-chunk-sized temporaries, never whole-tensor float32 copies (see ``patcher.tensors.quant.kernel_args``).
+chunk-sized temporaries, never whole-tensor float32 copies (see
+``patcher.tensors.quant.kernel_args``).
 
 Modules: ``shapes`` (shape checks on header metadata), ``dequantize`` (with the float8 e4m3
 codec) and ``quantize``.

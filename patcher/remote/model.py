@@ -130,7 +130,8 @@ def describe_transfer(report: dict) -> str:
 
     return (f"fetched {human_bytes(report['bytes_transferred'])} in "
             f"{plural(report['requests'], 'request')}: {report['fraction']:.2%} of the "
-            f"repository's {human_bytes(report['repo_bytes'])} ({report['repo_id']}@{report['commit'][:12]})")
+            f"repository's {human_bytes(report['repo_bytes'])} "
+            f"({report['repo_id']}@{report['commit'][:12]})")
 
 
 #: Endpoints a command line reaches without ``--endpoint`` (huggingface_hub's default).

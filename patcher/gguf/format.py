@@ -16,13 +16,15 @@ recipe does not touch byte for byte, and encodes only the new ones.
 from __future__ import annotations
 
 import math
+import os
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import GGUFFormatError
-from . import require_gguf
+from . import gguf_constants
 
 MAX_HEADER_BYTES = 256 << 20       # metadata + tensor infos; real ones (vocab, merges) take ~20 MiB
 MAX_KEY_BYTES = 65535
@@ -51,7 +53,7 @@ class KeyValue:
         return decode_value(self.vtype, self.raw, self.item_type)
 
     def type_name(self) -> str:
-        gguf = require_gguf()
+        gguf = gguf_constants()
         name = gguf.GGUFValueType(self.vtype).name
         if self.vtype == ARRAY:
             name += f"[{gguf.GGUFValueType(self.item_type).name}]"
@@ -68,7 +70,7 @@ class TensorInfo:
 
     @property
     def type_name(self) -> str:
-        return require_gguf().GGMLQuantizationType(self.ggml_type).name
+        return gguf_constants().GGMLQuantizationType(self.ggml_type).name
 
 
 @dataclass(frozen=True)
@@ -101,29 +103,60 @@ class _NeedMore(Exception):
 def read_header(path: str | Path, where: str | None = None) -> GGUFHeader:
     """Parse and validate the header of the GGUF file ``path`` (no tensor data is read). The
     first MiB is read, and twice as much again while the header runs past what was read, up
-    to ``MAX_HEADER_BYTES``."""
+    to ``MAX_HEADER_BYTES``. A header parsed earlier in this process is returned again while
+    the file is the same (``_remembered``): one command reads a model's headers several times
+    (the in-place check, the plan), and a 150k-token vocabulary takes a while to parse."""
     where = where or str(path)
-    require_gguf(where)
+    gguf_constants(where)
     try:
         with open(path, "rb") as f:
+            key = _file_key(os.fstat(f.fileno()), str(path), where)
+            if key is not None and key in _PARSED:
+                return _PARSED[key]
             size = f.seek(0, 2)
             want = min(size, FIRST_READ)
             while True:
                 f.seek(0)
                 head = f.read(want)
                 try:
-                    return parse_header(head, size, where, partial=want < min(
+                    header = parse_header(head, size, where, partial=want < min(
                         size, MAX_HEADER_BYTES))
+                    break
                 except _NeedMore:
                     want = min(size, MAX_HEADER_BYTES, want * 2)
     except OSError as exc:
         raise GGUFFormatError(f"cannot read: {exc.strerror or exc}", where=where) from None
+    _remember(key, header)
+    return header
+
+
+# Parsed headers by file state, as the digest cache keys digests (``digest_cache``): the same
+# device, inode, size, mtime and ctime. A file changed less than ``_RACY_NS`` before it was read
+# is not remembered: a same-size rewrite within the timestamps' granularity could keep them all.
+_PARSED: dict[tuple, GGUFHeader] = {}
+_PARSED_MAX = 256
+_RACY_NS = 2_000_000_000
+_now_ns = time.time_ns
+
+
+def _file_key(st: os.stat_result, path: str, where: str) -> tuple | None:
+    if _now_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < _RACY_NS:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, path, where)
+
+
+def _remember(key: tuple | None, header: GGUFHeader) -> None:
+    if key is None:
+        return
+    if len(_PARSED) >= _PARSED_MAX:
+        _PARSED.pop(next(iter(_PARSED)))
+    _PARSED[key] = header
 
 
 def parse_header(data: bytes, file_size: int, where: str, partial: bool = False) -> GGUFHeader:
     """Parse ``data``, the start of a file of ``file_size`` bytes (``partial``: more of it could
     be read: running past ``data`` raises ``_NeedMore``, not an error)."""
-    gguf = require_gguf(where)
+    gguf = gguf_constants(where)
     r = _Reader(data, where, file_size, partial)
     if r.take(4) != b"GGUF":
         raise GGUFFormatError("not a GGUF file (bad magic)", where=where)
@@ -169,7 +202,7 @@ def parse_header(data: bytes, file_size: int, where: str, partial: bool = False)
 def _alignment(kv: dict[str, KeyValue], where: str) -> int:
     entry = kv.get("general.alignment")
     if entry is None:
-        return require_gguf().GGUF_DEFAULT_ALIGNMENT
+        return gguf_constants().GGUF_DEFAULT_ALIGNMENT
     value = entry.value
     if entry.vtype != 4 or value == 0 or value & (value - 1):
         raise GGUFFormatError(f"general.alignment must be a UINT32 power of two; got "

@@ -6,8 +6,13 @@ file out any other way (a header padded past that point, say) makes a file every
 and reads wrong, while its own digests, taken of what it wrote, agree. So:
 
 - ``check_written``: after a GGUF file is written, and before it is committed, gguf-py's
-  ``GGUFReader`` (an implementation independent of ours) reads it back, and every tensor's bytes
-  where the reader finds them are compared, range by range, with the bytes of its source;
+  ``GGUFReader`` (an implementation independent of ours) reads its header, and must find every
+  tensor where it was written: same name, order, byte offset and size. The bytes themselves are
+  not read again: the writer copied each range in the kernel and hashed it in the same pass
+  (``patcher.integrity.digests.hash_writer``), so the output's sha256 already stands for them.
+  Only the header and tensor infos are read (the reader maps the file; tensor data stays on
+  disk), so the check costs O(header), and it runs while the data is still being copied
+  (``start_layout_check``);
 - ``check_header``: for a header rewritten in place, the new header must put the data where the
   old one did, every tensor at the same offset;
 - ``layout_problem``: for ``verify`` (no base at hand), the file must be read by ``GGUFReader``
@@ -22,40 +27,49 @@ from pathlib import Path
 from ..errors import OperationFailed
 from . import require_gguf
 
-CHUNK = 16 << 20
+
+def written_layout(header_size: int, copies) -> list[tuple[str, int, int]]:
+    """``(name, absolute offset, nbytes)`` of every tensor of ``copies`` (``(name, source path,
+    source offset, nbytes, padding)``, in order) as a writer lays them out after a header of
+    ``header_size`` bytes."""
+    layout, pos = [], header_size
+    for name, _src, _offset, nbytes, pad in copies:
+        layout.append((name, pos, nbytes))
+        pos += nbytes + pad
+    return layout
 
 
-def check_written(path: str | os.PathLike, copies, where=None) -> None:
+def check_written(path: str | os.PathLike, layout, where=None) -> None:
     """Raise OperationFailed unless ``GGUFReader`` finds, in the file at ``path``, exactly the
-    tensors of ``copies`` (``(name, source path, source offset, nbytes, padding)``, in order),
-    each holding the bytes of its source range."""
+    tensors of ``layout`` (``written_layout``), in order, each at its offset and of its size."""
     where = where or path
     located = _reader_tensors(path, where)
-    names = [name for name, *_ in copies]
+    names = [name for name, _, _ in layout]
     if list(located) != names:
         raise OperationFailed("GGUF read-back: a reader finds the tensors "
                               f"{_first_diff(located, names)}", where=where)
-    fds: dict[str, int] = {}
-    try:
-        out = os.open(path, os.O_RDONLY)
-        try:
-            for name, src, src_offset, nbytes, _pad in copies:
-                offset, size = located[name]
-                if size != nbytes:
-                    raise OperationFailed(f"GGUF read-back: tensor {name!r} is read as {size} "
-                                          f"bytes, {nbytes} were written", where=where)
-                if src not in fds:
-                    fds[src] = os.open(src, os.O_RDONLY)
-                bad = _first_difference(out, offset, fds[src], src_offset, nbytes)
-                if bad is not None:
-                    raise OperationFailed(f"GGUF read-back: tensor {name!r} as a reader reads it "
-                                          f"(from byte {offset}) differs from its source at byte "
-                                          f"{bad} of {nbytes}", where=where)
-        finally:
-            os.close(out)
-    finally:
-        for fd in fds.values():
-            os.close(fd)
+    for name, offset, nbytes in layout:
+        at, size = located[name]
+        if size != nbytes:
+            raise OperationFailed(f"GGUF read-back: tensor {name!r} is read as {size} "
+                                  f"bytes, {nbytes} were written", where=where)
+        if at != offset:
+            raise OperationFailed(f"GGUF read-back: tensor {name!r} is read from byte {at}, "
+                                  f"it was written at byte {offset}", where=where)
+
+
+def start_layout_check(path: str | os.PathLike, layout, where=None):
+    """``check_written`` in a thread of its own, started now on a file whose header is written
+    and whose size is final (the data may still be arriving: the reader does not read it).
+    Returns a function that waits for the check and raises what it raised. The reader is
+    Python parsing the header; it runs on one core while the kernel copies and hashlib hashes
+    (both release the GIL) on the others."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(1, "gguf-read-back")
+    future = pool.submit(check_written, path, layout, where)
+    pool.shutdown(wait=False)
+    return future.result
 
 
 def check_header(header: bytes, base, where) -> None:
@@ -134,21 +148,3 @@ def _first_diff(located: dict, names: list[str]) -> str:
         if a != b:
             return f"{a!r} where {b!r} was written (tensor {i})"
     return f"{len(got)} tensors; {len(names)} were written"
-
-
-def _first_difference(fd_a: int, off_a: int, fd_b: int, off_b: int, n: int) -> int | None:
-    """The first byte at which the two ranges differ (relative), or None; read in chunks into
-    two buffers reused throughout."""
-    bufs = (bytearray(min(CHUNK, n)), bytearray(min(CHUNK, n)))
-    pos = 0
-    while pos < n:
-        size = min(CHUNK, n - pos)
-        a, b = (memoryview(buf)[:size] for buf in bufs)
-        got_a, got_b = os.preadv(fd_a, [a], off_a + pos), os.preadv(fd_b, [b], off_b + pos)
-        if got_a != size or got_b != size:
-            return pos + min(got_a, got_b)
-        same = bufs[0] == bufs[1] if size == len(bufs[0]) else a.tobytes() == b.tobytes()
-        if not same:                  # bytearray and bytes compare with memcmp
-            return pos + next(i for i in range(size) if a[i] != b[i])
-        pos += size
-    return None

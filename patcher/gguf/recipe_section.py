@@ -240,9 +240,9 @@ def _check_rope_value(v: rc.Validator, node: Any, key: str, value: Any) -> None:
 
 
 def rope_types() -> tuple[str, ...]:
-    from . import require_gguf
+    from . import gguf_constants
 
-    return tuple(t.value for t in require_gguf().RopeScalingType)
+    return tuple(t.value for t in gguf_constants().RopeScalingType)
 
 
 def _guard(v: rc.Validator, node: Any, pos) -> Guard | None:

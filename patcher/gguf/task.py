@@ -3,19 +3,23 @@
 A ``GGUFTask`` rides in a plan's ``rewrite-shard`` entry like a safetensors ``ShardTask`` and is
 written by the same shard writer (``patcher.tensors.writing.shard_writer.write_shard`` hands it to
 ``GGUFTask.write``): the output is hashed as it is written, the source ranges are copied by the
-kernel (``copy_file_range``) and hashed from the page cache in the same pass. A resharded output
-may draw its tensors from several files of a split set.
+kernel (``copy_file_range``, which reflinks where the file system shares extents) and hashed
+from the page cache in the same pass; the base's digest, unless already known, is taken from
+that same pass too. The read-back (``patcher.gguf.readback.check_written``) reads the header
+only, while the data is being copied: nothing is read twice. A resharded output may draw its
+tensors from several files of a split set.
 """
 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from ..errors import OperationFailed
-from .readback import check_written
+from .readback import start_layout_check, written_layout
 
 
 @dataclass(frozen=True)
@@ -62,25 +66,41 @@ class GGUFTask:
             writer.write(self.header)
             if on_progress:
                 on_progress(len(self.header))
-            fds: dict[str, int] = {}
+            # The file gets its final size now, so a reader can read the header (as one will,
+            # before any commit) while the data is copied behind it.
+            os.ftruncate(raw.fileno(), self.file_size)
+            checked = start_layout_check(target, written_layout(len(self.header), self.copies))
+            fds: dict = {}
+            pool = ThreadPoolExecutor(2, "hash-copy")   # one for the file, not one per tensor
+            # the write-out is started from a thread of its own: sync_file_range blocks while
+            # the disk's queue is full, and the hashing must not wait for it
+            flusher = ThreadPoolExecutor(1, "write-out")
             try:
                 source = self._hashed_source(hash_sources)
                 digest = SourceDigest(_open(fds, source)) if source else None
                 for name, path, offset, nbytes, pad in self.copies:
                     faults.point(f"tensor:{name}")
                     hash_while_copying(_open(fds, path), offset, nbytes, writer,
-                                       on_progress=on_progress, source_digest=digest)
+                                       on_progress=on_progress, source_digest=digest,
+                                       pool=pool)
                     if pad:
                         writer.write(b"\0" * pad)
-                    writeback(writer.size)      # the final fsync finds little left to write
+                    flusher.submit(writeback, writer.size)   # the fsync finds little left
                 source_result = digest.result() if digest is not None else None
+                _check_unchanged(fds, target)
+            except BaseException:
+                _wait_quietly(checked)
+                raise
             finally:
+                pool.shutdown()
+                flusher.shutdown()
                 for fd in fds.values():
-                    os.close(fd)
+                    if isinstance(fd, int):
+                        os.close(fd)
+            checked()                           # as a reader reads it, before any commit
             if writer.size != self.file_size:
                 raise OperationFailed(f"wrote {writer.size} bytes, expected {self.file_size}",
                                       where=target)
-            check_written(target, self.copies)      # as a reader reads it, before any commit
             if fsync:
                 os.fsync(raw.fileno())
             os.fchmod(raw.fileno(), 0o444)
@@ -98,7 +118,32 @@ class GGUFTask:
         return path if path in hash_sources else None
 
 
+def _wait_quietly(checked) -> None:
+    """Let a read-back still running finish before the write's own error propagates."""
+    try:
+        checked()
+    except Exception:      # noqa: BLE001 - the write's error is the one to report
+        pass
+
+
 def _open(fds: dict[str, int], path: str) -> int:
+    """The file descriptor of ``path`` (opened once per write); ``fds`` also keeps each file's
+    state when it was opened, under ``(path,)``."""
     if path not in fds:
         fds[path] = os.open(path, os.O_RDONLY)
+        fds[(path,)] = _state(os.fstat(fds[path]))
     return fds[path]
+
+
+def _state(st: os.stat_result) -> tuple:
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _check_unchanged(fds: dict[str, int], target) -> None:
+    """The bytes hashed (from a mapping) and the bytes the kernel copied a moment later are the
+    same only if no source changed meanwhile; the output is not read back to compare them, so
+    each source's size, mtime and ctime must be what they were when it was opened."""
+    for path, fd in list(fds.items()):
+        if isinstance(path, str) and fds[(path,)] != _state(os.fstat(fd)):
+            raise OperationFailed(f"the base file {path} changed while it was copied", where=target,
+                                  hint="nothing was written; run the command again")

@@ -157,7 +157,7 @@ def test_verify_finds_a_file_readers_read_differently(tmp_path, monkeypatch):
     encode = gguf_plan.encode_header
     monkeypatch.setattr(gguf_plan, "encode_header",
                         lambda kv, tensors, a: encode(kv, tensors, a) + b"\0" * a)
-    monkeypatch.setattr(gguf_task, "check_written", lambda *a, **k: None)
+    monkeypatch.setattr(gguf_task, "start_layout_check", lambda *a, **k: lambda: None)
     out = api.apply(_recipe(tmp_path, "short"), base.parent, out=tmp_path / "out").output
     report = api.verify(out)
     assert not report.ok

@@ -55,3 +55,30 @@ def test_a_copy_failing_in_its_thread_is_raised_and_breaks_the_writer(tmp_path, 
             hash_while_copying(s.fileno(), 0, 100_000, w)
         with pytest.raises(OperationFailed, match="earlier write failed"):
             w.sha256
+
+
+def test_a_callers_pool_serves_every_range_and_stays_open(tmp_path, monkeypatch):
+    """A writer of many ranges passes one pool: no call starts threads of its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    monkeypatch.setattr(hash_writer, "COPY_WINDOW", 40_000)
+    monkeypatch.setattr(hash_writer, "PARALLEL_MIN", 0)
+    made = []
+    real = hash_writer.ThreadPoolExecutor
+    monkeypatch.setattr(hash_writer, "ThreadPoolExecutor",
+                        lambda *a, **k: made.append(a) or real(*a, **k))
+    data = os.urandom(200_000)
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    out = tmp_path / "out.bin"
+    pool = ThreadPoolExecutor(2)
+    with open(out, "wb", buffering=0) as f, open(src, "rb") as s:
+        w, digest = HashingWriter(f), SourceDigest(s.fileno())
+        for off in range(0, 200_000, 50_000):
+            hash_while_copying(s.fileno(), off, 50_000, w, source_digest=digest, pool=pool)
+        source = digest.result()
+    assert pool.submit(lambda: 1).result() == 1      # not shut down by the calls
+    pool.shutdown()
+    assert made == []
+    assert out.read_bytes() == data and w.sha256 == hashlib.sha256(data).hexdigest()
+    assert source.sha256 == hashlib.sha256(data).hexdigest()

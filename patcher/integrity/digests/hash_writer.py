@@ -116,7 +116,8 @@ def _copy_kernel(method: str, src_fd: int, dst_fd: int, src_off: int, dst_off: i
 
 
 def hash_while_copying(src_fd: int, offset: int, length: int, dst: HashingWriter, *,
-                       on_progress: ProgressFn | None = None, source_digest=None) -> int:
+                       on_progress: ProgressFn | None = None, source_digest=None,
+                       pool: ThreadPoolExecutor | None = None) -> int:
     """Append bytes ``[offset, offset + length)`` of ``src_fd`` to ``dst``, hashing them once.
 
     The range is hashed from an mmap of the source (no copy into Python) and copied into the
@@ -124,7 +125,9 @@ def hash_while_copying(src_fd: int, offset: int, length: int, dst: HashingWriter
     server-side on NFS), falling back to ``sendfile`` and then to writing the mapped bytes. The
     digest and size of ``dst`` include the range; a ``source_digest``
     (``patcher.integrity.digests.source_digest.SourceDigest``) is fed the same mapped bytes. Returns
-    ``length``.
+    ``length``. A ``pool`` of two threads, if given, runs the copy and the source's digest of
+    ranges of ``PARALLEL_MIN`` bytes or more (a writer copying many ranges passes one, so that
+    no call starts threads of its own); it stays the caller's to shut down.
 
     The source must not change while it is copied (base files are read-only in modelpatch): the
     bytes copied by the kernel are read a moment after the bytes hashed.
@@ -151,8 +154,10 @@ def hash_while_copying(src_fd: int, offset: int, length: int, dst: HashingWriter
 
     methods = [m for m in ("copy_file_range", "sendfile") if hasattr(os, m)]
     done = 0
-    # Per call, not per module: a forked worker process must not inherit a pool's dead threads.
-    pool = ThreadPoolExecutor(2, "hash-copy") if length >= PARALLEL_MIN else None
+    # Per call (or per caller), not per module: a forked worker process must not inherit a
+    # pool's dead threads.
+    own = ThreadPoolExecutor(2, "hash-copy") if pool is None and length >= PARALLEL_MIN else None
+    pool = (own or pool) if length >= PARALLEL_MIN else None
     try:
         while done < length:
             win_off = offset + done
@@ -171,8 +176,8 @@ def hash_while_copying(src_fd: int, offset: int, length: int, dst: HashingWriter
             raise OperationFailed(f"copy into the output failed: {exc.strerror or exc}") from exc
         raise
     finally:
-        if pool is not None:
-            pool.shutdown()
+        if own is not None:
+            own.shutdown()
     dst._size += length
     return length
 

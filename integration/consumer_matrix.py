@@ -15,10 +15,13 @@ Rows (``ROWS``): a recipe applied to a model made by its real producer (transfor
   whether the logits of one prompt are finite;
 - ``compressed-tensors``: the same with ``CompressedTensorsConfig(dequantize=True)``: decompressed
   by compressed-tensors, logits finite;
+- ``gguf-py`` (GGUF rows, ``gguf_rows.py``): base and output read by gguf-py's
+  ``GGUFReader``: every kept tensor's bytes as the base's, the recipe's keys as promised, and
+  the metadata equal to gguf-py's own ``gguf-new-metadata`` where that tool makes the same edit;
 - ``llama.cpp``: GGUF rows only, through llama-cpp-python if installed (integration/
   run-llama-cpp.sh builds it); otherwise the cell says it was skipped.
 
-``transformers_cell`` and ``compressed_tensors_cell`` need no vLLM:
+``transformers_cell``, ``compressed_tensors_cell`` and ``gguf_rows.gguf_cell`` need no vLLM:
 tests/test_consumer_matrix.py runs them in the test suite on the same rows.
 """
 
@@ -32,6 +35,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf_rows import GGUF_ROWS, gguf_cell, llama_cpp_cell, show_gguf  # noqa: E402
+
 FIXTURES = REPO / "tests" / "fixtures" / "modelopt"
 
 
@@ -50,6 +56,26 @@ def _save_pretrained(kind: str, out: Path) -> Path:
     with torch.no_grad():       # k's magnitude above q's and v's: the fused scale matters
         model.model.layers[0].self_attn.k_proj.weight[0, 0] = 0.5
     model.to(torch.bfloat16).save_pretrained(out)
+    return out
+
+
+def _rank_by_default(out: Path) -> Path:
+    """The ModelOpt DeepSeek-V3 export with compressed-tensors' KV-scale spelling
+    (``self_attn.k_scale``) and a config.json that leaves ``kv_lora_rank`` to the class
+    default (512 in transformers' DeepseekV3Config): MLA to vLLM all the same."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(FIXTURES / "deepseek-v3-nvfp4", out)
+    for path in out.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    tensors = load_file(out / "model.safetensors")
+    renamed = {n.replace(".k_proj.k_scale", ".k_scale").replace(".v_proj.v_scale", ".v_scale"): t
+               for n, t in tensors.items()}
+    save_file({n: t.contiguous() for n, t in renamed.items()}, out / "model.safetensors",
+              metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config.pop("kv_lora_rank")
+    (out / "config.json").write_text(json.dumps(config, indent=2))
     return out
 
 
@@ -80,19 +106,31 @@ ROWS = [
      lambda d: _modelopt("llama-fp8", d)),
     ("kv-scale-names / ModelOpt DeepSeek-V3 (MLA)", "kv-scale-names",
      lambda d: _modelopt("deepseek-v3-nvfp4", d)),
+    ("kv-scale-names / DeepSeek-V3, self_attn.k_scale, kv_lora_rank left to its default",
+     "kv-scale-names", _rank_by_default),
 ]
 
 
-def apply_row(recipe: str, producer, work: Path) -> tuple[Path, Path]:
+def apply_row(recipe: str, producer, work: Path, params: dict | None = None
+              ) -> tuple[Path, Path]:
     """(base, output); the output is the base when the recipe has nothing to change."""
     from patcher import api
     from patcher.errors import NothingToChange
 
     base = producer(work / "base")
     try:
-        return base, api.apply(recipe, base, out=work / "out").output
+        return base, api.apply(recipe, base, out=work / "out", params=params).output
     except NothingToChange:
         return base, base
+
+
+def gguf_row(row: tuple, work: Path) -> dict:
+    """One GGUF row: applied, then its gguf-py and llama.cpp cells."""
+    label, recipe, producer, params, expect, dropped = row
+    base, out = apply_row(recipe, producer, work, params(work / "params"))
+    return {"row": label, "recipe": "applied" if out != base else "nothing to change",
+            "gguf": gguf_cell(base, out, expect, dropped, work / "reference"),
+            "llama_cpp": llama_cpp_cell(out)}
 
 
 # -- transformers and compressed-tensors ------------------------------------------------------
@@ -143,6 +181,8 @@ def compressed_tensors_cell(model: Path) -> dict | None:
 def _show_load(cell: dict | None) -> str:
     if cell is None:
         return "n/a"
+    if "base_error" in cell:
+        return f"n/a: the base does not load either ({cell['base_error'][:60]})"
     if "error" in cell:
         return cell["error"]
     kv = f" ({cell['unexpected_kv_scales']} KV scales)" if cell["unexpected_kv_scales"] else ""
@@ -170,17 +210,23 @@ def vllm_cell(model: Path) -> dict:
     from vllm.model_executor.layers.quantization.compressed_tensors.utils import should_ignore_layer
     from vllm.model_executor.model_loader.weight_utils import maybe_remap_kv_scale_name
 
+    from patcher.model.mla import uses_mla
+
     out: dict = {}
     config = json.loads((model / "config.json").read_text())
+    ours = uses_mla(config)
     try:
         engine = EngineArgs(model=str(model), skip_tokenizer_init=True,
                             enforce_eager=True).create_engine_config()
         out["quantization"] = engine.model_config.quantization
+        mla = engine.model_config.use_mla       # vLLM's own decision (is_deepseek_mla)
+        out["mla"] = (f"ok: {mla}" if mla == ours else
+                      f"FAIL: vLLM {mla}, doctor/recipes (@model /mla) {ours}")
     except Exception as exc:
         out["quantization"] = f"error: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+        mla = ours
     cls = _vllm_class(config)
     packed = dict(getattr(cls, "packed_modules_mapping", {}))
-    mla = config.get("kv_lora_rank") is not None
     if mla and config.get("q_lora_rank") is not None:       # DeepseekV2ForCausalLM.__init__
         packed["fused_qkv_a_proj"] = ["q_a_proj", "kv_a_proj_with_mqa"]
     names = _tensor_names(model)
@@ -257,20 +303,32 @@ def run(work: Path, with_vllm: bool) -> list[dict]:
     rows = []
     for index, (label, recipe, producer) in enumerate(ROWS):
         base, out = apply_row(recipe, producer, work / str(index))
+        loaded = transformers_cell(out)
+        if "error" in loaded and out != base and "error" in transformers_cell(base):
+            loaded = {"base_error": loaded["error"]}     # not the recipe's doing
+        elif "error" in loaded and out == base:
+            loaded = {"base_error": loaded["error"]}
         row = {"row": label, "recipe": "applied" if out != base else "nothing to change",
-               "transformers": transformers_cell(out),
+               "transformers": loaded,
                "compressed_tensors": compressed_tensors_cell(out),
                "vllm": vllm_cell(out) if with_vllm else None,
                "llama_cpp": "n/a (no GGUF output)"}
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        rows.append(row)
+    for index, spec in enumerate(GGUF_ROWS):
+        row = gguf_row(spec, work / f"gguf-{index}")
         print(json.dumps(row), file=sys.stderr, flush=True)
         rows.append(row)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    head = ["recipe / producer", "vLLM", "transformers", "compressed-tensors", "llama.cpp"]
+    head = ["recipe / producer", "vLLM", "transformers", "compressed-tensors", "gguf-py",
+            "llama.cpp"]
     body = [[r["row"], _show_vllm(r["vllm"]), _show_load(r["transformers"]),
-             _show_load(r["compressed_tensors"]), r["llama_cpp"]] for r in rows]
+             _show_load(r["compressed_tensors"]), "n/a", r["llama_cpp"]] if "gguf" not in r
+            else [r["row"], "n/a", "n/a", "n/a", show_gguf(r["gguf"]), r["llama_cpp"]]
+            for r in rows]
     return "\n".join(" | ".join(line) for line in [head, ["---"] * len(head), *body])
 
 
@@ -293,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
-    bad = [r for r in rows if "FAIL" in table([r]) or "error" in json.dumps(r)]
+    bad = [r for r in rows if "FAIL" in table([r]) or '"error"' in json.dumps(r)
+           or "error:" in json.dumps(r.get("vllm"))]
     return 1 if bad else 0
 
 

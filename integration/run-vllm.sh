@@ -6,8 +6,8 @@
 #
 # Creates integration/.venv-vllm (git-ignored) on first use: `pip install vllm` (a CUDA torch of
 # several GB; the check itself runs on CPU with VLLM_TARGET_DEVICE=cpu), then this project with
-# --no-deps (vLLM pins its own torch; nothing of ours may move it) plus its two small dependencies
-# vLLM does not bring. VLLM_SPEC overrides the requirement (default: vllm, the newest release).
+# --no-deps (vLLM pins its own torch; nothing of ours may move it) plus the small dependencies
+# vLLM does not bring (jsonpatch, ruamel.yaml; gguf-py for the matrix's GGUF rows). VLLM_SPEC overrides the requirement (default: vllm, the newest release).
 # The work directory is a fresh temporary one unless --work is given; it is kept for inspection.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -16,7 +16,7 @@ venv="$here/.venv-vllm"
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import vllm, patcher" 2>/dev/null; then
     python3 -m venv "$venv"
     "$venv/bin/pip" install -q "${VLLM_SPEC:-vllm}"
-    "$venv/bin/pip" install -q "jsonpatch>=1.33" "ruamel.yaml>=0.18"
+    "$venv/bin/pip" install -q "jsonpatch>=1.33" "ruamel.yaml>=0.18" "gguf>=0.17"
     "$venv/bin/pip" install -q --no-deps -e "$repo"
 fi
 script="$here/vllm_config.py"

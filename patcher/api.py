@@ -14,8 +14,20 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import signatures
 from .errors import InputError, ModelDirError
-from .model.model_dir import ModelDir
+from .execute.executors import executing
+from .model_ref import HF_SCHEME, ModelRef  # noqa: F401  (HF_SCHEME: the name callers know)
+from .opening import (  # noqa: F401  (recover, open_model, resolve_model: the API's own)
+    open_local,
+    open_model,
+    open_recovered,
+    output_for,
+    recover,
+    recovered,
+    resolve_model,
+)
+from .signatures import base_signature_of, signer_of, trust_of
 
 # Heavier modules (the engine, the recipe loader and its YAML library, huggingface_hub) are
 # imported by the functions that need them, so `inspect` and `--help` stay light.
@@ -25,46 +37,6 @@ if TYPE_CHECKING:
     from .recipe.load import Recipe
 
 log = logging.getLogger("modelpatch")
-
-
-def _recovered(directory: str | os.PathLike) -> None:
-    """Finish or undo an interrupted in-place operation, saying which on the log."""
-    if Path(directory).is_dir():
-        done = recover(directory)
-        if done:
-            log.warning("%s: %s", directory, done)
-
-
-def _open(model: str | os.PathLike) -> ModelDir:
-    """The model directory, or for a .gguf file the view holding just that model
-    (``patcher.gguf.single_file``, which says what each command does with one)."""
-    from .gguf.single_file import model_directory
-
-    _recovered(model_directory(model))
-    return _open_recovered(model)
-
-
-def _open_recovered(model: str | os.PathLike) -> ModelDir:
-    from .gguf.single_file import is_gguf_file, open_gguf_file
-
-    if str(model).endswith(".gguf") and not os.path.isdir(model) and not is_gguf_file(model):
-        raise ModelDirError("no such file" if not os.path.lexists(model) else
-                            "not a regular file", where=model)
-    return open_gguf_file(model) if is_gguf_file(model) else ModelDir.open(model)
-
-
-def _default_output(model: str | os.PathLike, base: ModelDir, recipe_name: str,
-                    out: str | os.PathLike | None) -> Path:
-    from .execute.engine import default_output
-    from .gguf import single_file
-
-    if base.subset:
-        single_file.check_output(out)
-    if out is not None:
-        return Path(out)
-    if base.subset:
-        return single_file.default_output(model, recipe_name)
-    return default_output(base.root, recipe_name)
 
 
 def load(recipe: str | os.PathLike | Recipe | list | tuple) -> Recipe:
@@ -81,9 +53,9 @@ def inspect(model: str | os.PathLike, *, endpoint: str | None = None) -> dict:
     ``hf://org/name[@rev]`` is read from the hub (``endpoint``) without its tensor data; the
     report's ``remote`` then says what that transferred."""
     from .model.inspect_model import inspect_model
-    from .remote.model import is_remote
+    from .model_ref import ModelKind
 
-    if not is_remote(model) and str(model).endswith(".gguf") and Path(model).is_file():
+    if ModelRef.parse(model).kind is ModelKind.GGUF_FILE and Path(model).is_file():
         from .gguf.inspect import inspect_gguf_file
 
         return inspect_gguf_file(Path(model))
@@ -101,21 +73,9 @@ def inspect(model: str | os.PathLike, *, endpoint: str | None = None) -> dict:
         from .gguf.inspect import inspect_gguf_dir
 
         report["gguf"] = inspect_gguf_dir(opened)
-    if hasattr(opened, "transfer_report"):
+    if ModelRef.parse(model).is_hub:
         report["remote"] = opened.transfer_report()
     return report
-
-
-def open_model(model: str | os.PathLike, *, endpoint: str | None = None,
-               what: str = "inspect") -> ModelDir:
-    """A local model directory, or ``hf://org/name[@rev]`` read from the hub (``endpoint``)
-    without its tensor data (``patcher.remote.model.RemoteModel``; ``what``: the command its
-    hub errors name)."""
-    from .remote.model import RemoteModel, is_remote
-
-    if is_remote(model):
-        return RemoteModel.open(str(model), endpoint=endpoint, what=what)
-    return _open(model)
 
 
 def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
@@ -140,23 +100,25 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
         model = Path(model).parent
     loaded, base = load(recipe), open_model(model, endpoint=endpoint, what="plan")
     the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
-    if hasattr(base, "transfer_report"):
+    if ModelRef.parse(model).is_hub:
         return replace(the_plan, transfer=base.transfer_report())
     if the_plan.options.in_place:
         return the_plan
-    target = _default_output(model, base, loaded.name, out)
+    target = output_for(model, base, loaded.name, out)
     return predict_for_plan(the_plan, target, the_plan.options.link or "auto")
 
 
 def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
-          out: str | os.PathLike | None = None, force: bool = False, link: str = "auto",
-          force_copy: bool = False, jobs: int | None = None, device: str = "cpu",
-          max_shard_size: int | None = None, progress: Progress | None = None,
-          base_model: str | None = None, allow_noop: bool = False,
-          params: dict | None = None, endpoint: str | None = None,
-          executor: str = "local", ray_address: str | None = None,
-          sign=None, require_signed_base=None) -> ApplyResult:
+          options: PlanOptions | dict | None = None, out: str | os.PathLike | None = None,
+          force: bool = False, progress: Progress | None = None, base_model: str | None = None,
+          allow_noop: bool = False, endpoint: str | None = None, sign=None,
+          require_signed_base=None, **given) -> ApplyResult:
     """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``).
+
+    ``options``: a ``PlanOptions`` (or a dict of its field names), as for ``plan``; the
+    keywords ``given`` (``link``, ``force_copy``, ``jobs``, ``device``, ``max_shard_size``,
+    ``params``, ``executor``, ``ray_address``) set those fields (``PlanOptions.of``). The
+    executor reads them from the plan only.
 
     ``sign`` (a private key path, a ``patcher.signing.keys.KeySigner`` or ``"sigstore"``): the
     variant is committed with its OMS ``model.sig``, written last from the manifest's digests.
@@ -180,35 +142,52 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
     ``executor="ray"`` runs the shard tasks and file hashes on the Ray cluster at
     ``ray_address`` (``patcher.execute.ray_executor``); the rest runs here."""
     from .execute.engine import apply_plan
-    from .execute.linking import check_mode, predict_for_plan, warn_before_copying
+    from .execute.linking import predict_for_plan, warn_before_copying
     from .execute.locking import lock_directory
+    from .gguf.single_file import model_directory
     from .plan import PlanOptions, require_change
     from .plan import plan as make_plan
 
+    options = PlanOptions.of(options, **given).out_of_place()
     loaded = load(recipe)
     base_model = _checked_base_model(base_model)
     signer, trust = signer_of(sign), trust_of(require_signed_base)   # refused before any work
     # Plan under the base's shared lock, so an in-place patch or revert cannot change the base
     # between planning and linking.
-    from .gguf.single_file import model_directory
-
-    _recovered(model_directory(model))
+    recovered(model_directory(model))
     with lock_directory(model_directory(model), exclusive=False):
-        base = _open_recovered(model)
-        link = check_mode("copy" if force_copy else link)
-        options = PlanOptions(link=link, jobs=jobs, device=device,
-                              max_shard_size=max_shard_size, params=params or None)
+        base = open_recovered(model)
         the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
         require_change(the_plan, allow_noop)
         _log_warnings(the_plan)
-        target = _default_output(model, base, loaded.name, out)
-        the_plan = predict_for_plan(the_plan, target, link)
+        target = output_for(model, base, loaded.name, out)
+        the_plan = predict_for_plan(the_plan, target, options.link)
         warn_before_copying(the_plan.link)
-        with _executor(executor, ray_address):
-            base_signature = _base_signature(base, trust, jobs)
-            return apply_plan(the_plan, base, target, force=force, link=link, jobs=jobs,
-                              progress=progress, base_model=base_model, signer=signer,
-                              base_signature=base_signature)
+        with executing(options.executor, options.ray_address):
+            base_signature = base_signature_of(base, trust, options.jobs)
+        return apply_plan(the_plan, base, target, force=force, progress=progress,
+                          base_model=base_model, signer=signer, base_signature=base_signature)
+
+
+def save_plan(the_plan: Plan, path: str | os.PathLike) -> Path:
+    """Write ``the_plan`` (of ``plan``) to ``path`` for ``apply_saved`` (``patcher.saved_plan``:
+    a plan for a new variant of a local model directory)."""
+    from .saved_plan import save_plan as save
+
+    return save(the_plan, path)
+
+
+def apply_saved(plan_file: str | os.PathLike, model: str | os.PathLike | None = None, *,
+                sign=None, require_signed_base=None, **kwargs) -> ApplyResult:
+    """Carry out exactly the plan saved at ``plan_file``: no recipe is read, nothing is
+    planned again, and a base changed since the plan was made is refused (``PlanError``).
+    ``model``, when given, must be the plan's base; ``sign`` and ``require_signed_base`` as for
+    ``apply``; ``kwargs``: ``out``, ``force``, ``progress``, ``base_model``, ``jobs``,
+    ``executor``, ``ray_address`` (``patcher.saved_plan.apply_saved_plan``)."""
+    from .saved_plan import apply_saved_plan
+
+    return apply_saved_plan(plan_file, model, signer=signer_of(sign),
+                            trust=trust_of(require_signed_base), **kwargs)
 
 
 def apply_stacked(recipes: list, model: str | os.PathLike, *, out: str | os.PathLike,
@@ -267,29 +246,13 @@ def verify(directory: str | os.PathLike, *, jobs: int | None = None, fast: bool 
     from .integrity.verify import verify_dir
 
     directory = model_directory(directory)
-    _recovered(directory)
+    recovered(directory)
     # Shared: verifies and out-of-place applies read together; an in-place apply or a revert
     # (exclusive) cannot change the files while they are hashed.
-    with lock_directory(Path(directory), exclusive=False), _executor(executor, ray_address):
+    with lock_directory(Path(directory), exclusive=False), executing(executor, ray_address):
         report = verify_dir(Path(directory), jobs=jobs, fast=fast, on_progress=on_progress,
                             on_total=on_total)
         return check_layouts(Path(directory), report)
-
-
-def recover(directory: str | os.PathLike) -> str | None:
-    """Finish or undo an in-place operation a crash interrupted in ``directory``.
-
-    Every command calls this first; it returns a sentence saying what it did, or None.
-    """
-    from .execute.journal import pending
-    from .execute.journal import recover as recover_journal
-    from .execute.locking import lock_directory
-
-    root = Path(directory)
-    if not pending(root):       # a journal, or the leftovers of an interrupted one
-        return None
-    with lock_directory(root, exclusive=True):
-        return recover_journal(root)
 
 
 def apply_into_cache(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, name: str,
@@ -324,51 +287,36 @@ def apply_into_cache(recipe: str | os.PathLike | Recipe, model: str | os.PathLik
 
 
 def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
-                   jobs: int | None = None, device: str = "cpu",
-                   max_shard_size: int | None = None,
-                   progress: Progress | None = None,
-                   base_model: str | None = None, allow_noop: bool = False,
-                   params: dict | None = None, endpoint: str | None = None) -> ApplyResult:
-    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``base_model``,
-    ``params`` and ``endpoint`` as for ``apply``. A plan that changes nothing raises
-    ``NothingToChange`` unless ``allow_noop``."""
+                   options: PlanOptions | dict | None = None,
+                   progress: Progress | None = None, base_model: str | None = None,
+                   allow_noop: bool = False, endpoint: str | None = None,
+                   **given) -> ApplyResult:
+    """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``options`` (always in
+    place), ``given``, ``base_model`` and ``endpoint`` as for ``apply``. A plan that changes
+    nothing raises ``NothingToChange`` unless ``allow_noop``."""
     from .execute.inplace import apply_locked, prepare_directory
     from .execute.locking import lock_directory
     from .gguf.single_file import check_in_place, is_gguf_file
     from .plan import PlanOptions, require_change
     from .plan import plan as make_plan
 
+    options = PlanOptions.of(options, **given, in_place=True)
+    if options.executor != "local":
+        raise InputError(f"--executor {options.executor} writes a new variant; it excludes "
+                         f"--in-place")
     loaded = load(recipe)
     base_model = _checked_base_model(base_model)
     if is_gguf_file(model):
         check_in_place(model)
         model = Path(model).parent
-    options = PlanOptions(in_place=True, jobs=jobs, device=device,
-                          max_shard_size=max_shard_size, params=params or None)
     # Planned once, under the exclusive lock: nothing can change the directory in between.
     with lock_directory(Path(model), exclusive=True):
         prepare_directory(Path(model))
-        base = _open(model)
+        base = open_local(model)
         the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
         require_change(the_plan, allow_noop)
         _log_warnings(the_plan)
-        return apply_locked(the_plan, base, jobs=jobs, progress=progress, base_model=base_model)
-
-
-def _executor(name: str, address: str | None):
-    """Where the shard tasks and file hashes of one command run (``patcher.dispatch``):
-    here (``local``), or on a Ray cluster (``ray``; ray is imported only then)."""
-    import contextlib
-
-    if name == "ray":
-        from .execute.ray_executor import executing_on_ray
-
-        return executing_on_ray(address)
-    if name != "local":
-        raise InputError(f"unknown executor {name!r}: local or ray")
-    if address is not None:
-        raise InputError("--ray-address needs --executor ray")
-    return contextlib.nullcontext()
+        return apply_locked(the_plan, base, progress=progress, base_model=base_model)
 
 
 def _checked_base_model(value: str | None) -> str | None:
@@ -393,46 +341,14 @@ def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None
     from .gguf.single_file import model_directory
 
     directory = model_directory(directory)
-    _recovered(directory)
+    recovered(directory)
     if out is not None:
-        with _executor(executor, ray_address):
+        with executing(executor, ray_address):
             return rebuild_base(directory, out, all_patches=all_patches, force=force, jobs=jobs)
     if executor != "local":
         raise InputError(f"--executor {executor} rebuilds the base into a new directory: "
                          f"give -o", where=directory)
     return revert_here(directory, all_patches=all_patches, force=force, jobs=jobs)
-
-
-HF_SCHEME = "hf://"
-
-
-def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
-                  progress: bool = True, on_progress=None) -> Path:
-    """A model directory; ``hf://org/name[@rev]`` is resolved through the huggingface_hub cache
-    (downloaded if needed) to its snapshot directory. The endpoint defaults to ``$HF_ENDPOINT``
-    (a malformed one is an ``InputError``); ``progress=False``: only huggingface_hub's errors
-    are logged; ``on_progress(bytes)`` counts what the download adds to the cache."""
-    text = os.fspath(model)
-    if not text.startswith(HF_SCHEME):
-        return Path(text)
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.file_download import repo_folder_name
-
-    from .hub.client.connection import check_repo_id, client, hub_call, hub_output
-    from .hub.client.growth import reported_growth
-    from .model.model_dir import BASE_RECORD
-
-    repo_id, _, revision = text[len(HF_SCHEME):].partition("@")
-    if repo_id.count("/") != 1:
-        raise InputError(f"{text!r} is not hf://ORG/NAME[@REVISION]")
-    check_repo_id(repo_id)
-    hub = client(endpoint)
-    cached = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo_id, repo_type="model")
-    # Without a base's digest record: the hub's, not the model's.
-    with hub_output(progress), reported_growth(cached, on_progress):
-        return Path(hub_call("download", repo_id, snapshot_download, repo_id,
-                             revision=revision or None, endpoint=hub.endpoint, token=hub.token,
-                             ignore_patterns=[BASE_RECORD]))
 
 
 def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | None = None,
@@ -451,7 +367,7 @@ def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | No
     loaded = load_rules(tuple(rules), allow_recipe_files=allow_recipe_files)
     opened = open_model(model, endpoint=endpoint, what="doctor")
     report = diagnose(opened, target, loaded)
-    if hasattr(opened, "transfer_report"):
+    if ModelRef.parse(model).is_hub:
         report["remote"] = opened.transfer_report()
     else:
         report["model"] = os.path.abspath(model)        # as given (a .gguf file), absolute
@@ -466,7 +382,7 @@ def publish(directory: str | os.PathLike, repo_id: str, *, base: bool = False, *
     from .hub.client.publish import publish as run
 
     directory = model_directory(directory)
-    _recovered(directory)
+    recovered(directory)
     return (publish_base if base else run)(directory, repo_id, **kwargs)
 
 
@@ -477,53 +393,5 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, **kwargs):
     return run(repo_id, out, **kwargs)
 
 
-def signer_of(sign):
-    """A ``KeySigner`` for a private key path (checked now: mode, type, passphrase),
-    ``"sigstore"`` for keyless, or ``sign`` as given."""
-    from .signing.keys import load_signer
-    from .signing.sign import KEYLESS
-
-    if sign is None or sign == KEYLESS or not isinstance(sign, (str, os.PathLike)):
-        return sign
-    return load_signer(sign)
-
-
-def trust_of(key):
-    """A ``Trust`` for a public key path, or ``key`` as given (None, or a ``Trust``)."""
-    from .signing.verify import Trust
-
-    return Trust.load(key=key) if isinstance(key, (str, os.PathLike)) else key
-
-
-def _base_signature(base: ModelDir, trust, jobs: int | None) -> dict | None:
-    if trust is None:
-        return None         # the builder records what the base's model.sig claims
-    from .signing.verify import base_signature
-
-    return base_signature(base.root, trust, fast=True, jobs=jobs)
-
-
-def sign(directory: str | os.PathLike, signer, *, full: bool = False,
-         jobs: int | None = None) -> Path:
-    """Write ``directory/model.sig`` (OMS v1.0) from its verified manifest's digests
-    (``patcher.signing.sign``); ``signer`` as ``apply``'s ``sign``."""
-    from .execute.locking import lock_directory
-    from .signing.sign import sign_directory
-
-    signer = signer_of(signer)
-    _recovered(directory)
-    with lock_directory(Path(directory), exclusive=True):
-        return sign_directory(directory, signer, full=full, jobs=jobs)
-
-
-def verify_signature(directory: str | os.PathLike, trust, *, ignore_unsigned: bool = False,
-                     fast: bool = False, jobs: int | None = None, on_progress=None):
-    """Check ``directory/model.sig`` with ``trust`` (a ``Trust``, or a public key path), then
-    the files against it; returns a ``SignatureReport`` or raises ``VerifyMismatch``."""
-    from .execute.locking import lock_directory
-    from .signing.verify import verify_signed
-
-    _recovered(directory)
-    with lock_directory(Path(directory), exclusive=False):
-        return verify_signed(directory, trust_of(trust), ignore_unsigned=ignore_unsigned,
-                             fast=fast, jobs=jobs, on_progress=on_progress)
+sign = signatures.sign                       # the API's own, in patcher.signatures
+verify_signature = signatures.verify_signature

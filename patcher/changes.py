@@ -11,7 +11,7 @@ The standard library only: every package may import it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Protocol, Union
 
 
 class _Absent:
@@ -209,6 +209,13 @@ class ContentSource:
 Change = Union[FileDropped, FileAdded, TensorDropped, TensorRenamed, TensorConverted, TensorAdded,
                Resharded, GgufResharded, GgufMetadata, ContentSource]
 """Every record but the JSON edits (``patcher.config.ops.Change``), which have ``to_json`` too."""
+
+
+class ChangeRecord(Protocol):
+    """One entry of a plan's change log: a record here, a ``config.ops.Change``, or one read
+    back from a saved plan."""
+
+    def to_json(self) -> dict[str, Any]: ...
 
 
 def changes_json(changes) -> list[dict[str, Any]]:

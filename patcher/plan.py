@@ -10,15 +10,16 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from . import collector
-from .changes import FileAdded, FileDropped, changes_json
+from .changes import ChangeRecord, FileAdded, FileDropped, changes_json
 from .config.jsonfile import dump_json_document, load_json_document, unified_diff
 from .config.ops import apply_config_ops
-from .errors import InputError, NothingToChange, PlanError
+from .errors import NothingToChange, PlanError
+from .file_task import FileTask, TaskKind
 from .model.model_dir import (
     INDEX_NAME,
     MANIFEST_NAME,
@@ -27,9 +28,19 @@ from .model.model_dir import (
     fingerprint,
     read_fingerprint,
 )
+from .plan_options import PlanOptions
 from .recipe.load import Recipe
 from .recipe.params.bind import bind_recipe
 from .recipe.regex_bound import plan_wide
+
+
+class LinkEstimate(Protocol):
+    """How an out-of-place apply will carry the base's files (``execute.linking``)."""
+
+    method: str
+    carried_bytes: int
+
+    def to_json(self) -> dict: ...
 
 
 class Action(str, enum.Enum):
@@ -51,51 +62,7 @@ class FilePlan:
     size_after: int | None = None
     content: bytes | None = None       # WRITE_JSON and ADD
     diff: str | None = None
-    shard_task: Any = None             # REWRITE_SHARD: a tensors.tasks.ShardTask
-
-
-@dataclass(frozen=True)
-class PlanOptions:
-    """What shapes a plan and its execution besides the recipe and the model. The caller builds it
-    once (the CLI, ``api.apply``, ``api.apply_in_place``, the hub's remote apply); the plan
-    carries it, and the manifest records ``to_json()``."""
-
-    in_place: bool = False
-    link: str | None = None
-    """Out of place: how the base's unchanged files are carried (``auto``, ``reflink``,
-    ``hardlink``, ``copy``); None in place."""
-    jobs: int | None = None
-    """Worker processes for shard rewrites; None: as many as the thread budget allows."""
-    device: str | None = "cpu"
-    """Where tensor kernels run; None: nothing is computed here (a config-only apply on the
-    hub), and the manifest records neither ``jobs`` nor ``device``."""
-    max_shard_size: int | None = None
-    """Reshard the output into shards of at most this many bytes (overrides the recipe's)."""
-    params: Mapping[str, Any] | None = None
-    """Values of the recipe's ``params:`` (typed, or strings as ``--set`` gives them)."""
-
-    @classmethod
-    def of(cls, value: PlanOptions | Mapping[str, Any] | None) -> PlanOptions:
-        """``value`` itself, or the options a mapping of the same field names gives (the
-        library's ``api.plan(options={...})``); an unknown name is an InputError."""
-        if isinstance(value, PlanOptions):
-            return value
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(value or {}) - names)
-        if unknown:
-            raise InputError(f"unknown plan option {unknown[0]!r} (options: "
-                             f"{', '.join(sorted(names))})")
-        return cls(**dict(value or {}))
-
-    def to_json(self) -> dict[str, Any]:
-        """The options as the provenance manifest records them."""
-        out: dict[str, Any] = {} if self.link is None else {"link": self.link}
-        if self.device is not None:
-            out.update(jobs=self.jobs, device=self.device)
-        out.update(in_place=self.in_place, max_shard_size=self.max_shard_size)
-        if self.params:
-            out["params"] = dict(self.params)
-        return out
+    shard_task: FileTask | None = None   # REWRITE_SHARD: what writes the file
 
 
 @dataclass(frozen=True)
@@ -105,10 +72,10 @@ class Plan:
     recipe: Recipe
     base: Path
     files: tuple[FilePlan, ...]
-    changes: tuple  # of patcher.changes records and config.ops.Change
+    changes: tuple[ChangeRecord, ...]   # patcher.changes records and config.ops.Change
     warnings: tuple[str, ...] = ()
     options: PlanOptions = field(default_factory=PlanOptions)
-    link: Any = None
+    link: LinkEstimate | None = None
     """A ``linking.LinkPrediction`` for an out-of-place apply (``linking.predict_for_plan``)."""
     transfer: dict | None = None
     """For a model read from a hub (``hf://``): what reading it transferred."""
@@ -129,7 +96,8 @@ class Plan:
 
     @property
     def bytes_written(self) -> int:
-        return sum(len(f.shard_task.header) if getattr(f.shard_task, "header_in_place", False)
+        return sum(len(f.shard_task.header)
+                   if f.shard_task is not None and f.shard_task.kind is TaskKind.GGUF_HEADER
                    else f.size_after or 0 for f in self.files
                    if f.action in (Action.WRITE_JSON, Action.ADD, Action.REWRITE_SHARD))
 
@@ -242,8 +210,8 @@ def check_unchanged(the_plan: Plan) -> None:
         what = "appeared" if changed[0] not in before else \
             "is gone" if changed[0] not in now else "was modified"
         more = f" (and {len(changed) - 1} more file(s))" if len(changed) > 1 else ""
-        raise PlanError(f"{changed[0]} {what} since the plan was made{more}; nothing was written",
-                        where=the_plan.base, hint="plan and apply again")
+        raise PlanError(f"plan is stale: {changed[0]} {what} since the plan was made{more}; "
+                        f"nothing was written", where=the_plan.base, hint="plan and apply again")
 
 
 def require_change(the_plan: Plan, allow_noop: bool) -> None:
@@ -360,4 +328,4 @@ def _quantization_warnings(model: ModelDir, replaced: dict[str, FilePlan],
                                  changes)
 
 
-__all__ = ["Action", "FilePlan", "Plan", "plan", "require_change", "INDEX_NAME"]
+__all__ = ["Action", "FilePlan", "Plan", "PlanOptions", "plan", "require_change", "INDEX_NAME"]

@@ -32,6 +32,9 @@ FORBIDDEN = {
     "patcher.signing": ("patcher.execute", "patcher.hub", "patcher.tensors", "patcher.plan",
                         "patcher.recipe", *_ABOVE),
     "patcher.hub": _ABOVE,
+    # a saved plan is read back by the library itself, never through the hub
+    "patcher.saved_plan": ("patcher.hub", *_ABOVE),
+    "patcher.saved_plan_checks": ("patcher.hub", "patcher.execute", *_ABOVE),
     # the hub's storage is pure standard library: the Starlette side is the server's
     "patcher.hub.store": ("patcher.hub.server",),
 }
@@ -41,9 +44,8 @@ ALLOWED = {"patcher.recipe": ("patcher.tensors.schemes",)}
 
 # modules every package may import: they import nothing from patcher
 STANDALONE = ("patcher.collector", "patcher.errors", "patcher.fsops", "patcher.faults",
-              "patcher.units",
-              "patcher.display",
-              "patcher.dispatch", "patcher.changes")
+              "patcher.units", "patcher.display", "patcher.dispatch", "patcher.changes",
+              "patcher.file_task")
 
 
 def module_name(path: Path) -> str:
@@ -96,6 +98,20 @@ def test_import_direction(package):
 @pytest.mark.parametrize("module", STANDALONE)
 def test_standalone_modules_import_nothing_from_patcher(module):
     assert violations(module, ("patcher",)) == []
+
+
+# modules that sit just above the standalone ones: everything may import them, so they import
+# only what is named here (the parsing of a MODEL, the plan's options)
+LEAVES = {"patcher.model_ref": ("patcher.errors", "patcher.names"),
+          "patcher.plan_options": ("patcher.errors",)}
+
+
+@pytest.mark.parametrize("module", sorted(LEAVES))
+def test_leaf_modules_import_only_their_few(module):
+    found = [v for v in violations(module, ("patcher",))
+             if not any(v.endswith(f"imports {name}") or f"imports {name}." in v
+                        for name in LEAVES[module])]
+    assert found == []
 
 
 def test_no_library_module_imports_the_command_line_or_the_api():
@@ -223,3 +239,17 @@ def test_no_module_imports_another_modules_private_names():
                           for alias in node.names
                           if alias.name.startswith("_") and not alias.name.startswith("__")]
     assert found == []
+
+
+def test_the_executors_ask_a_task_its_kind_not_its_type():
+    """A plan's file tasks are a ``FileTask`` with a ``TaskKind``: no module guesses what a
+    task or a model is from the attributes it happens to have."""
+    import re
+
+    guess = re.compile(r"""(hasattr|getattr)\([^)]*["'](write|header_in_place|source_path|"""
+                       r"""transfer_report)["']""")
+    found = [f"{path.relative_to(PATCHER.parent)}:{n}"
+             for path in sorted(PATCHER.rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if guess.search(line)]
+    assert found == []
+    assert guess.search('if hasattr(task, "write"):')

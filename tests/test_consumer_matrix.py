@@ -1,7 +1,9 @@
-"""The transformers and compressed-tensors columns of integration/consumer_matrix.py, in the test
-suite (its vLLM column runs through integration/run-vllm.sh): every recipe x producer row loads
-in transformers and, for a compressed-tensors output, decompresses, with nothing missing or
-mismatched and finite logits."""
+"""The transformers, compressed-tensors and gguf-py columns of integration/consumer_matrix.py, in
+the test suite (its vLLM column runs through integration/run-vllm.sh): every recipe x producer
+row loads in transformers and, for a compressed-tensors output, decompresses, with nothing
+missing or mismatched and finite logits; every GGUF row reads back in gguf-py with the base's
+tensor bytes and the metadata the recipe promises (gguf-new-metadata's, where it makes the
+same edit)."""
 
 from __future__ import annotations
 
@@ -13,9 +15,12 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 import consumer_matrix as matrix  # noqa: E402
 
-#: rows whose base transformers cannot load at all (ModelOpt's NVFP4 DeepSeek-V3 export) and
-#: that the recipe leaves as they are: nothing of ours to check
-_UNCHANGED_UNLOADABLE = {"kv-scale-names / ModelOpt DeepSeek-V3 (MLA)"}
+#: rows whose base transformers cannot load at all (ModelOpt's NVFP4 DeepSeek-V3 export, with
+#: ModelOpt's KV-scale names or compressed-tensors'): their KV-scale names are checked against
+#: vLLM's remap in tests/test_mla.py and tests/tensors/test_scale_ops.py
+_UNCHANGED_UNLOADABLE = {
+    "kv-scale-names / ModelOpt DeepSeek-V3 (MLA)",
+    "kv-scale-names / DeepSeek-V3, self_attn.k_scale, kv_lora_rank left to its default"}
 
 
 @pytest.fixture(autouse=True)
@@ -37,3 +42,27 @@ def test_row_loads_in_transformers_and_compressed_tensors(tmp_path, label, recip
         assert cell["missing"] == 0 and cell["mismatched"] == 0 and cell["finite_logits"], cell
     if recipe != "kv-scale-names":
         assert cells[1] is not None             # a compressed-tensors checkpoint
+
+
+@pytest.mark.parametrize("row", matrix.GGUF_ROWS, ids=[r[0] for r in matrix.GGUF_ROWS])
+def test_gguf_row_reads_back_in_gguf_py(tmp_path, row):
+    pytest.importorskip("gguf")
+    result = matrix.gguf_row(row, tmp_path)
+    assert result["recipe"] == "applied"
+    cell = result["gguf"]
+    assert cell["tensors_wrong"] == 0 and cell["metadata_wrong"] == [], cell
+
+
+@pytest.mark.parametrize("label, recipe, producer",
+                         [r for r in matrix.ROWS if r[0] in _UNCHANGED_UNLOADABLE],
+                         ids=[r[0] for r in matrix.ROWS if r[0] in _UNCHANGED_UNLOADABLE])
+def test_mla_rows_keep_kv_scales_vllm_loads(tmp_path, label, recipe, producer):
+    """Rows transformers cannot load: their KV scales through vLLM 0.33's remap (restated in
+    tests/vllm_kv_names.py, checked against vLLM by the matrix) into the MLA parameters."""
+    from tensor_helpers import read_tensors
+    from vllm_kv_names import attention_scale_params, vllm_loads
+
+    _, out = matrix.apply_row(recipe, producer, tmp_path)
+    names = [n for n in read_tensors(out) if n.endswith(("k_scale", "v_scale"))]
+    params = attention_scale_params(2, mla=True)
+    assert {vllm_loads(n, params) for n in names} == params, names

@@ -74,3 +74,34 @@ def test_tensor_planning_runs_with_the_collector_paused(deepseek_fp8_dir, monkey
     monkeypatch.setattr(planning, "plan_tensor_ops", spy)
     api.plan("fp8-block-to-bf16", deepseek_fp8_dir)
     assert seen == [False] and gc.isenabled()
+
+
+def test_options_are_built_and_checked_in_one_place():
+    """``PlanOptions.of``: a mapping or options, updated by the fields given (None: not given);
+    in place drops the link mode, ``force_copy`` is ``link="copy"``, no params is None."""
+    assert PlanOptions.of({"jobs": 2}, in_place=True, link="auto") == \
+        PlanOptions(in_place=True, jobs=2)
+    assert PlanOptions.of(PlanOptions(jobs=3), link="auto", force_copy=True, params={}) == \
+        PlanOptions(link="copy", jobs=3)
+    assert PlanOptions.of(jobs=None, device=None).device == "cpu"
+    assert PlanOptions.of({"device": None}).device is None
+    for bad, message in [({"link": "symlink"}, "link mode 'symlink'"),
+                         ({"executor": "dask"}, "unknown executor 'dask'"),
+                         ({"ray_address": "auto"}, "--ray-address needs --executor ray"),
+                         ({"link": "hardlink", "force_copy": True}, "excludes link='hardlink'")]:
+        with pytest.raises(InputError, match=message):
+            PlanOptions.of(**bad)
+
+
+def test_the_executor_reads_its_settings_from_the_plan_only(kimi_dir, tmp_path):
+    """``apply_plan`` takes no link or jobs of its own: what the plan's options say is what is
+    done, and what the manifest records."""
+    import inspect
+
+    from patcher.execute.engine import apply_plan
+
+    assert {"link", "jobs"}.isdisjoint(inspect.signature(apply_plan).parameters)
+    result = api.apply("sm120-fp16-kv", kimi_dir, out=tmp_path / "v",
+                       options=PlanOptions(link="copy", jobs=1))
+    assert result.link_method == "copy" and result.bytes_linked == 0
+    assert read_manifest(tmp_path / "v").options["link"] == "copy"

@@ -99,14 +99,6 @@ def _echo_transfer(remote: dict | None) -> None:
         echo(describe_transfer(remote))
 
 
-def _plan_options(in_place: bool, link: str, jobs: int | None, device: str,
-                  max_shard_size: int | None, params: dict | None = None):
-    from ..plan import PlanOptions
-
-    return PlanOptions(in_place=in_place, link=None if in_place else link, jobs=jobs,
-                       device=device, max_shard_size=max_shard_size, params=params or None)
-
-
 def _set_values(items: tuple[str, ...]) -> dict[str, str]:
     """``--set NAME=VALUE`` options as a dict (typed later, by each parameter's type)."""
     out: dict[str, str] = {}
@@ -191,22 +183,31 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
 @link_option
 @endpoint_option
 @set_option
+@click.option("--save", "save_to", type=click.Path(path_type=str), default=None,
+              metavar="PLAN.json",
+              help="Also write the plan to PLAN.json: `modelpatch apply PLAN.json` then carries "
+                   "out exactly it, or refuses if the model changed since.")
 def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
          max_shard_size: int | None, allow_noop: bool, out: str | None, link: str | None,
-         endpoint: str | None, set_values: tuple[str, ...]) -> None:
+         endpoint: str | None, set_values: tuple[str, ...], save_to: str | None) -> None:
     """Show what applying RECIPE (one or more, in order) to MODEL would do (same as apply
     --dry-run). MODEL may be hf://ORG/NAME[@REV]: planned from its JSON files and safetensors
     headers alone; or one .gguf file."""
     from .. import api
+    from ..plan import PlanOptions
 
-    options = _plan_options(False, link or "auto", None, device, max_shard_size,
-                            _set_values(set_values))
+    options = PlanOptions.of(link=link or "auto", device=device, max_shard_size=max_shard_size,
+                             params=_set_values(set_values))
     the_plan = api.plan(list(recipe), model, options=options, out=out, endpoint=endpoint)
     _show_plan(the_plan, as_json, allow_noop)
+    if save_to is not None:
+        api.save_plan(the_plan, save_to)
+        echo(f"plan saved: {os.path.abspath(save_to)} (apply it with `modelpatch apply "
+             f"{save_to}`)", err=True)
 
 
 @main.command()
-@click.argument("recipe", nargs=-1, required=True)
+@click.argument("recipe", nargs=-1)
 @click.argument("model")
 @click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
               help="Where to write the variant (default: <model>-<recipe name> beside the "
@@ -246,10 +247,14 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
           set_values, executor, ray_address, sign_key=None, base_key=None):
     """Apply RECIPE (a path or a built-in name; several are applied in order as one) to MODEL
     and write a verified variant. For MODEL a .gguf file, the variant is the directory OUT
-    (default: <file>-<recipe> beside it) holding the new file and its manifest."""
+    (default: <file>-<recipe> beside it) holding the new file and its manifest. `apply
+    PLAN.json` carries out exactly a plan saved by `plan --save`."""
     from .. import api
     from .render import recipe_source
+    from .saved_plan import apply_saved_plan
 
+    if apply_saved_plan(ctx, recipe, model):
+        return
     if in_place and out:
         raise click.UsageError("--in-place and -o/--output exclude each other")
     refuse_in_place(in_place, executor)
@@ -261,25 +266,31 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                                "with `modelpatch sign`)")
     signer = None if dry_run else signer_from(sign_key)     # a bad key fails before any work
     if publish_to is not None:
-        _apply_and_publish(list(recipe), model, publish_to, endpoint, as_json, allow_noop,
+        from .hub_commands import apply_and_publish
+
+        apply_and_publish(list(recipe), model, publish_to, endpoint, as_json, allow_noop,
                            base_model, _set_values(set_values),
                            conflicting=in_place or out or dry_run or max_shard_size)
         return
     if force_copy and link not in (None, "copy"):
         raise click.UsageError(f"--copy is --link copy; it excludes --link {link}")
-    link = "copy" if force_copy else link or "auto"
+    from ..model_ref import ModelRef
+    from ..plan import PlanOptions
+
+    options = PlanOptions.of(in_place=in_place, link=link or "auto", force_copy=force_copy,
+                             jobs=jobs, device=device, max_shard_size=max_shard_size,
+                             params=_set_values(set_values), executor=executor,
+                             ray_address=ray_address)
     recipe = api.load(list(recipe))
-    params = _set_values(set_values)
-    if model.startswith(api.HF_SCHEME):
+    ref = ModelRef.parse(model)
+    if ref.is_hub:
         from .progress import resolve_with_meter
 
-        resolved = resolve_with_meter(model, endpoint, bool(ctx.obj.get("quiet")))
+        resolved = resolve_with_meter(ref, endpoint, bool(ctx.obj.get("quiet")))
         if out is None and not in_place and into_cache is None:   # never beside a snapshot
-            out = f"{model[len(api.HF_SCHEME):].split('@')[0].split('/')[-1]}-" \
-                  f"{recipe.name}"
+            out = f"{ref.name}-{recipe.name}"
         model = str(resolved)
     if dry_run:
-        options = _plan_options(in_place, link, jobs, device, max_shard_size, params)
         _show_plan(api.plan(recipe, model, options=options, out=out, endpoint=endpoint),
                    as_json, allow_noop)
         return
@@ -288,25 +299,15 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
     from .progress import Meters
 
     with Meters(bool(ctx.obj.get("quiet"))) as meters:
-        progress = meters.engine_progress()
+        shared = {"options": options, "progress": meters.engine_progress(),
+                  "base_model": base_model, "allow_noop": allow_noop, "endpoint": endpoint}
         if in_place:
-            result = api.apply_in_place(recipe, model, jobs=jobs, device=device,
-                                        max_shard_size=max_shard_size, progress=progress,
-                                        base_model=base_model, allow_noop=allow_noop,
-                                        params=params, endpoint=endpoint)
+            result = api.apply_in_place(recipe, model, **shared)
         elif into_cache is not None:
-            result = api.apply_into_cache(
-                recipe, model, into_cache, force=force, link=link, jobs=jobs, device=device,
-                max_shard_size=max_shard_size, progress=progress, base_model=base_model,
-                allow_noop=allow_noop, params=params, endpoint=endpoint, executor=executor,
-                ray_address=ray_address)
+            result = api.apply_into_cache(recipe, model, into_cache, force=force, **shared)
         else:
-            result = api.apply(recipe, model, out=out, force=force, link=link,
-                               jobs=jobs, device=device, max_shard_size=max_shard_size,
-                               progress=progress, base_model=base_model,
-                               allow_noop=allow_noop, params=params, endpoint=endpoint,
-                               executor=executor, ray_address=ray_address,
-                               sign=signer, require_signed_base=base_key)
+            result = api.apply(recipe, model, out=out, force=force, sign=signer,
+                               require_signed_base=base_key, **shared)
     if as_json:
         emit_json({"output": str(result.output), "recipe": recipe.identity(),
                     "manifest_sha256": result.manifest_sha256,
@@ -316,27 +317,6 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                     "link_method": result.link_method})
     else:
         echo(os.path.abspath(result.output))      # in place too: the path as given
-
-
-def _apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, base_model,
-                       params, conflicting) -> None:
-    from ..hub.client.remote_apply import apply_and_publish
-
-    if not model.startswith("hf://"):
-        raise click.UsageError("--publish needs MODEL as hf://ORG/NAME[@REV]; for a local "
-                               "variant run `modelpatch publish`")
-    if conflicting:
-        raise click.UsageError("--publish excludes --in-place, -o/--output, --dry-run and "
-                               "--max-shard-size")
-    r = apply_and_publish(recipe, model, repo_id, endpoint=endpoint, base_model=base_model,
-                          allow_noop=allow_noop, params=params)
-    if as_json:
-        emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
-                    "fetched": r.fetched, "copied_bytes": r.plan.copy_bytes,
-                    "uploaded_bytes": r.plan.upload_bytes})
-    else:
-        echo(f"fetched: {', '.join(r.fetched) or 'nothing'}")
-        echo(f"{r.repo_id}@{r.revision} {r.commit}")
 
 
 @main.command()

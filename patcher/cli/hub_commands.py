@@ -135,3 +135,26 @@ def hub_serve(root, host, port, init):
 
     collector.ONE_COMMAND = False       # a long-running process: never freeze the collector
     serve(Path(root), host=host, port=port)
+
+
+def apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, base_model,
+                      params, conflicting) -> None:
+    """``apply RECIPE hf://... --publish REPO_ID``: a config-only variant made on the hub."""
+    from ..hub.client.remote_apply import apply_and_publish as run
+    from ..model_ref import is_hub
+
+    if not is_hub(model):
+        raise click.UsageError("--publish needs MODEL as hf://ORG/NAME[@REV]; for a local "
+                               "variant run `modelpatch publish`")
+    if conflicting:
+        raise click.UsageError("--publish excludes --in-place, -o/--output, --dry-run and "
+                               "--max-shard-size")
+    r = run(recipe, model, repo_id, endpoint=endpoint, base_model=base_model,
+            allow_noop=allow_noop, params=params)
+    if as_json:
+        emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
+                    "fetched": r.fetched, "copied_bytes": r.plan.copy_bytes,
+                    "uploaded_bytes": r.plan.upload_bytes})
+    else:
+        echo(f"fetched: {', '.join(r.fetched) or 'nothing'}")
+        echo(f"{r.repo_id}@{r.revision} {r.commit}")

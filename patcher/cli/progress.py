@@ -220,8 +220,9 @@ class Meters(contextlib.ExitStack):
                         copy_total=copying.set_total)
 
 
-def resolve_with_meter(model: str, endpoint: str | None, quiet: bool):
-    """``api.resolve_model`` of an ``hf://`` model, its download on a meter of ours."""
+def resolve_with_meter(model, endpoint: str | None, quiet: bool):
+    """``api.resolve_model`` of an ``hf://`` model (text or ``ModelRef``), its download on a
+    meter of ours."""
     from .. import api
 
     with Meters(quiet) as meters:

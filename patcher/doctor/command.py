@@ -36,6 +36,7 @@ def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in
     an engine version and GPU. Exit 1 when a blocker is found (after --fix: when one remains)."""
     from .. import api
     from ..cli.output import echo, echo_json
+    from ..model_ref import is_hub
     from .diagnose import render
     from .fix import apply_fixes, fixing_params, fixing_recipes, nothing_to_fix
 
@@ -47,7 +48,7 @@ def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in
         raise click.UsageError("--sign goes with --fix, without --in-place (sign a patched "
                                "directory afterwards with `modelpatch sign`)")
     signer = api.signer_of(sign_key)            # a bad key fails before any work
-    if in_place and model.startswith(api.HF_SCHEME):
+    if in_place and is_hub(model):
         raise click.UsageError("--in-place cannot patch a hub model (it would change the "
                                "download cache); give -o OUT or nothing")
     report = api.doctor(model, engine=engine, gpu=gpu, rules=rules_dirs, endpoint=endpoint,

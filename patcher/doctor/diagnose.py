@@ -47,8 +47,10 @@ def model_facts(model: ModelDir) -> dict:
     ``unloaded_shards``: safetensors files the model does not load (not in its index);
     ``tensors``: tensor name -> shard (``/tensors/lm_head.weight`` exists or not); ``eos``,
     ``quant_ignore``, ``kv_scale_names``, ``layers_past_config``, ``gguf``: see
-    ``patcher.doctor.facts``."""
+    ``patcher.doctor.facts``; ``mla``: whether vLLM runs the attention as MLA, as recipe
+    conditions read it too (``patcher.model.mla``)."""
     from ..model.inspect_model import quantization_summary
+    from ..model.mla import uses_mla
     from . import facts
 
     return _LazyFacts({
@@ -63,6 +65,7 @@ def model_facts(model: ModelDir) -> dict:
         "quant_ignore": lambda: facts.ignore_facts(model),
         "kv_scale_names": lambda: facts.kv_scale_names(model),
         "layers_past_config": lambda: facts.layers_past_config(model),
+        "mla": lambda: uses_mla(model.config),
         "gguf": lambda: facts.gguf_facts(model)})
 
 

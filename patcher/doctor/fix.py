@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..remote.model import is_remote
+from ..model_ref import ModelRef
 
 #: ``doctor --fix`` writes ``<model>-doctor`` unless ``-o`` names the output.
 OUTPUT_SUFFIX = "doctor"
@@ -63,13 +63,13 @@ def apply_fixes(model: str, recipes: list[str], *, out: str | None, in_place: bo
     params = params or {}
     from .. import api
 
-    local = model
-    if is_remote(model):
+    local, ref = model, ModelRef.parse(model)
+    if ref.is_hub:
         from ..cli.progress import resolve_with_meter
 
-        local = str(resolve_with_meter(model, endpoint, quiet=not progress))
+        local = str(resolve_with_meter(ref, endpoint, quiet=not progress))
         if out is None and not in_place:
-            out = f"{model[len(api.HF_SCHEME):].split('@')[0].split('/')[-1]}-{OUTPUT_SUFFIX}"
+            out = f"{ref.name}-{OUTPUT_SUFFIX}"
     if in_place:
         applied = 0
         try:

@@ -29,6 +29,7 @@ from ..integrity.shared_inodes import remember_variant
 from ..model import header_cache
 from ..model.model_dir import MANIFEST_NAME, SIGNATURE_NAME, STATE_DIR, ModelDir
 from ..plan import Action, Plan, check_unchanged
+from .executors import executing
 from .locking import lock_directory, lock_new_path
 from .output_dir import (
     commit,
@@ -72,10 +73,11 @@ def default_output(model_root: Path, recipe_name: str) -> Path:
 
 
 def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
-               link: str = "auto", jobs: int | None = None,
                progress: Progress | None = None, base_model: str | None = None,
                signer=None, base_signature: dict | None = None) -> ApplyResult:
-    """Write the variant described by ``plan`` to ``out``. With ``signer`` (a
+    """Write the variant described by ``plan`` to ``out``. How base files are carried, how many
+    workers and which executor run the work come from ``plan.options`` and nowhere else, so
+    the manifest records what was done. With ``signer`` (a
     ``patcher.signing.keys.KeySigner``, or ``"sigstore"``) its ``model.sig`` is written last in
     staging, so the variant appears signed or not at all; ``base_signature``: what the manifest
     records of the base's ``model.sig`` (``patcher.signing.verify.base_signature``).
@@ -97,8 +99,10 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
     if not out.parent.is_dir():
         raise InputError("the output's parent directory does not exist", where=out.parent)
     untouched = "the base is untouched and no output was written"
+    options = plan.options
     try:
-        with lock_directory(model.root, exclusive=False), lock_new_path(out):
+        with lock_directory(model.root, exclusive=False), lock_new_path(out), \
+                executing(options.executor, options.ray_address):
             check_unchanged(plan)
             restore_replaced(out)
             if (out.exists() or out.is_symlink()) and not force:
@@ -109,10 +113,9 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
             staging = make_staging_dir(out)
             try:
                 with interrupts.policy():
-                    result, builder = _build(plan, model, staging, link, jobs,
-                                             progress or Progress(), base_model,
-                                             signer=signer, base_signature=base_signature,
-                                             name=out.name)
+                    result, builder = _build(plan, model, staging, progress or Progress(),
+                                             base_model, signer=signer,
+                                             base_signature=base_signature, name=out.name)
                     with interrupts.deferred():     # renamed whole, or not at all
                         commit(staging, out)
                 _refresh_caches(builder, result.pop("base_digests"))
@@ -131,13 +134,13 @@ def apply_plan(plan: Plan, model: ModelDir, out: Path, *, force: bool = False,
     return ApplyResult(output=out, **{k: v for k, v in result.items()})
 
 
-def _build(plan: Plan, model: ModelDir, staging: Path, link: str, jobs: int | None,
-           progress: Progress, base_model: str | None, *, signer=None,
-           base_signature: dict | None = None, name: str = "") -> tuple[dict, PatchBuilder]:
+def _build(plan: Plan, model: ModelDir, staging: Path, progress: Progress,
+           base_model: str | None, *, signer=None, base_signature: dict | None = None,
+           name: str = "") -> tuple[dict, PatchBuilder]:
     """Lay out the whole variant in ``staging``."""
-    builder = PatchBuilder(plan, model, jobs=jobs, progress=progress, base_model=base_model,
+    builder = PatchBuilder(plan, model, progress=progress, base_model=base_model,
                            base_signature=base_signature)
-    carried = _Carrier(link, progress.copying)
+    carried = _Carrier(plan.options.link or "auto", progress.copying)
     if plan.link is not None and plan.link.method == "copy" and progress.copy_total:
         progress.copy_total(plan.link.carried_bytes)
     for fp in plan.by_action(Action.LINK):

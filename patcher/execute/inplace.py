@@ -3,8 +3,8 @@
 Under the directory's exclusive lock, any interrupted journal is recovered first
 (``prepare_directory``); the plan is made there, under the lock (``api.apply_in_place``), and
 carried out only if the directory is still what it read (``plan.check_unchanged``: a plan made
-before another process patched the directory is refused, never applied twice). New files are written
-to ``.modelpatch/staging-N/`` (same filesystem), the patch record to
+before another process patched the directory is refused, never applied twice). New files are
+written to ``.modelpatch/staging-N/`` (same filesystem), the patch record to
 ``.modelpatch/patches/NNNN-name/``. Then the journal switches: each replaced or dropped file is
 renamed into the patch's ``originals/``, each new file is renamed into place, and the provenance
 manifest goes last. A crash at any instant is finished or undone by the next command
@@ -68,8 +68,7 @@ def steps_for(plan: Plan, model: ModelDir) -> list[list[str]]:
     return steps
 
 
-def apply_in_place(plan: Plan, model: ModelDir, *, jobs: int | None = None,
-                   progress: Progress | None = None,
+def apply_in_place(plan: Plan, model: ModelDir, *, progress: Progress | None = None,
                    base_model: str | None = None) -> ApplyResult:
     """Patch ``model.root`` itself with ``plan``'s recipe and options (``base_model``: the hub
     repository ``ORG/NAME`` to record, when the directory does not say).
@@ -82,7 +81,7 @@ def apply_in_place(plan: Plan, model: ModelDir, *, jobs: int | None = None,
     """
     with lock_directory(model.root, exclusive=True):
         prepare_directory(model.root)
-        return apply_locked(plan, model, jobs=jobs, progress=progress, base_model=base_model)
+        return apply_locked(plan, model, progress=progress, base_model=base_model)
 
 
 def prepare_directory(root: Path) -> None:
@@ -94,14 +93,13 @@ def prepare_directory(root: Path) -> None:
         log.warning("%s: %s", root, done)
 
 
-def apply_locked(plan: Plan, model: ModelDir, *, jobs: int | None = None,
-                 progress: Progress | None = None,
+def apply_locked(plan: Plan, model: ModelDir, *, progress: Progress | None = None,
                  base_model: str | None = None) -> ApplyResult:
     """``apply_in_place`` for a caller that holds the exclusive lock and has called
     ``prepare_directory``: refuses ``plan`` if the directory changed since it was made."""
     root = model.root
     check_unchanged(plan)
-    builder = PatchBuilder(plan, model, jobs=jobs, progress=progress or Progress(),
+    builder = PatchBuilder(plan, model, progress=progress or Progress(),
                            base_model=base_model)
     sequence = builder.sequence
     patch_dir = f"{PATCHES_DIR}/{sequence:04d}-{plan.recipe.name}"

@@ -45,9 +45,10 @@ class Progress:
 class PatchBuilder:
     """The work both apply modes share: new files, digests, the patch record, the manifest."""
 
-    def __init__(self, plan: Plan, model: ModelDir, *, jobs: int | None, progress: Progress,
+    def __init__(self, plan: Plan, model: ModelDir, *, progress: Progress,
                  base_model: str | None = None, base_signature: dict | None = None):
-        self.plan, self.model, self.jobs, self.progress = plan, model, jobs, progress
+        self.plan, self.model, self.progress = plan, model, progress
+        self.jobs = plan.options.jobs
         self.base_model = base_model     # ORG/NAME given by the user, else identified
         # The base's model.sig as recorded (verified by apply --require-signed-base), else
         # read here: its signer as it claims.
@@ -93,8 +94,8 @@ class PatchBuilder:
                 faults.point(f"file:{fp.path}")
                 write_file(make_parents(dest, fp.path), fp.content)
                 digests[fp.path] = hashlib.sha256(fp.content).hexdigest()
-        shards = [fp for fp in self.plan.files if fp.action is Action.REWRITE_SHARD   # not a
-                  and not getattr(fp.shard_task, "header_in_place", False)]   # header in place
+        shards = [fp for fp in self.plan.files if fp.action is Action.REWRITE_SHARD
+                  and not is_header_rewrite(fp)]
         if shards and self.progress.write_total:
             self.progress.write_total(sum(fp.size_after or 0 for fp in shards))
         if shards:
@@ -203,18 +204,31 @@ class PatchBuilder:
     def write_manifest(self, dest: Path, subjects: dict[str, tuple[str, int]],
                        base_digests: dict[str, str]) -> str:
         faults.point("manifest")
-        model, plan = self.model, self.plan
+        model = self.model
         base_statement = _base_statement(model)
         base_model = self.base_model or identify(model.root, base_statement).repo_id
-        statement = build_statement(
-            subjects=subjects,
-            base_files={p: (base_digests[p], model.files[p].size) for p in base_digests},
-            recipe=plan.recipe.manifest_record(),
-            options=plan.options.to_json(), changes=changes_json(plan.changes),
-            started=self.started,
-            finished=_now(), base_statement=base_statement, base_model=base_model,
+        statement = manifest_statement(
+            self.plan, subjects,
+            {p: (base_digests[p], model.files[p].size) for p in base_digests},
+            started=self.started, finished=_now(), base_statement=base_statement,
+            base_model=base_model,
             base_signature=self.base_signature or _claimed_signature(model))
         return write_manifest(dest, statement)[0]
+
+
+def manifest_statement(plan: Plan, subjects: dict[str, tuple[str, int]],
+                       base_files: dict[str, tuple[str, int]], *, started, finished,
+                       base_statement: dict | None, base_model: str | None,
+                       base_signature: dict | None = None) -> dict:
+    """The provenance statement of ``plan``'s output, the one builder of every executor (a new
+    variant, a patch in place, a variant made on a hub): the recipe as the plan bound it (its
+    parameter values and every recipe combined), the plan's options and its change log; only
+    the files (``subjects``, ``base_files``), times and base differ by where it ran."""
+    return build_statement(
+        subjects=subjects, base_files=base_files, recipe=plan.recipe.manifest_record(),
+        options=plan.options.to_json(), changes=changes_json(plan.changes), started=started,
+        finished=finished, base_statement=base_statement, base_model=base_model,
+        base_signature=base_signature)
 
 
 def _mode(path: Path) -> int:

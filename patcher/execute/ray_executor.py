@@ -15,14 +15,14 @@ the node sees the files the driver sees (size and mtime) and the driver's stagin
 token file the driver wrote there), may write there, and runs the same modelpatch version;
 otherwise the run is refused, naming the node and the path.
 
-Each task declares what it needs, so Ray packs them: CPUs (``cpus_per_task``, default 2 for shards
-with computed tensors, as ``patcher.tensors.writing.thread_budget`` gives a local worker, else 1),
-memory (``task_memory``), and a GPU with ``--device cuda``. The largest shards go first. A task
-whose worker dies is retried (``MAX_RETRIES``); the retry removes the partial file and writes the
-same bytes. An error or Ctrl-C cancels every task still queued or running (their workers are killed)
-before the driver removes the staging directory. The progress meters add up what the running tasks
-have written (their files' sizes on the shared storage, polled every ``POLL_S``) and each task's
-result as it ends. Ray is imported on first use only.
+Each task declares what it needs, so Ray packs them: CPUs (``cpus_per_task``, default 2 for
+shards with computed tensors, as ``patcher.tensors.writing.thread_budget`` gives a local worker,
+else 1), memory (``task_memory``), and a GPU with ``--device cuda``. The largest shards go first.
+A task whose worker dies is retried (``MAX_RETRIES``); the retry removes the partial file and
+writes the same bytes. An error or Ctrl-C cancels every task still queued or running (their
+workers are killed) before the driver removes the staging directory. The progress meters add up
+what the running tasks have written (their files' sizes on the shared storage, polled every
+``POLL_S``) and each task's result as it ends. Ray is imported on first use only.
 """
 
 from __future__ import annotations
@@ -96,8 +96,7 @@ class RayExecutor:
         from ..tensors.writing.shard_pool import ShardResults
 
         self._connect()
-        sources = [s.path for t in tasks for j in t.jobs for s in j.inputs]
-        sources += [t.source_path for t in tasks if hasattr(t, "source_path")]
+        sources = sorted(set().union(*(t.source_paths() for t in tasks)))
         self._check_nodes(sources, [staging])
         limits = self._node_limits()
         results, written = ShardResults({}, {}), _Written(staging, on_progress)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from .. import faults
 from ..errors import OperationFailed
+from ..file_task import TaskKind
 from ..fsops import make_parents, write_file
 from ..model.model_dir import STATE_DIR
 
@@ -61,7 +62,7 @@ def refusal(model_file, task, data_offset: int, file_size: int) -> str | None:
 
 def is_header_rewrite(fp) -> bool:
     """Whether plan entry ``fp`` rewrites only a GGUF header in place."""
-    return bool(getattr(fp.shard_task, "header_in_place", False))
+    return fp.shard_task is not None and fp.shard_task.kind is TaskKind.GGUF_HEADER
 
 
 def header_rewrites(plan) -> list:

@@ -19,13 +19,14 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..model.model_dir import ModelDir, hf_cache_repo, model_file
+from ..model_ref import is_hub
 from .files import SPLIT_NAME, gguf_models
 
 
 def is_gguf_file(model) -> bool:
     """Whether ``model`` (a path or ``hf://...``) names an existing .gguf file."""
     text = os.fspath(model)
-    return text.endswith(".gguf") and not text.startswith("hf://") and Path(text).is_file()
+    return text.endswith(".gguf") and not is_hub(text) and Path(text).is_file()
 
 
 def model_directory(model) -> Path:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import OperationFailed
+from ..file_task import TaskKind
 from .readback import start_layout_check, written_layout
 
 
@@ -32,6 +33,13 @@ class GGUFTask:
     header_in_place: bool = False            # --in-place: only the header region is written
     jobs: tuple = ()                         # no computed tensors: no worker needs torch
     device: str = "cpu"
+
+    @property
+    def kind(self) -> TaskKind:
+        return TaskKind.GGUF_HEADER if self.header_in_place else TaskKind.GGUF
+
+    def source_paths(self) -> set[str]:
+        return {path for _, path, _, _, _ in self.copies}
 
     @property
     def file_size(self) -> int:

@@ -13,8 +13,7 @@ import threading
 from dataclasses import dataclass, field
 
 from ..errors import HubError, InputError
-
-HF_SCHEME = "hf://"
+from ..model_ref import ModelRef
 
 
 @dataclass
@@ -33,13 +32,12 @@ class Transfer:
 
 
 def parse_hf_url(text: str) -> tuple[str, str | None]:
-    """(repo id, revision or None) of ``hf://ORG/NAME[@REVISION]``; an ``InputError`` else."""
-    from ..hub.client.connection import check_repo_id
-
-    repo_id, at, revision = text[len(HF_SCHEME):].partition("@")
-    if not text.startswith(HF_SCHEME) or repo_id.count("/") != 1 or (at and not revision):
+    """(repo id, revision or None) of ``hf://ORG/NAME[@REVISION]`` (``patcher.model_ref``); an
+    ``InputError`` else."""
+    ref = ModelRef.parse(text)
+    if not ref.is_hub:
         raise InputError(f"{text!r} is not hf://ORG/NAME[@REVISION]")
-    return check_repo_id(repo_id), revision or None
+    return ref.repo_id, ref.revision        # type: ignore[return-value]
 
 
 class HubFiles:

@@ -23,7 +23,9 @@ from ..model.model_dir import (
     parse_index,
 )
 from ..model.safetensors_io import SafetensorsFormatError, header_length, parse_header
-from .hub_files import HF_SCHEME, HubFiles, parse_hf_url
+from ..model_ref import HF_SCHEME
+from ..model_ref import is_hub as is_remote  # noqa: F401  (the name callers know)
+from .hub_files import HubFiles, parse_hf_url
 
 #: Header fetches in flight at once (each is two small requests).
 MAX_PARALLEL_FETCHES = 16
@@ -50,10 +52,6 @@ class HubRoot(PosixPath):
         raise ModelDirError("is a file of a hub repository, not of this machine: only its JSON "
                             "files and safetensors headers are read for an hf:// model",
                             where=str(self), hint="download it first: apply hf://... does")
-
-
-def is_remote(model: object) -> bool:
-    return isinstance(model, str) and model.startswith(HF_SCHEME)
 
 
 class RemoteModel(ModelDir):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config.jsonfile import dump_json_document, load_json_document
+from ..file_task import FileTask, TaskKind  # noqa: F401  (the contract these tasks keep)
 from ..model.safetensors_io import OutputTensor, encode_header
 
 
@@ -45,6 +46,11 @@ class ShardTask:
     metadata: dict
     jobs: tuple[TensorJob, ...]
     device: str = "cpu"
+
+    kind = TaskKind.SAFETENSORS
+
+    def source_paths(self) -> set[str]:
+        return {s.path for j in self.jobs for s in j.inputs}
 
     @property
     def header(self) -> bytes:

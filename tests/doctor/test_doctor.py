@@ -54,6 +54,12 @@ def _no_fp8_kv(docs):
 
 
 def _not_mla(docs):
+    docs["config.json"]["text_config"]["model_type"] = "qwen3"
+    del docs["config.json"]["text_config"]["kv_lora_rank"]
+
+
+def _rank_left_out(docs):
+    """No kv_lora_rank: DeepseekV3Config's default (512) fills it, MLA to vLLM."""
     del docs["config.json"]["text_config"]["kv_lora_rank"]
 
 
@@ -77,6 +83,7 @@ def test_every_builtin_rule_loads_and_is_tested():
     ("sglang==0.5.0", "sm120", None, False),
     ("vllm==0.15.1", "sm120", _no_fp8_kv, False),
     ("vllm==0.15.1", "sm120", _not_mla, False),
+    ("vllm==0.15.1", "sm120", _rank_left_out, True),
 ])
 def test_fp8_kv_mla_sm120_rule(kimi, tmp_path, engine, gpu, edit, fires):
     found = _rules_found(_configs(kimi, tmp_path / "m", edit), engine=engine, gpu=gpu)

@@ -284,6 +284,58 @@ def test_pull_skips_a_reuse_file_it_cannot_read(world, tmp_path, monkeypatch, ca
     assert api.verify(r.output).ok
 
 
+_TWO_RECIPES = {
+    "set-temp": "params:\n  temperature: {type: number, default: 1.0, description: t}\n"
+                "config:\n  config.json:\n    - {set: /x_temperature, value: \"{temperature}\"}\n",
+    "set-label": "params:\n  label: {type: string, default: none, description: l}\n"
+                 "config:\n  config.json:\n    - {set: /x_label, value: \"{label}\"}\n",
+}
+
+
+def _comparable(statement: dict) -> dict:
+    """A manifest without what only says where and when it was made: the run's details and the
+    options of a local executor (how files were carried, workers, device)."""
+    predicate = dict(statement["predicate"])
+    predicate.pop("runDetails")
+    definition = dict(predicate["buildDefinition"])
+    external = dict(definition["externalParameters"])
+    external["options"] = {k: v for k, v in external["options"].items()
+                           if k not in ("link", "jobs", "device")}
+    definition["externalParameters"] = external
+    predicate["buildDefinition"] = definition
+    return {**statement, "predicate": predicate}
+
+
+def test_apply_hf_publish_records_the_manifest_of_a_local_apply(world, tmp_path, monkeypatch):
+    """One manifest builder for every executor: two recipes with ``--set`` values applied
+    locally and applied on the hub with ``--publish`` record the same recipe (its parameter
+    values and its components), options, change log, subjects and base files."""
+    from huggingface_hub import constants
+
+    from patcher.integrity.manifest import read_manifest
+
+    paths = []
+    for name, body in _TWO_RECIPES.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"modelpatch: 1\nname: {name}\ndescription: {name}\n{body}")
+        paths.append(path)
+    sets = ["--set", "set-temp.temperature=0.6", "--set", "set-label.label=hello"]
+    local = tmp_path / "local"
+    result = cli(world, "apply", *paths, world["snapshot"], "-o", local, *sets)
+    assert result.exit_code == 0, result.output
+    result = cli(world, "apply", *paths, "hf://alice/base", "--publish", "alice/remote-two",
+                 "--endpoint", world["hub"].endpoint, *sets)
+    assert result.exit_code == 0, result.output
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    pulled = api.pull("alice/remote-two", tmp_path / "pulled", endpoint=world["hub"].endpoint,
+                      progress=False).output
+    remote, here = read_manifest(pulled).statement, read_manifest(local).statement
+    recipe = remote["predicate"]["buildDefinition"]["externalParameters"]["recipe"]
+    assert [c["params"] for c in recipe["components"]] == [{"temperature": 0.6},
+                                                             {"label": "hello"}]
+    assert _comparable(remote) == _comparable(here)
+
+
 def test_reuse_never_hard_links_a_file_another_user_owns(tmp_path, monkeypatch):
     """A ``--reuse`` or cache file owned by someone else is copied (or reflinked), never
     hard-linked: its owner's later edits must not change the pulled variant. Files the user

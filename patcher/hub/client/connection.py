@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from urllib.parse import urlparse
 
 from ...errors import HubError, InputError
+from ...model_ref import REPO_ID_HINT, check_repo_id  # noqa: F401  (the hub's names too)
 
 HF_HOSTS = ("huggingface.co", "hf.co")
 
@@ -40,21 +41,6 @@ def check_endpoint(endpoint: str | None) -> str | None:
     return value.rstrip("/")
 
 
-REPO_ID_HINT = ("expected NAMESPACE/NAME: letters, digits, '-', '_' and '.', at most 96, "
-                "no '--' or '..'")
-
-
-def check_repo_id(repo_id: str) -> str:
-    """``repo_id`` if huggingface_hub accepts it (``NAME`` or ``NAMESPACE/NAME``); otherwise an
-    ``InputError`` (exit code 2) naming it, before any request."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError:
-        raise InputError(f"invalid repo id {repo_id!r}", hint=REPO_ID_HINT) from None
-    return repo_id
 
 
 def client(endpoint: str | None):

@@ -21,9 +21,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...changes import changes_json
 from ...errors import HubError, InputError
-from ...integrity.manifest import build_statement, read_manifest, write_manifest
+from ...execute.patch_builder import manifest_statement
+from ...integrity.manifest import read_manifest, write_manifest
 from ...model.model_dir import MANIFEST_NAME
 from ...names import checked_digest, checked_name
 from ...plan import Action, PlanOptions, require_change
@@ -57,7 +57,7 @@ def apply_and_publish(recipe, url: str, repo_id: str, *, endpoint: str | None = 
     loaded = load_recipes(recipe)
     model = RemoteModel.open(url, endpoint=endpoint)
     # config only (refused below otherwise): nothing is computed here, so no jobs or device
-    options = PlanOptions(device=None, params=params or None)
+    options = PlanOptions.of({"device": None}, params=params)
     the_plan = make_plan(loaded, model, options=options, endpoint=endpoint)
     rewrites = [fp.path for fp in the_plan.files if fp.action is Action.REWRITE_SHARD]
     if rewrites:
@@ -153,13 +153,8 @@ def _write_manifest(root: Path, model, the_plan, digests: dict[str, str], lfs: d
     base_statement = (json.loads(model.read_bytes(MANIFEST_NAME))
                       if MANIFEST_NAME in model.files else None)
     now = _dt.datetime.now(_dt.timezone.utc)
-    recipe = the_plan.recipe
-    statement = build_statement(
-        subjects=subjects,
-        base_files={rel: (sha, model.files[rel].size) for rel, sha in digests.items()},
-        recipe={"name": recipe.name, "sha256": recipe.sha256, "text": recipe.text},
-        options=the_plan.options.to_json(), changes=changes_json(the_plan.changes), started=now,
-        finished=now,
-        base_statement=base_statement, base_model=base_model)
+    statement = manifest_statement(
+        the_plan, subjects, {rel: (sha, model.files[rel].size) for rel, sha in digests.items()},
+        started=now, finished=now, base_statement=base_statement, base_model=base_model)
     write_manifest(root, statement)
     return read_manifest(root)

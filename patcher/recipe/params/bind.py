@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from ...config.json_pointer import join_pointer, json_equal
 from ...errors import InputError, PlanError, TemplateError
+from ...model.mla import with_model_facts
 from ..guards import check_guards
 from ..guards import evaluate as evaluate_condition
 from ..schema import REQUIRED, AddFile, ArrayOp, DropOp, Include, PatchOp, Recipe, RenameOp, SetOp
@@ -60,7 +61,7 @@ def bind_recipe(recipe: Recipe, read_json: ReadJson,
         PlanError: a template cannot be evaluated on this model, or two recipes conflict.
     """
     if recipe.bound is not None:            # already concrete (an in-place re-plan)
-        check_guards(recipe, read_json)
+        check_guards(recipe, with_model_facts(read_json))
         return recipe
     composite = recipe.source == "<command line>"
     given = [r.recipe for r in recipe.includes] if composite else [recipe]
@@ -90,7 +91,9 @@ def _bind_in_turn(top: Recipe, given: list[Recipe], per_recipe: list[dict],
 
 def _bind(recipe: Recipe, read_json: ReadJson, values: Any,
           fetcher: Any) -> list[tuple[Recipe, dict]]:
-    """[(concrete recipe, its parameter values)] for ``recipe`` and everything it includes."""
+    """[(concrete recipe, its parameter values)] for ``recipe`` and everything it includes.
+    Conditions read ``@model`` (``patcher.model.mla``) beside the model's JSON files."""
+    read_json = with_model_facts(read_json)
     typed = _typed_values(recipe, values)
     lookup = _lookup(typed, read_json)
     parts: list[tuple[Recipe, dict]] = []

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ...errors import OperationFailed, ShardStopped
+from ...file_task import TaskKind
 from ...integrity.digests.hash_writer import HashingWriter, hash_while_copying
 from ...integrity.digests.hashing import HashResult
 from ...integrity.digests.source_digest import SourceDigest, single_source_in_order
@@ -60,14 +61,14 @@ def write_shard(task: ShardTask, target: Path,
                 hash_sources: frozenset[str] = frozenset(), *,
                 stop: threading.Event | None = None, fsync: bool = True
                 ) -> tuple[str, str | None, HashResult | None]:
-    """Write ``task``'s shard to ``target`` (which must not exist), reading, computing and writing
-    in a pipeline (``patcher.tensors.writing.shard_pipeline``); ``ShardStopped`` is raised at the
-    next tensor once ``stop`` is set (another shard failed, or Ctrl-C). The file is made read-only
-    and fsynced, unless ``fsync`` is False: then the caller makes it durable.
+    """Write ``task``'s shard to ``target`` (which must not exist), reading, computing and
+    writing in a pipeline (``patcher.tensors.writing.shard_pipeline``); ``ShardStopped`` is
+    raised at the next tensor once ``stop`` is set (another shard failed, or Ctrl-C). The file
+    is made read-only and fsynced, unless ``fsync`` is False: then the caller makes it durable.
 
     Returns its sha256, and the task's source file with that file's digest if it is in
     ``hash_sources`` and could be hashed along the way (else None, None)."""
-    if hasattr(task, "write"):          # a patcher.gguf.task.GGUFTask writes itself
+    if task.kind is not TaskKind.SAFETENSORS:   # a patcher.gguf.task.GGUFTask writes itself
         return task.write(target, on_progress, hash_sources, fsync=fsync)
     header = task.header
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -67,7 +67,6 @@ import sys, time
 from patcher import api
 from patcher.signing import bundle, check, files, parse, sign, verify  # noqa: F401
 from patcher.signing.keys import load_signer
-bundle._models()
 signer = load_signer(sys.argv[2])
 times = []
 for _ in range(5):

@@ -49,11 +49,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Mapping
 
 from .. import __version__
-from ..changes import grouped
 from ..config.jsonfile import parse_json
 from ..errors import InputError, OperationFailed
 from ..fsops import NotRegularFile, TooLarge, read_capped, replace_file
-from ..model.model_dir import MANIFEST_NAME, STATE_DIR
+from ..model.layout import MANIFEST_NAME, STATE_DIR
 from .canonical_json import canonical_json as _canonical_json
 from .canonical_json import encode_array
 from .digests.hashing import is_sha256_hex
@@ -262,6 +261,8 @@ def _base_provenance_link(base_statement: dict | Manifest) -> tuple[dict, dict]:
 def _changes_byproduct(changes: list[dict]) -> dict:
     """The change log as a ResourceDescriptor: digest of its canonical JSON, entries as the
     ``changes`` annotation."""
+    from ..changes import grouped  # writing only: reading a manifest does not need it
+
     changes, data = encode_array(grouped(changes))
     changes_sha = hashlib.sha256(data).hexdigest()
     return {

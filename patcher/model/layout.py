@@ -1,8 +1,9 @@
 """The names a model directory's layout is made of: the shard index, the provenance manifest,
 the signature, the revert data's folder, the bookkeeping folders every listing skips.
 
-Constants and one rule only, so that the paths that need the names (the journal, the manifest,
-signing) do not import the header readers of ``model_dir``, which re-exports them."""
+Constants and two path rules only (``is_model_path``, ``hf_cache_repo``), so that the paths that
+need the names (the journal, the manifest, verify, signing) do not import the header readers of
+``model_dir``, which re-exports them."""
 
 from __future__ import annotations
 

@@ -15,8 +15,9 @@ read from ``getrusage`` of the child. A ``--many-shards`` model (119 shards, as
 nvidia/Kimi-K2.5-NVFP4 has) times ``modelpatch sign`` alone: its cost grows with files, not bytes.
 ``--baseline TREE`` also times ``modelpatch sign`` of another checkout (an older commit, from
 ``git worktree add``) in the same rounds, so before and after share the machine's load.
-Every command runs with its checkout as the working directory (``python -m`` puts the working
-directory first on ``sys.path``: run elsewhere, it could import another checkout's ``patcher``).
+Bytecode caches are written, as an installed package has them. Every command runs with its
+checkout as the working directory (``python -m`` puts the working directory first on
+``sys.path``: run elsewhere, it could import another checkout's ``patcher``).
 Results: a table on stdout and ``--json FILE``.
 
 Usage:
@@ -128,6 +129,9 @@ def main(argv=None) -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-signing-", dir="/var/tmp"))
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(REPO), MODELPATCH_CACHE_DIR=str(work / "cache"))
+    # Start-up as an installed package pays it: with its bytecode cached (pip compiles it; the
+    # warm-up writes it here), as model_signing's is in site-packages.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     private, public = _keys(work)
     variant = _model(work, f"kimi-{args.size_gb:g}gb", args.size_gb, args.shards, env)
     size = sum(p.stat().st_size for p in variant.rglob("*") if p.is_file()

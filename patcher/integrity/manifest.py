@@ -41,9 +41,7 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import os
-import platform
 import sys
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping
@@ -127,7 +125,8 @@ def tool_versions() -> dict[str, str]:
     imported it, else from the installed distribution's metadata. Libraries not installed are
     left out (SLSA's version map holds strings only).
     """
-    import importlib.metadata  # here: verify and read_manifest never need it
+    import importlib.metadata  # here (and platform): verify and read_manifest never need it
+    import platform
 
     versions = {"modelpatch": __version__, "python": platform.python_version()}
     for dist in _VERSIONED_DISTS:
@@ -276,6 +275,8 @@ def _changes_byproduct(changes: list[dict]) -> dict:
 def _run_details(versions: Mapping[str, str] | None, invocation_id: str | None,
                  started: _dt.datetime | float | str, finished: _dt.datetime | float | str,
                  changes_byproduct: dict) -> dict:
+    import uuid
+
     return {
         "builder": {"id": BUILDER_ID,
                     "version": dict(versions) if versions is not None else tool_versions()},

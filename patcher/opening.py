@@ -8,10 +8,13 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import ModelDirError
-from .model.model_dir import ModelDir
 from .model_ref import ModelRef
+
+if TYPE_CHECKING:       # the header readers load with the first model opened, not with `sign`
+    from .model.model_dir import ModelDir
 
 log = logging.getLogger("modelpatch")
 
@@ -52,6 +55,7 @@ def open_local(model: str | os.PathLike) -> ModelDir:
 def open_recovered(model: str | os.PathLike) -> ModelDir:
     """``open_local`` for a caller that has recovered the directory (under its lock)."""
     from .gguf.single_file import is_gguf_file, open_gguf_file
+    from .model.model_dir import ModelDir
 
     if str(model).endswith(".gguf") and not os.path.isdir(model) and not is_gguf_file(model):
         raise ModelDirError("no such file" if not os.path.lexists(model) else

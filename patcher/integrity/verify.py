@@ -176,7 +176,7 @@ def list_files(directory: str | os.PathLike) -> dict[str, os.stat_result | None]
     symlinked directories) map to None. What ``is_model_path`` leaves out (the manifest,
     ``.modelpatch/``, ``.git``, ``.cache/``) is not listed.
     """
-    from ..model.model_dir import hf_cache_repo, is_model_path
+    from ..model.layout import hf_cache_repo, is_model_path
 
     root = os.fspath(directory)
     out: dict[str, os.stat_result | None] = {}
@@ -281,7 +281,7 @@ def verify_dir(directory: str | os.PathLike, *, jobs: int | None = None, fast: b
 
 
 def _is_snapshot(root: Path) -> bool:
-    from ..model.model_dir import hf_cache_repo
+    from ..model.layout import hf_cache_repo
 
     return hf_cache_repo(root) is not None
 

@@ -276,7 +276,9 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, link, force_copy, j
     recipe = api.load(list(recipe))
     ref = ModelRef.parse(model)
     if ref.is_hub:
-        resolved = api.resolve_model(ref, endpoint=endpoint, progress=not ctx.obj.get("quiet"))
+        from .progress import resolve_with_meter
+
+        resolved = resolve_with_meter(ref, endpoint, bool(ctx.obj.get("quiet")))
         if out is None and not in_place and into_cache is None:   # never beside a snapshot
             out = f"{ref.name}-{recipe.name}"
         model = str(resolved)
@@ -284,8 +286,8 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, link, force_copy, j
         _show_plan(api.plan(recipe, model, options=options, out=out, endpoint=endpoint),
                    as_json, allow_noop)
         return
-    if not ctx.obj.get("quiet") and sys.stderr.isatty():   # like the progress bars
-        echo(recipe_source(recipe.identity()), err=True)
+    for line in recipe_source(recipe.identity()).splitlines():    # which file ran, -q aside
+        logging.getLogger("modelpatch").info("%s", line)
     from .progress import Meters
 
     with Meters(bool(ctx.obj.get("quiet"))) as meters:

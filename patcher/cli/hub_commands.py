@@ -84,11 +84,15 @@ def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_js
 def pull(ctx, repo_id, out, endpoint, revision, reuse, force, pub_key, as_json):
     """Download REPO_ID and verify every file against the hub's digests and the manifest."""
     from .. import api
+    from .progress import Meters
 
     trust = api.trust_of(pub_key)          # a bad key file fails before the download
-    result = api.pull(repo_id, out, endpoint=endpoint, revision=revision,
-                      progress=not ctx.obj.get("quiet"), reuse=reuse, force=force,
-                      trust=trust)
+    quiet = bool(ctx.obj.get("quiet"))
+    with Meters(quiet) as meters:
+        meter = meters.meter("downloading")
+        result = api.pull(repo_id, out, endpoint=endpoint, revision=revision,
+                          progress=not quiet, reuse=reuse, force=force, trust=trust,
+                          on_progress=meter.update, on_total=meter.set_total)
     if as_json:
         emit_json({"output": str(result.output), "repo_id": repo_id, "commit": result.commit,
                    "files": result.files, "reused_bytes": result.reused_bytes,

@@ -13,6 +13,7 @@ from typing import Any
 from ..config.json_pointer import MISSING, resolve
 from ..display import printable_fields
 from ..model.model_dir import ModelDir
+from ..units import plural
 from .rules import Rule, evaluate
 from .target import Target
 
@@ -182,7 +183,7 @@ def render(report: dict) -> str:
     if report.get("note"):
         lines.append(f"{'note':<10} {report['note']}")
     blockers = report["blockers"]
-    lines.append(f"{len(report['findings'])} finding(s), {blockers} blocker(s)"
+    lines.append(f"{plural(len(report['findings']), 'finding')}, {plural(blockers, 'blocker')}"
                  if report["findings"] else "no findings")
     return "\n".join(lines)
 

@@ -66,7 +66,9 @@ def apply_fixes(model: str, recipes: list[str], *, out: str | None, in_place: bo
 
     local, ref = model, ModelRef.parse(model)
     if ref.is_hub:
-        local = str(api.resolve_model(ref, endpoint=endpoint, progress=progress))
+        from ..cli.progress import resolve_with_meter
+
+        local = str(resolve_with_meter(ref, endpoint, quiet=not progress))
         if out is None and not in_place:
             out = f"{ref.name}-{OUTPUT_SUFFIX}"
     if in_place:

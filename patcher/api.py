@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import signatures
-from .errors import InputError, ModelDirError
+from .errors import InputError
 from .execute.executors import executing
 from .model_ref import HF_SCHEME, ModelRef  # noqa: F401  (HF_SCHEME: the name callers know)
 from .opening import (  # noqa: F401  (recover, open_model, resolve_model: the API's own)
@@ -25,6 +25,7 @@ from .opening import (  # noqa: F401  (recover, open_model, resolve_model: the A
     output_for,
     recover,
     recovered,
+    require_model,
     resolve_model,
 )
 from .signatures import base_signature_of, signer_of, trust_of
@@ -33,7 +34,6 @@ from .signatures import base_signature_of, signer_of, trust_of
 # imported by the functions that need them, so `inspect` and `--help` stay light.
 if TYPE_CHECKING:
     from .execute.engine import ApplyResult, Progress
-    from .model.model_dir import ModelDir
     from .plan import Plan, PlanOptions
     from .recipe.load import Recipe
 
@@ -74,24 +74,6 @@ def inspect(model: str | os.PathLike, *, endpoint: str | None = None) -> dict:
     if ModelRef.parse(model).is_hub:
         report["remote"] = opened.transfer_report()
     return report
-
-
-def require_model(opened: ModelDir) -> bool:
-    """Refuse a directory with neither a config.json nor a safetensors file at its top, nor a
-    GGUF file (GGUF repositories keep quantizations in subfolders): that is not a model (a
-    report of it would find nothing wrong), a folder of models (``examples/out``) included,
-    whose hint names them. Returns whether it holds GGUF."""
-    has_gguf = any(rel.endswith(".gguf") for rel in opened.files)
-    top = [rel for rel in opened.files if "/" not in rel]
-    if not (has_gguf or "config.json" in top or any(rel.endswith(".safetensors")
-                                                    for rel in top)):
-        inside = sorted(rel.rsplit("/", 1)[0] for rel in opened.files
-                        if rel.endswith("/config.json"))
-        hint = (f"models in subdirectories: {', '.join(inside[:3])}"
-                f"{', ...' if len(inside) > 3 else ''}" if inside else None)
-        raise ModelDirError("not a model directory (no config.json, no *.safetensors, no "
-                            "*.gguf)", where=opened.root, hint=hint)
-    return has_gguf
 
 
 def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
@@ -215,9 +197,8 @@ def apply_stacked(recipes: list, model: str | os.PathLike, *, out: str | os.Path
     the scratch directory renamed to ``out``. A recipe that refuses (a guard, a bad input)
     raises its error and leaves nothing: ``out`` is as it was. ``params``: recipe -> its params.
     ``force`` replaces an earlier variant at ``out``, or an earlier stacked output of this
-    same base (never a directory patched in place on another base). ``sign`` as for
-    ``apply``: the scratch directory is signed before it becomes ``out``. ``link``: how the
-    base's unchanged files are carried, as for ``apply``."""
+    same base (never a directory patched in place on another base). ``sign`` and ``link`` as
+    for ``apply`` (the scratch directory is signed before it becomes ``out``)."""
     from .execute.locking import lock_new_path
     from .execute.output_dir import (
         commit,
@@ -352,9 +333,8 @@ def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None
            all_patches: bool = False, ignore_changes: bool = False, force: bool = False,
            jobs: int | None = None, executor: str = "local", ray_address: str | None = None):
     """Undo the last patch (or all with ``all_patches``): in place, or rebuilt into ``out``
-    (with ``executor`` and ``ray_address`` as for ``apply``; ``force`` replaces an earlier
-    rebuild of the same base there). ``ignore_changes`` reverts a directory changed since the
-    patch (or whose revert data is damaged) anyway."""
+    (``executor``, ``ray_address`` as for ``apply``; ``force`` replaces an earlier rebuild of
+    the same base there). ``ignore_changes``: revert a changed directory or damaged data anyway."""
     from .execute.revert import rebuild_base
     from .execute.revert import revert as revert_here
     from .gguf.single_file import model_directory
@@ -365,11 +345,6 @@ def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None
         with executing(executor, ray_address):
             return rebuild_base(directory, out, all_patches=all_patches,
                                 ignore_changes=ignore_changes, force=force, jobs=jobs)
-    if force:
-        raise InputError("force=True replaces an existing output, so it goes with out=OUT",
-                         where=directory,
-                         hint="to revert a directory changed since its patch: "
-                              "ignore_changes=True")
     if executor != "local":
         raise InputError(f"--executor {executor} rebuilds the base into a new directory: "
                          f"give -o", where=directory)

@@ -115,3 +115,21 @@ def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
         return Path(hub_call("download", ref.repo_id, snapshot_download, ref.repo_id,
                              revision=ref.revision, endpoint=hub.endpoint, token=hub.token,
                              ignore_patterns=[BASE_RECORD]))
+
+
+def require_model(opened: ModelDir) -> bool:
+    """Refuse a directory with neither a config.json nor a safetensors file at its top, nor a
+    GGUF file (GGUF repositories keep quantizations in subfolders): that is not a model (a
+    report of it would find nothing wrong), a folder of models (``examples/out``) included,
+    whose hint names them. Returns whether it holds GGUF."""
+    has_gguf = any(rel.endswith(".gguf") for rel in opened.files)
+    top = [rel for rel in opened.files if "/" not in rel]
+    if not (has_gguf or "config.json" in top or any(rel.endswith(".safetensors")
+                                                    for rel in top)):
+        inside = sorted(rel.rsplit("/", 1)[0] for rel in opened.files
+                        if rel.endswith("/config.json"))
+        hint = (f"models in subdirectories: {', '.join(inside[:3])}"
+                f"{', ...' if len(inside) > 3 else ''}" if inside else None)
+        raise ModelDirError("not a model directory (no config.json, no *.safetensors, no "
+                            "*.gguf)", where=opened.root, hint=hint)
+    return has_gguf

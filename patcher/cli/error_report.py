@@ -28,7 +28,7 @@ PARAMETER_FLAGS = {"force": "--force", "force_copy": "--copy", "all_patches": "-
                    "device": "--device", "endpoint": "--endpoint", "jobs": "--jobs",
                    "max_shard_size": "--max-shard-size", "allow_noop": "--allow-noop",
                    "port": "--port", "host": "--host", "ignore_changes": "--ignore-changes",
-                   "out": "-o", "base": "--base"}
+                   "base": "--base"}
 _PARAMETER = re.compile(r"\b(%s)=('?)([^'\s,;)]*)\2" % "|".join(PARAMETER_FLAGS))
 _FUNCTION_WORDS = {"apply_in_place()": "--in-place", "verify()": "`modelpatch verify`"}
 

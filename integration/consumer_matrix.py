@@ -329,7 +329,7 @@ def run(work: Path, with_vllm: bool) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     head = ["recipe / producer", "vLLM", "transformers", "compressed-tensors", "gguf-py",
-            "llama.cpp"]
+            "llama.cpp (recipe on convert_hf_to_gguf.py's Llama; llama-simple)"]
     body = [[r["row"], _show_vllm(r["vllm"]), _show_load(r["transformers"]),
              _show_load(r["compressed_tensors"]), "n/a", r["llama_cpp"]] if "gguf" not in r
             else [r["row"], "n/a", "n/a", "n/a", show_gguf(r["gguf"]),

@@ -37,7 +37,9 @@ from pathlib import Path
 PROMPT = "hello world"
 N_PREDICT = 24
 VOCAB = 320
-NEW_EOS = "<|im_end|>"
+#: the new EOS: a name llama.cpp does not end generation on by itself (it does on <|im_end|>,
+#: <|eot_id|>, <|endoftext|>... whatever tokenizer.ggml.eos_token_id says)
+NEW_EOS = "<|turn_stop|>"
 OLD_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
@@ -87,6 +89,10 @@ def hf_llama(out: Path) -> Path:
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.5)
+        # NEW_EOS a little above "row", which the model generates from PROMPT: the base
+        # prints it mid-text, and a variant whose EOS it is must stop right there
+        head = model.lm_head.weight
+        head[tok.token_to_id(NEW_EOS)] = head[tok.token_to_id("row")] * 1.05
     model.to(torch.bfloat16).save_pretrained(out)
     return out
 
@@ -116,7 +122,8 @@ def with_mtp(converted: Path, root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(root / "tiny.gguf", arch)
     for field in reader.fields.values():
-        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+        if field.name.startswith("GGUF.") or field.name in ("general.architecture",
+                                                             "general.size_label"):
             continue
         value = field.contents()
         if field.name == f"{arch}.block_count":
@@ -132,6 +139,8 @@ def with_mtp(converted: Path, root: Path) -> Path:
                      raw_dtype=t.tensor_type)
     eh = np.zeros((64, 128), np.float16)
     w.add_tensor(f"blk.{blocks}.nextn.eh_proj.weight", eh)
+    # counted with the MTP block, as convert_hf_to_gguf.py counts what it writes
+    w.add_size_label(gguf.size_label(*w.get_total_parameter_count()))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -142,15 +151,17 @@ def with_mtp(converted: Path, root: Path) -> Path:
 def run_simple(model: Path, where: dict[str, Path]) -> dict:
     """llama-simple on ``model``: whether it loaded, what it generated, what its log reports."""
     done = subprocess.run([str(where["simple"]), "-m", str(model), "-n", str(N_PREDICT),
-                           "-ngl", "0", PROMPT], capture_output=True, text=True, timeout=300)
-    log = done.stderr
-    seen = {"loaded": done.returncode == 0, "text": done.stdout.strip() if not done.returncode
-            else None}
+                           "-ngl", "0", PROMPT], capture_output=True, timeout=300)
+    log = done.stderr.decode("utf-8", "replace")
+    # the random model emits byte tokens that are not UTF-8 on their own: kept escaped, exact
+    text = done.stdout.decode("utf-8", "backslashreplace").strip()
+    seen = {"loaded": done.returncode == 0, "text": text if not done.returncode else None}
     for key, pattern in (("n_ctx_train", r"n_ctx_train\s*=\s*(\d+)"),
                          ("n_layer", r"print_info: n_layer\s*=\s*(\d+)"),
                          ("rope_scaling", r"rope scaling\s*=\s*(\S+)"),
                          ("freq_scale_train", r"freq_scale_train\s*=\s*(\S+)"),
                          ("eos", r"EOS token\s*=\s*(\d+)"),
+                         ("size_label", r"kv\s+\d+:\s+general\.size_label\s+str\s+=\s(\S+)"),
                          ("chat_template", r"kv\s+\d+:\s+tokenizer\.chat_template\s+str\s+=\s(.*)"),
                          ("tool_use", r"kv\s+\d+:\s+tokenizer\.chat_template\.tool_use\s")):
         found = re.search(pattern, log)
@@ -185,14 +196,19 @@ def cell(recipe: str, params: dict, new_template: str, work: Path) -> dict | str
         # generation stops at the new EOS: the base's text up to it
         want_text = want_text.split(NEW_EOS)[0].rstrip()
     metadata = {
-        "gguf-chat-template": after["chat_template"] == new_template and not after["tool_use"],
+        # the load log cuts strings at 40 characters and adds "..."
+        "gguf-chat-template": bool(after["chat_template"]) and not after["tool_use"]
+        and new_template.startswith(after["chat_template"].removesuffix("..."))
+        and after["chat_template"] != before["chat_template"],
         "gguf-fix-eos": after["eos"] == "3",
         "gguf-context": (after["n_ctx_train"], after["rope_scaling"], after["freq_scale_train"])
         == ("8192", "yarn", "0.25"),
-        "gguf-strip-mtp": after["n_layer"] == "2",
+        "gguf-strip-mtp": after["n_layer"] == "2" and after["size_label"] is not None
+        and after["size_label"] == reference["size_label"] != before["size_label"],
     }[recipe]
     same = after["text"] == want_text
-    return {"before": before, "after": after, "loads": after["loaded"],
+    stops = recipe == "gguf-fix-eos" and want_text != reference["text"]
+    return {"stops_at_new_eos": stops, "before": before, "after": after, "loads": after["loaded"],
             "base_loads": before["loaded"], "tokens_same": same,
             # YaRN rescales the rope: a different generation is the recipe's doing
             "tokens_may_differ": recipe == "gguf-context", "metadata_ok": metadata}
@@ -207,11 +223,13 @@ def show(cell_: dict | str) -> str:
     parts = ["loads" if cell_["loads"] else f"refused ({a.get('refused')})"]
     if not cell_["base_loads"]:
         parts.append(f"base refused ({b.get('refused')})")
-    parts.append("same tokens" if cell_["tokens_same"] else
+    parts.append(("the base's tokens up to the new EOS, then stops" if cell_["stops_at_new_eos"]
+                  else "same tokens") if cell_["tokens_same"] else
                  "tokens differ (expected)" if cell_["tokens_may_differ"] else "tokens DIFFER")
     parts.append(f"n_ctx_train {b['n_ctx_train']}->{a['n_ctx_train']}, "
                  f"rope {b['rope_scaling']}->{a['rope_scaling']}, EOS {b['eos']}->{a['eos']}, "
                  f"n_layer {b['n_layer']}->{a['n_layer']}, "
+                 f"size_label {b['size_label']}->{a['size_label']}, "
                  f"tool_use template {'kept' if a['tool_use'] else 'gone'}")
     parts.append("metadata as intended" if cell_["metadata_ok"] else "metadata WRONG")
     return f"{'ok' if ok else 'FAIL'}: " + "; ".join(parts)

@@ -155,7 +155,17 @@ def run_simple(model: Path, where: dict[str, Path]) -> dict:
     log = done.stderr.decode("utf-8", "replace")
     # the random model emits byte tokens that are not UTF-8 on their own: kept escaped, exact
     text = done.stdout.decode("utf-8", "backslashreplace").strip()
-    seen = {"loaded": done.returncode == 0, "text": text if not done.returncode else None}
+    seen = {"loaded": done.returncode == 0, "text": text if not done.returncode else None,
+            **parse_log(log)}
+    if not seen["loaded"]:
+        errors = [line for line in log.splitlines() if "error" in line.lower()]
+        seen["refused"] = (errors[0] if errors else log.strip()[-200:])[:160]
+    return seen
+
+
+def parse_log(log: str) -> dict:
+    """What llama.cpp's load log (llama_model_loader's key list, print_info) reports."""
+    seen = {}
     for key, pattern in (("n_ctx_train", r"n_ctx_train\s*=\s*(\d+)"),
                          ("n_layer", r"print_info: n_layer\s*=\s*(\d+)"),
                          ("rope_scaling", r"rope scaling\s*=\s*(\S+)"),
@@ -166,9 +176,6 @@ def run_simple(model: Path, where: dict[str, Path]) -> dict:
                          ("tool_use", r"kv\s+\d+:\s+tokenizer\.chat_template\.tool_use\s")):
         found = re.search(pattern, log)
         seen[key] = (found.group(1) if found.groups() else True) if found else None
-    if not seen["loaded"]:
-        errors = [line for line in log.splitlines() if "error" in line.lower()]
-        seen["refused"] = (errors[0] if errors else log.strip()[-200:])[:160]
     return seen
 
 

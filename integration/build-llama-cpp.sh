@@ -26,9 +26,15 @@ if [ ! -f "$dir/convert_hf_to_gguf.py" ]; then
     tar -xzf "$sdist" -C "$tmp"
     mkdir -p "$(dirname "$dir")"
     mv "$tmp/llama_cpp_python-$LCP_VERSION/vendor/llama.cpp" "$dir"
+    rm -f "$dir/.git"       # a submodule's gitdir link into llama-cpp-python's repository
 fi
+# -march=native turns on AMX where the CPU lists it, and ggml's AMX kernels then die with an
+# illegal instruction (tilezero) on a Q8_0 matmul where the kernel gives no AMX state (as on
+# this project's machines): AMX off, the rest native.
+noamx="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 cmake -S "$dir" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF \
+    -DCMAKE_C_FLAGS="$noamx" -DCMAKE_CXX_FLAGS="$noamx" >/dev/null
 nice -n 10 cmake --build "$dir/build" -j "${JOBS:-2}" --target llama-simple
 if [ ! -d "$dir/build/pydeps/sentencepiece" ]; then
     "$py" -m pip install -q --target "$dir/build/pydeps" "sentencepiece==0.2.1"

@@ -98,12 +98,13 @@ def hf_llama(out: Path) -> Path:
 
 
 def convert(hf: Path, root: Path, where: dict[str, Path]) -> Path:
-    """``root``/tiny.gguf, written by llama.cpp's convert_hf_to_gguf.py (F16)."""
+    """``root``/tiny.gguf, written by llama.cpp's convert_hf_to_gguf.py: Q8_0 weights, F32
+    norms (quantized blocks and plain tensors in one file)."""
     root.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(where["src"] / "gguf-py"), str(where["pydeps"])]))
     done = subprocess.run([sys.executable, str(where["src"] / "convert_hf_to_gguf.py"), str(hf),
-                           "--outfile", str(root / "tiny.gguf"), "--outtype", "f16"],
+                           "--outfile", str(root / "tiny.gguf"), "--outtype", "q8_0"],
                           env=env, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"convert_hf_to_gguf.py failed: {done.stderr.strip()[-300:]}")
@@ -135,7 +136,8 @@ def with_mtp(converted: Path, root: Path) -> Path:
     extra = [(t.name.replace(last, f"blk.{blocks}."), t) for t in reader.tensors
              if t.name.startswith(last)]
     for name, t in [(t.name, t) for t in reader.tensors] + extra:
-        w.add_tensor(name, np.asarray(t.data), raw_shape=list(reversed(t.shape.tolist())),
+        # the reader's array shape: elements for F16/F32, bytes per row for quantized types
+        w.add_tensor(name, np.asarray(t.data), raw_shape=list(t.data.shape),
                      raw_dtype=t.tensor_type)
     eh = np.zeros((64, 128), np.float16)
     w.add_tensor(f"blk.{blocks}.nextn.eh_proj.weight", eh)

@@ -13,11 +13,17 @@ On a synthetic Kimi-shaped NVFP4 model (``synth.py``, 2 GB by default) a variant
 Every command runs in its own process (start-up included, as a user pays it); its peak RSS is
 read from ``getrusage`` of the child. A ``--many-shards`` model (119 shards, as
 nvidia/Kimi-K2.5-NVFP4 has) times ``modelpatch sign`` alone: its cost grows with files, not bytes.
+``--baseline TREE`` also times ``modelpatch sign`` of another checkout (an older commit, from
+``git worktree add``) in the same rounds, so before and after share the machine's load.
+Bytecode caches are written, as an installed package has them. Every command runs with its
+checkout as the working directory (``python -m`` puts the working directory first on
+``sys.path``: run elsewhere, it could import another checkout's ``patcher``).
 Results: a table on stdout and ``--json FILE``.
 
 Usage:
     python benchmarks/bench_signing.py [--size-gb 2] [--shards 4] [--rounds 3]
                                        [--many-shards 119] [--workdir DIR] [--json FILE]
+                                       [--baseline TREE]
 """
 
 from __future__ import annotations
@@ -49,10 +55,11 @@ print(time.perf_counter() - start, usage.ru_maxrss, os.waitstatus_to_exitcode(st
 
 
 def _run(argv: list[str], env: dict) -> tuple[float, int]:
-    """(wall seconds, peak RSS in MB) of ``argv`` in a fresh process; a failure stops the run."""
+    """(wall seconds, peak RSS in MB) of ``argv`` in a fresh process, in the checkout
+    ``env["PYTHONPATH"]`` names; a failure stops the run."""
     with tempfile.TemporaryFile() as err:
         done = subprocess.run([sys.executable, "-c", LAUNCHER, *argv], env=env, stderr=err,
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, text=True, cwd=env["PYTHONPATH"])
         wall, rss, code = done.stdout.split()[-3:]
         if int(code) != 0 or done.returncode != 0:
             err.seek(0)
@@ -67,7 +74,6 @@ import sys, time
 from patcher import api
 from patcher.signing import bundle, check, files, parse, sign, verify  # noqa: F401
 from patcher.signing.keys import load_signer
-bundle._models()
 signer = load_signer(sys.argv[2])
 times = []
 for _ in range(5):
@@ -115,11 +121,17 @@ def main(argv=None) -> int:
     parser.add_argument("--many-shards", type=int, default=119)
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--json", dest="json_out", type=Path, default=None)
+    parser.add_argument("--baseline", type=Path, default=None, metavar="TREE",
+                        help="another checkout whose `modelpatch sign` is timed alongside")
     args = parser.parse_args(argv)
 
+    load_before = os.getloadavg()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-signing-", dir="/var/tmp"))
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(REPO), MODELPATCH_CACHE_DIR=str(work / "cache"))
+    # Start-up as an installed package pays it: with its bytecode cached (pip compiles it; the
+    # warm-up writes it here), as model_signing's is in site-packages.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     private, public = _keys(work)
     variant = _model(work, f"kimi-{args.size_gb:g}gb", args.size_gb, args.shards, env)
     size = sum(p.stat().st_size for p in variant.rglob("*") if p.is_file()
@@ -137,13 +149,20 @@ def main(argv=None) -> int:
     }
     runs: dict[str, dict[str, list]] = {k: {"modelpatch": [], "model_signing": []}
                                         for k in commands}
+    baseline_env = (dict(env, PYTHONPATH=str(args.baseline.resolve()))
+                    if args.baseline else None)
     _run(commands["sign"][0], env)          # warm-up: page cache, imports, model.sig present
+    if baseline_env:
+        _run(commands["sign"][0], baseline_env)
+        runs["sign"]["baseline"] = []
     for _ in range(args.rounds):
         for case, (ours, theirs) in commands.items():
             for who, argv_ in (("modelpatch", ours), ("model_signing", theirs)):
                 runs[case][who].append(_run(argv_, env))
+            if case == "sign" and baseline_env:
+                runs[case]["baseline"].append(_run(ours, baseline_env))
     in_process = subprocess.run(
-        [sys.executable, "-c", IN_PROCESS, str(variant), str(private)], env=env,
+        [sys.executable, "-c", IN_PROCESS, str(variant), str(private)], env=env, cwd=REPO,
         capture_output=True, text=True, check=True).stdout.split()
     many = _model(work, f"kimi-{args.many_shards}-shards", 0.25, args.many_shards, env)
     many_sign = [_run([*modelpatch, "sign", str(many), "--key", str(private)], env)
@@ -152,8 +171,10 @@ def main(argv=None) -> int:
     report = {"model_bytes": size, "shards": args.shards, "rounds": args.rounds, "cases": {},
               "many_shards": {"shards": args.many_shards,
                               "sign_s": statistics.median(w for w, _ in many_sign)},
-              "sign_in_process_s": float(in_process[-1])}
-    print(f"model: {size / 1e9:.2f} GB, {args.shards} shards; median of {args.rounds} rounds")
+              "sign_in_process_s": float(in_process[-1]),
+              "load_average": {"start": load_before, "end": os.getloadavg()}}
+    print(f"model: {size / 1e9:.2f} GB, {args.shards} shards; median of {args.rounds} rounds; "
+          f"load average {load_before[0]:.1f} -> {os.getloadavg()[0]:.1f}")
     print(f"{'case':8} {'modelpatch s':>13} {'model_signing s':>16} {'ratio':>7} {'target':>7}"
           f"  {'RSS MB (mp / ms)':>17}")
     for case, by in runs.items():
@@ -168,6 +189,13 @@ def main(argv=None) -> int:
                                  "runs": by}
         print(f"{case:8} {ours:13.2f} {theirs:16.2f} {ratio:7.3f} {TARGETS[case]:7.2f}"
               f"  {rss[0]:>7} / {rss[1]:<7} {verdict}")
+    if baseline_env:
+        base = statistics.median(w for w, _ in runs["sign"]["baseline"])
+        theirs = report["cases"]["sign"]["model_signing_s"]
+        report["baseline"] = {"tree": str(args.baseline), "sign_s": base,
+                              "ratio": base / theirs}
+        print(f"{'baseline':8} {base:13.2f} {theirs:16.2f} {base / theirs:7.3f} "
+              f"{TARGETS['sign']:7.2f}  sign of {args.baseline}")
     print(f"modelpatch sign in process (imports done), median of 5: "
           f"{report['sign_in_process_s']:.3f} s")
     print(f"modelpatch sign, {args.many_shards} shards: "

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import signatures
-from .errors import InputError, ModelDirError
+from .errors import InputError
 from .execute.executors import executing
 from .model_ref import HF_SCHEME, ModelRef  # noqa: F401  (HF_SCHEME: the name callers know)
 from .opening import (  # noqa: F401  (recover, open_model, resolve_model: the API's own)
@@ -25,6 +25,7 @@ from .opening import (  # noqa: F401  (recover, open_model, resolve_model: the A
     output_for,
     recover,
     recovered,
+    require_model,
     resolve_model,
 )
 from .signatures import base_signature_of, signer_of, trust_of
@@ -60,11 +61,8 @@ def inspect(model: str | os.PathLike, *, endpoint: str | None = None) -> dict:
 
         return inspect_gguf_file(Path(model))
     opened = open_model(model, endpoint=endpoint)
-    has_gguf = any(rel.endswith(".gguf") for rel in opened.files)
+    has_gguf = require_model(opened)
     if not opened.has("config.json") and not opened.shards:
-        if not has_gguf:
-            raise ModelDirError("not a model directory (no config.json, no *.safetensors, "
-                                "no *.gguf)", where=opened.root)
         from .gguf.inspect import inspect_gguf_dir
 
         return {"format": "gguf", "path": str(opened.root), "models": inspect_gguf_dir(opened)}
@@ -192,15 +190,15 @@ def apply_saved(plan_file: str | os.PathLike, model: str | os.PathLike | None = 
 
 def apply_stacked(recipes: list, model: str | os.PathLike, *, out: str | os.PathLike,
                   force: bool = False, params: dict[str, dict] | None = None,
-                  sign=None) -> Path:
+                  sign=None, link: str = "auto") -> Path:
     """Apply ``recipes`` one after the other into one variant at ``out`` that appears whole or
     not at all: the first out of place into a scratch directory beside ``out``, the others
     stacked on it in place (each a revertible patch: ``revert`` undoes them one by one), then
     the scratch directory renamed to ``out``. A recipe that refuses (a guard, a bad input)
     raises its error and leaves nothing: ``out`` is as it was. ``params``: recipe -> its params.
     ``force`` replaces an earlier variant at ``out``, or an earlier stacked output of this
-    same base (never a directory patched in place on another base). ``sign`` as for
-    ``apply``: the scratch directory is signed before it becomes ``out``."""
+    same base (never a directory patched in place on another base). ``sign`` and ``link`` as
+    for ``apply`` (the scratch directory is signed before it becomes ``out``)."""
     from .execute.locking import lock_new_path
     from .execute.output_dir import (
         commit,
@@ -221,7 +219,7 @@ def apply_stacked(recipes: list, model: str | os.PathLike, *, out: str | os.Path
             refuse_to_replace_a_stranger(out, stacked_on=Path(model))
         scratch = scratch_beside(out)
         try:
-            apply(recipes[0], model, out=scratch, params=params.get(recipes[0]))
+            apply(recipes[0], model, out=scratch, params=params.get(recipes[0]), link=link)
             for recipe in recipes[1:]:
                 apply_in_place(recipe, scratch, params=params.get(recipe))
             if signer is not None:
@@ -332,10 +330,11 @@ def _log_warnings(plan: Plan) -> None:
 
 
 def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None,
-           all_patches: bool = False, force: bool = False, jobs: int | None = None,
-           executor: str = "local", ray_address: str | None = None):
+           all_patches: bool = False, ignore_changes: bool = False, force: bool = False,
+           jobs: int | None = None, executor: str = "local", ray_address: str | None = None):
     """Undo the last patch (or all with ``all_patches``): in place, or rebuilt into ``out``
-    (with ``executor`` and ``ray_address`` as for ``apply``)."""
+    (``executor``, ``ray_address`` as for ``apply``; ``force`` replaces an earlier rebuild of
+    the same base there). ``ignore_changes``: revert a changed directory or damaged data anyway."""
     from .execute.revert import rebuild_base
     from .execute.revert import revert as revert_here
     from .gguf.single_file import model_directory
@@ -344,11 +343,13 @@ def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None
     recovered(directory)
     if out is not None:
         with executing(executor, ray_address):
-            return rebuild_base(directory, out, all_patches=all_patches, force=force, jobs=jobs)
+            return rebuild_base(directory, out, all_patches=all_patches,
+                                ignore_changes=ignore_changes, force=force, jobs=jobs)
     if executor != "local":
         raise InputError(f"--executor {executor} rebuilds the base into a new directory: "
                          f"give -o", where=directory)
-    return revert_here(directory, all_patches=all_patches, force=force, jobs=jobs)
+    return revert_here(directory, all_patches=all_patches, ignore_changes=ignore_changes,
+                       jobs=jobs)
 
 
 def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | None = None,
@@ -366,6 +367,7 @@ def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | No
     target = Target(name, version, parse_gpu(gpu))
     loaded = load_rules(tuple(rules), allow_recipe_files=allow_recipe_files)
     opened = open_model(model, endpoint=endpoint, what="doctor")
+    require_model(opened)
     report = diagnose(opened, target, loaded)
     if ModelRef.parse(model).is_hub:
         report["remote"] = opened.transfer_report()

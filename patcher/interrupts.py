@@ -107,10 +107,16 @@ def interrupted() -> bool:
 
 
 def finish() -> None:
-    """The result is out: a signal from now on is ignored."""
+    """The result is out: a signal from now on is ignored. Ignored by the process, not only by
+    our handler: as the interpreter shuts down it puts the default action back for every
+    signal that has a Python handler, and a Ctrl-C in that last instant would kill the process
+    after it printed its result (an ignored signal stays ignored)."""
     _state["finished"] = True
     if _state["installed"] is not None and _on_main_thread():
         signal.setitimer(signal.ITIMER_REAL, 0)
+        for sig in _state["installed"]:
+            if sig in SIGNALS:
+                signal.signal(sig, signal.SIG_IGN)
 
 
 @contextlib.contextmanager

@@ -8,10 +8,13 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import ModelDirError
-from .model.model_dir import ModelDir
 from .model_ref import ModelRef
+
+if TYPE_CHECKING:       # the header readers load with the first model opened, not with `sign`
+    from .model.model_dir import ModelDir
 
 log = logging.getLogger("modelpatch")
 
@@ -52,6 +55,7 @@ def open_local(model: str | os.PathLike) -> ModelDir:
 def open_recovered(model: str | os.PathLike) -> ModelDir:
     """``open_local`` for a caller that has recovered the directory (under its lock)."""
     from .gguf.single_file import is_gguf_file, open_gguf_file
+    from .model.model_dir import ModelDir
 
     if str(model).endswith(".gguf") and not os.path.isdir(model) and not is_gguf_file(model):
         raise ModelDirError("no such file" if not os.path.lexists(model) else
@@ -88,20 +92,44 @@ def open_model(model: str | os.PathLike, *, endpoint: str | None = None,
 
 
 def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
-                  progress: bool = True) -> Path:
+                  progress: bool = True, on_progress=None) -> Path:
     """A model directory; ``hf://org/name[@rev]`` is resolved through the huggingface_hub cache
     (downloaded if needed) to its snapshot directory. The endpoint defaults to ``$HF_ENDPOINT``
-    (a malformed one is an ``InputError``); ``progress=False``: no progress bars."""
+    (a malformed one is an ``InputError``); ``progress=False``: only huggingface_hub's errors
+    are logged; ``on_progress(bytes)`` counts what the download adds to the cache."""
     ref = ModelRef.parse(model)
     if not ref.is_hub:
         return Path(ref.text)
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.file_download import repo_folder_name
 
-    from .hub.client.connection import client, hub_call, progress_bars
+    from .hub.client.connection import client, hub_call, hub_output
+    from .hub.client.growth import reported_growth
     from .model.model_dir import BASE_RECORD
 
     hub = client(endpoint)
-    with progress_bars(progress):    # without a base's digest record: the hub's, not the model's
+    cached = Path(constants.HF_HUB_CACHE) / repo_folder_name(repo_id=ref.repo_id,
+                                                            repo_type="model")
+    # Without a base's digest record: the hub's, not the model's.
+    with hub_output(progress), reported_growth(cached, on_progress):
         return Path(hub_call("download", ref.repo_id, snapshot_download, ref.repo_id,
                              revision=ref.revision, endpoint=hub.endpoint, token=hub.token,
                              ignore_patterns=[BASE_RECORD]))
+
+
+def require_model(opened: ModelDir) -> bool:
+    """Refuse a directory with neither a config.json nor a safetensors file at its top, nor a
+    GGUF file (GGUF repositories keep quantizations in subfolders): that is not a model (a
+    report of it would find nothing wrong), a folder of models (``examples/out``) included,
+    whose hint names them. Returns whether it holds GGUF."""
+    has_gguf = any(rel.endswith(".gguf") for rel in opened.files)
+    top = [rel for rel in opened.files if "/" not in rel]
+    if not (has_gguf or "config.json" in top or any(rel.endswith(".safetensors")
+                                                    for rel in top)):
+        inside = sorted(rel.rsplit("/", 1)[0] for rel in opened.files
+                        if rel.endswith("/config.json"))
+        hint = (f"models in subdirectories: {', '.join(inside[:3])}"
+                f"{', ...' if len(inside) > 3 else ''}" if inside else None)
+        raise ModelDirError("not a model directory (no config.json, no *.safetensors, no "
+                            "*.gguf)", where=opened.root, hint=hint)
+    return has_gguf

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from .model.model_dir import ModelDir
 from .opening import recovered
+
+if TYPE_CHECKING:
+    from .model.model_dir import ModelDir
 
 
 def signer_of(sign):

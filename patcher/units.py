@@ -1,5 +1,6 @@
 """Byte sizes and counts for people: ``5GB``/``2GiB`` read (``parse_shard_size``), bytes and
-counts written (``human_bytes``, ``human_count``).
+counts written (``human_bytes``, ``human_count``), and a count with its noun in the right
+number (``plural``: ``1 file``, ``2 files``).
 
 The standard library only: every package may import it (the CLI's renderings, the executors'
 warnings, the hub client's summaries, recipe validation)."""
@@ -49,3 +50,14 @@ def human_count(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.2f}{unit}"
     return str(n)
+
+
+_IRREGULAR = {"was": "were", "is": "are", "has": "have", "does": "do"}
+
+
+def plural(n: int, noun: str, nouns: str | None = None) -> str:
+    """``1 file``, ``0 files``, ``2 files``; ``nouns`` where adding "s" is wrong
+    (``plural(n, "patch", "patches")``)."""
+    if n == 1:
+        return f"{n} {noun}"
+    return f"{n} {nouns or _IRREGULAR.get(noun) or noun + 's'}"

@@ -2,8 +2,9 @@
 console script), send SIGINT to the whole group after ``delay`` seconds (as a terminal's Ctrl-C
 does: the command and any worker it started), and report how it ended.
 
-A run passes when it exits 0 or 130, prints no traceback, and leaves no staging directory or
-lock file in the directories it names (``Outcome.problems``).
+A run passes when it exits 0 or 130 (never killed by the signal itself: the command handles it),
+prints no traceback, and leaves no staging directory or lock file in the directories it names
+(``Outcome.problems``).
 
 Also a command-line tool: ``python tests/interrupt_harness.py N -- modelpatch ARGS...`` runs the
 command N times at random instants over its own uninterrupted duration and prints the counts
@@ -32,11 +33,15 @@ class Outcome:
     returncode: int
     stderr: str
     leftovers: list[str] = field(default_factory=list)
+    stdout: str = ""
+    signal: int | None = None           # the signal that ended the process, if one did
 
     @property
     def problems(self) -> list[str]:
         found = []
-        if self.returncode not in (0, 130):
+        if self.signal is not None:
+            found.append(f"killed by signal {self.signal}")
+        elif self.returncode not in (0, 130):
             found.append(f"exit {self.returncode}")
         if "Traceback" in self.stderr or "terminate called" in self.stderr:
             found.append("traceback")
@@ -73,14 +78,16 @@ def interrupt(argv: list[str], delay: float, *, watch: list[Path], cwd: Path | N
         except ProcessLookupError:
             pass
     try:
-        _out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     # A worker still exiting may hold its lock a moment longer than the command
     with_children_gone(proc.pid)
     code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
-    return Outcome(delay, code, err.decode(errors="replace"), leftovers(*watch))
+    return Outcome(delay, code, err.decode(errors="replace"), leftovers(*watch),
+                   out.decode(errors="replace"),
+                   -proc.returncode if proc.returncode < 0 else None)
 
 
 def with_children_gone(pgid: int, limit: float = 10.0) -> None:

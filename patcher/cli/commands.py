@@ -31,6 +31,14 @@ from .group import (
     set_json,
     set_quiet,
 )
+from .options import (
+    endpoint_option,
+    force_option,
+    json_option,
+    link_mode,
+    link_options,
+    output_option,
+)
 from .output import echo, echo_json, escape_log_lines
 from .sign_commands import (
     require_signed_base_option,
@@ -48,7 +56,8 @@ LOG_FORMAT = "modelpatch: %(message)s"
               callback=set_debug, help=DEBUG_HELP)
 @click.option("-q", "--quiet", is_flag=True, expose_value=False, callback=set_quiet,
               help=QUIET_HELP)
-@click.option("--json", is_flag=True, expose_value=False, callback=set_json, help=JSON_HELP)
+@click.option("--json", "as_json", is_flag=True, expose_value=False, callback=set_json,
+              help=JSON_HELP)
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """Declarative, verifiable, reversible patches for model checkpoints."""
@@ -64,15 +73,10 @@ def main(ctx: click.Context) -> None:
     logging.getLogger("modelpatch").setLevel(logging.ERROR if quiet else logging.INFO)
 
 
-endpoint_option = click.option(
-    "--endpoint", default=None, envvar="HF_ENDPOINT",
-    help="Hub URL for hf://ORG/NAME[@REV] models (default: huggingface.co, or $HF_ENDPOINT).")
-
-
 @main.command()
 @click.argument("model", type=click.Path(path_type=str))
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
-@endpoint_option
+@json_option("Machine-readable report.")
+@endpoint_option()
 def inspect(model: str, as_json: bool, endpoint: str | None) -> None:
     """Report architectures, quantization, tensors, shards and index health of MODEL (a
     directory, one .gguf file, or hf://ORG/NAME[@REV]: only its JSON files and safetensors
@@ -118,13 +122,6 @@ set_option = click.option(
     help="A value for a recipe parameter (see `modelpatch recipes show`), typed by the "
          "parameter's declared type; RECIPE.NAME=VALUE gives it to one of several recipes; "
          "repeatable.")
-
-
-link_option = click.option(
-    "--link", "link", type=click.Choice(["auto", "reflink", "hardlink", "copy"]), default=None,
-    help="How to carry the base's unchanged files: reflink, else hardlink (the variant's file "
-         "IS the base's), else copy (auto, the default); reflink or hardlink fail rather than "
-         "fall back; copy gives independent files.")
 
 
 class ShardSize(click.ParamType):
@@ -174,14 +171,13 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
 @main.command()
 @click.argument("recipe", nargs=-1, required=True)
 @click.argument("model", type=click.Path(path_type=str))
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable plan.")
+@json_option("Machine-readable plan.")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
 @max_shard_size_option
 @allow_noop_option
-@click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
-              help="Where apply would write the variant (predicts linking vs copying there).")
-@link_option
-@endpoint_option
+@output_option("Where apply would write the variant (predicts linking vs copying there).")
+@link_options
+@endpoint_option()
 @set_option
 @click.option("--save", "save_to", type=click.Path(path_type=str), default=None,
               metavar="PLAN.json",
@@ -189,15 +185,16 @@ def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
                    "out exactly it, or refuses if the model changed since.")
 def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
          max_shard_size: int | None, allow_noop: bool, out: str | None, link: str | None,
-         endpoint: str | None, set_values: tuple[str, ...], save_to: str | None) -> None:
+         force_copy: bool, endpoint: str | None, set_values: tuple[str, ...],
+         save_to: str | None) -> None:
     """Show what applying RECIPE (one or more, in order) to MODEL would do (same as apply
     --dry-run). MODEL may be hf://ORG/NAME[@REV]: planned from its JSON files and safetensors
     headers alone; or one .gguf file."""
     from .. import api
     from ..plan import PlanOptions
 
-    options = PlanOptions.of(link=link or "auto", device=device, max_shard_size=max_shard_size,
-                             params=_set_values(set_values))
+    options = PlanOptions.of(link=link_mode(link, force_copy), device=device,
+                             max_shard_size=max_shard_size, params=_set_values(set_values))
     the_plan = api.plan(list(recipe), model, options=options, out=out, endpoint=endpoint)
     _show_plan(the_plan, as_json, allow_noop)
     if save_to is not None:
@@ -209,22 +206,19 @@ def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
 @main.command()
 @click.argument("recipe", nargs=-1)
 @click.argument("model")
-@click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
-              help="Where to write the variant (default: <model>-<recipe name> beside the "
-                   "model; for a Hugging Face cache snapshot, in the current directory).")
+@output_option("Where to write the variant (default: <model>-<recipe name> beside the model; "
+               "for a Hugging Face cache snapshot, in the current directory).")
 @click.option("--in-place", is_flag=True, help="Patch MODEL itself (revertible).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and write nothing.")
-@click.option("--force", is_flag=True,
-              help="Replace an existing output that is an earlier modelpatch variant.")
-@click.option("--copy", "force_copy", is_flag=True, help="Same as --link copy.")
-@link_option
+@force_option()
+@link_options
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Worker processes for rewritten shards, each with cores/N torch threads "
                    "(default: half the cores when tensors are computed, all for copies); "
                    "hashing threads.")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
 @max_shard_size_option
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@json_option()
 @allow_noop_option
 @base_model_option
 @click.option("--into-cache", "into_cache", default=None, metavar="NAME",
@@ -235,14 +229,14 @@ def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
 @click.option("--publish", "publish_to", default=None, metavar="REPO_ID",
               help="With MODEL hf://ORG/NAME and a config-only recipe: publish the variant to "
                    "REPO_ID without downloading the shards (they are copied server-side).")
-@endpoint_option
+@endpoint_option()
 @set_option
 @executor_options
 @quiet_option
 @sign_options
 @require_signed_base_option
 @click.pass_context
-def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, jobs, device,
+def apply(ctx, recipe, model, out, in_place, dry_run, force, link, force_copy, jobs, device,
           max_shard_size, as_json, allow_noop, base_model, into_cache, publish_to, endpoint,
           set_values, executor, ray_address, sign_key=None, base_key=None):
     """Apply RECIPE (a path or a built-in name; several are applied in order as one) to MODEL
@@ -272,19 +266,19 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
                            base_model, _set_values(set_values),
                            conflicting=in_place or out or dry_run or max_shard_size)
         return
-    if force_copy and link not in (None, "copy"):
-        raise click.UsageError(f"--copy is --link copy; it excludes --link {link}")
     from ..model_ref import ModelRef
     from ..plan import PlanOptions
 
-    options = PlanOptions.of(in_place=in_place, link=link or "auto", force_copy=force_copy,
-                             jobs=jobs, device=device, max_shard_size=max_shard_size,
+    options = PlanOptions.of(in_place=in_place, link=link_mode(link, force_copy), jobs=jobs,
+                             device=device, max_shard_size=max_shard_size,
                              params=_set_values(set_values), executor=executor,
                              ray_address=ray_address)
     recipe = api.load(list(recipe))
     ref = ModelRef.parse(model)
     if ref.is_hub:
-        resolved = api.resolve_model(ref, endpoint=endpoint, progress=not ctx.obj.get("quiet"))
+        from .progress import resolve_with_meter
+
+        resolved = resolve_with_meter(ref, endpoint, bool(ctx.obj.get("quiet")))
         if out is None and not in_place and into_cache is None:   # never beside a snapshot
             out = f"{ref.name}-{recipe.name}"
         model = str(resolved)
@@ -292,8 +286,8 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
         _show_plan(api.plan(recipe, model, options=options, out=out, endpoint=endpoint),
                    as_json, allow_noop)
         return
-    if not ctx.obj.get("quiet") and sys.stderr.isatty():   # like the progress bars
-        echo(recipe_source(recipe.identity()), err=True)
+    for line in recipe_source(recipe.identity()).splitlines():    # which file ran, -q aside
+        logging.getLogger("modelpatch").info("%s", line)
     from .progress import Meters
 
     with Meters(bool(ctx.obj.get("quiet"))) as meters:
@@ -324,7 +318,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, force_copy, link, j
 @click.option("--fast", is_flag=True,
               help="Trust digests modelpatch cached after a full verification of the same "
                    "unchanged files (device, inode, size, mtime, ctime).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+@json_option("Machine-readable report.")
 @executor_options
 @quiet_option
 @verify_options
@@ -360,22 +354,30 @@ def verify(ctx, directory, jobs, fast, as_json, executor, ray_address, **signatu
 
 @main.command()
 @click.argument("directory", type=click.Path(path_type=str))
-@click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
-              help="Rebuild the base into OUT instead of reverting DIRECTORY in place.")
+@output_option("Rebuild the base into OUT instead of reverting DIRECTORY in place.")
+@force_option("With -o: replace an existing OUT that is an earlier rebuild of the same base "
+              "(never anything else).")
 @click.option("--all", "all_patches", is_flag=True,
               help="Revert every patch, back to the original.")
-@click.option("--force", is_flag=True, help="Revert even if DIRECTORY changed since the patch.")
+@click.option("--ignore-changes", is_flag=True,
+              help="Revert even if DIRECTORY changed since the patch (or its revert data is "
+                   "damaged), to the recorded bytes.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Parallel hashing workers (default: all cores).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@json_option()
 @executor_options
-def revert(directory, out, all_patches, force, jobs, as_json, executor, ray_address):
+def revert(directory, out, force, all_patches, ignore_changes, jobs, as_json, executor,
+           ray_address):
     """Undo the last patch of DIRECTORY (byte-identical, symlinks restored). A .gguf file
     stands for the directory holding it."""
     from .. import api
 
-    result = api.revert(directory, out=out, all_patches=all_patches, force=force, jobs=jobs,
-                        executor=executor, ray_address=ray_address)
+    if force and out is None:
+        raise click.UsageError("--force replaces an existing output: it goes with -o OUT (to "
+                               "revert a directory changed since its patch: --ignore-changes)")
+    result = api.revert(directory, out=out, all_patches=all_patches, force=force,
+                        ignore_changes=ignore_changes, jobs=jobs, executor=executor,
+                        ray_address=ray_address)
     if as_json:
         emit_json({"output": str(result.output), "reverted": result.reverted})
     else:

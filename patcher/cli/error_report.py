@@ -27,7 +27,8 @@ from .output import echo, echo_json
 PARAMETER_FLAGS = {"force": "--force", "force_copy": "--copy", "all_patches": "--all",
                    "device": "--device", "endpoint": "--endpoint", "jobs": "--jobs",
                    "max_shard_size": "--max-shard-size", "allow_noop": "--allow-noop",
-                   "port": "--port", "host": "--host", "base": "--base"}
+                   "port": "--port", "host": "--host", "ignore_changes": "--ignore-changes",
+                   "base": "--base"}
 _PARAMETER = re.compile(r"\b(%s)=('?)([^'\s,;)]*)\2" % "|".join(PARAMETER_FLAGS))
 _FUNCTION_WORDS = {"apply_in_place()": "--in-place", "verify()": "`modelpatch verify`"}
 
@@ -93,7 +94,9 @@ def describe(exc: BaseException, exit_code: int | None = None) -> ErrorReport:
         return ErrorReport(type(exc).__name__, str(exc.strerror or exc), 3,
                            os.fsdecode(exc.filename) if exc.filename else None)
     if isinstance(exc, click.ClickException):
-        return ErrorReport(type(exc).__name__, exc.format_message(), exc.exit_code)
+        return ErrorReport(type(exc).__name__, getattr(exc, "one_line", None)
+                           or exc.format_message(), exc.exit_code,
+                           hint=getattr(exc, "hint", None))
     return ErrorReport(type(exc).__name__, str(exc) or "interrupted", exit_code or 1)
 
 

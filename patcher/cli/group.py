@@ -52,15 +52,18 @@ DEBUG_HELP = ("List every problem of a bad input; twice (or MODELPATCH_TRACEBACK
               "traceback.")
 QUIET_HELP = "No progress bars or informational logs."
 JSON_HELP = "Machine-readable output; errors too, as {\"error\": {...}} on stdout."
+JSON_ERRORS_HELP = ("Errors as {\"error\": {...}} on stdout (what this command prints otherwise "
+                    "is unchanged: it has no result of its own to shape).")
 
 
 def _shared_options() -> list[click.Option]:
+    """The global options a subcommand lacks; its ``--json`` then shapes errors only."""
     return [click.Option(["--debug"], count=True, expose_value=False, callback=set_debug,
                          help=DEBUG_HELP),
             click.Option(["-q", "--quiet"], is_flag=True, expose_value=False,
                          callback=set_quiet, help=QUIET_HELP),
-            click.Option(["--json"], "as_json", is_flag=True, expose_value=False,
-                         callback=set_json, help=JSON_HELP)]
+            click.Option(["--json", "as_json"], is_flag=True, expose_value=False,
+                         callback=set_json, help=JSON_ERRORS_HELP)]
 
 
 def _with_group_json(callback):
@@ -112,6 +115,9 @@ class ModelpatchGroup(click.Group):
             echo("modelpatch: interrupted", err=True)
             interrupts.finish()
             raise click.exceptions.Exit(130) from None
+        except click.ClickException as exc:     # a bad command line, before any context
+            args = args[1] if len(args) > 1 else kwargs.get("args") or []
+            _click_error(exc, {"json": True} if "--json" in args else {})
 
     def invoke(self, ctx: click.Context):
         try:
@@ -125,9 +131,7 @@ class ModelpatchGroup(click.Group):
                 _interrupted(ctx, KeyboardInterrupt())
             ctx.exit(emit(exc, ctx.obj).exit_code)
         except click.ClickException as exc:
-            if (ctx.obj or {}).get("json"):
-                emit(exc, ctx.obj, text=False)    # click prints the usage text itself
-            raise
+            _click_error(exc, ctx.obj)
         except BrokenPipeError:
             # The reader of stdout went away (`modelpatch recipes list | head`): stop quietly,
             # as other command-line tools do.
@@ -144,6 +148,36 @@ class ModelpatchGroup(click.Group):
             if interrupts.interrupted():    # a half-finished step the interrupt broke
                 _interrupted(ctx, KeyboardInterrupt())
             raise
+
+
+# click >= 8.2 raises this (a UsageError) for a group given no command; it prints the help
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
+def _click_error(exc: click.ClickException, obj: dict | None) -> None:
+    """A usage error (bad option, missing argument, options that exclude each other) as every
+    other error: one ``modelpatch: error:`` line naming the help to read, exit 2. The help a
+    group shows when given no command is no error: click prints it."""
+    if isinstance(exc, _NO_ARGS_IS_HELP):
+        raise exc
+    if isinstance(exc, click.UsageError):
+        names, ctx = [], exc.ctx        # the subcommands' names; the program's is modelpatch
+        while ctx is not None and ctx.parent is not None:
+            names.insert(0, ctx.info_name)
+            ctx = ctx.parent
+        exc.one_line = usage_message(exc.format_message())
+        exc.hint = f"see `{' '.join(['modelpatch', *names, '--help'])}`"
+    emit(exc, obj)
+    raise click.exceptions.Exit(exc.exit_code)
+
+
+def usage_message(text: str) -> str:
+    """click's ``No such option '--bogus'.`` as our messages read: lower case first, one line,
+    no final full stop, its ``Did you mean`` after a comma."""
+    text = " ".join(text.split()).replace(". Did you mean", ", did you mean")
+    if text[:1].isupper() and text[1:2].islower():
+        text = text[0].lower() + text[1:]
+    return text.removesuffix(".")
 
 
 def _interrupted(ctx: click.Context, exc: KeyboardInterrupt) -> None:

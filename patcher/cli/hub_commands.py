@@ -7,21 +7,20 @@ from __future__ import annotations
 import click
 
 from .group import base_model_option, emit_json, quiet_option
+from .options import endpoint_option, force_option, json_option, output_option
 from .output import echo
 
 
 @click.command()
 @click.argument("directory", type=click.Path(file_okay=False, path_type=str))
 @click.argument("repo_id")
-@click.option("--endpoint", default=None, envvar="HF_ENDPOINT",
-              help="Hub URL (default: huggingface.co, or $HF_ENDPOINT).")
+@endpoint_option("Hub URL (default: huggingface.co, or $HF_ENDPOINT).")
 @click.option("--private/--public", default=True, show_default=True,
               help="Visibility of the repository if publish creates it.")
 @click.option("--revision", default=None, help="Branch to commit to (created if needed).")
 @click.option("-m", "--message", default=None, help="Commit message.")
-@click.option("--json", "as_json", is_flag=True,
-              help="Machine-readable result (repo_id, revision, commit, files, copied_bytes, "
-                   "uploaded_bytes).")
+@json_option("Machine-readable result (repo_id, revision, commit, files, copied_bytes, "
+             "uploaded_bytes).")
 @click.option("--plan", "plan_only", is_flag=True,
               help="Only show what would be copied server-side from the base repository and "
                    "what uploaded; change nothing.")
@@ -67,31 +66,39 @@ def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_js
 
 @click.command()
 @click.argument("repo_id")
-@click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
-              help="Directory to create (default: ./<name>).")
-@click.option("--endpoint", default=None, envvar="HF_ENDPOINT",
-              help="Hub URL (default: huggingface.co, or $HF_ENDPOINT).")
+@output_option("Directory to create (default: ./<name>).")
+@endpoint_option("Hub URL (default: huggingface.co, or $HF_ENDPOINT).")
 @click.option("--revision", default=None, help="Branch, tag or commit.")
 @click.option("--reuse", "reuse", multiple=True, type=click.Path(file_okay=False, path_type=str),
               help="Directory whose files to link instead of downloading when their sha256 "
                    "matches (repeatable; the Hugging Face cache is always searched).")
-@click.option("--force", is_flag=True,
-              help="Replace an existing output that an earlier pull or apply wrote, in one "
-                   "rename (as apply --force); only the files that changed are downloaded.")
+@force_option("Replace an existing output that an earlier pull or apply wrote, in one rename "
+              "(as apply --force); only the files that changed are downloaded.")
 @click.option("--key", "pub_key", type=click.Path(dir_okay=False, path_type=str), default=None,
               metavar="PUB.pem", help="Also require model.sig signed by this public key, and "
                                       "every file as it signed them.")
+@json_option("Machine-readable result (output, repo_id, commit, files, reused_bytes, "
+             "downloaded_bytes).")
 @quiet_option
 @click.pass_context
-def pull(ctx, repo_id, out, endpoint, revision, reuse, force, pub_key):
+def pull(ctx, repo_id, out, endpoint, revision, reuse, force, pub_key, as_json):
     """Download REPO_ID and verify every file against the hub's digests and the manifest."""
     from .. import api
+    from .progress import Meters
 
     trust = api.trust_of(pub_key)          # a bad key file fails before the download
-    result = api.pull(repo_id, out, endpoint=endpoint, revision=revision,
-                      progress=not ctx.obj.get("quiet"), reuse=reuse, force=force,
-                      trust=trust)
-    echo(str(result.output))
+    quiet = bool(ctx.obj.get("quiet"))
+    with Meters(quiet) as meters:
+        meter = meters.meter("downloading")
+        result = api.pull(repo_id, out, endpoint=endpoint, revision=revision,
+                          progress=not quiet, reuse=reuse, force=force, trust=trust,
+                          on_progress=meter.update, on_total=meter.set_total)
+    if as_json:
+        emit_json({"output": str(result.output), "repo_id": repo_id, "commit": result.commit,
+                   "files": result.files, "reused_bytes": result.reused_bytes,
+                   "downloaded_bytes": result.downloaded_bytes})
+    else:
+        echo(str(result.output))
 
 
 @click.group()

@@ -17,17 +17,23 @@ import logging
 
 import click
 
+from .. import interrupts
 from ..display import printable
 
 
 def echo(text: object = "", *, err: bool = False, nl: bool = True) -> None:
     """``text`` on stdout (stderr with ``err``), every control character escaped but the line
-    breaks and tabs of our own layout."""
+    breaks and tabs of our own layout. Stdout holds results only, written once the work is
+    done: from the first result on, a Ctrl-C is ignored (``interrupts.finish``), so a result
+    is printed whole and its command exits 0."""
+    if not err:
+        interrupts.finish()
     click.echo(printable(text, keep_lines=True), err=err, nl=nl)
 
 
 def echo_json(data) -> None:
     """A ``--json`` document on stdout: ASCII only, each control as a JSON ``\\uXXXX`` escape."""
+    interrupts.finish()
     click.echo(json.dumps(data, indent=2, ensure_ascii=True))
 
 

@@ -1,7 +1,12 @@
 """Byte meters for the command line's long steps (hashing, copying, writing, verifying).
 
-On a terminal, each step that has work gets a tqdm bar with its total and ETA, and log lines
-are written through tqdm (``logging_redirect_tqdm``) so that a warning does not break a bar. On
+On a terminal, each step that has work gets a tqdm bar with its total, and log lines are
+written through tqdm (``logging_redirect_tqdm``) so that a warning does not break a bar. A
+rate, and the ETA drawn from it, show only once measured: over at least ``RATE_SECONDS`` of
+bytes after the step's first (the first bytes may come seconds after the step began, and a
+rate over that wait gives ETAs of hours for megabytes). When the meters close, the bars are
+cleared and the cursor is put back at the start of an empty line, so that the result printed
+next starts there (a bar cleared below another leaves the cursor at its last column). On
 anything else (a pipe, a log file, CI), a step prints a plain line at most every
 ``MODELPATCH_PROGRESS_INTERVAL`` seconds (default 5), and a last one when it ends if it printed
 any: ``modelpatch: hashing 42% 1.10 GiB of 2.60 GiB, 310.20 MiB/s``. Quiet: nothing at all.
@@ -22,6 +27,8 @@ from ..units import human_bytes
 
 INTERVAL_ENV = "MODELPATCH_PROGRESS_INTERVAL"
 DEFAULT_INTERVAL = 5.0
+RATE_SECONDS = 1.0
+CLEAR_LINE = "\r\x1b[K"          # to the line's start, and erase it
 
 
 def interval() -> float:
@@ -39,6 +46,7 @@ class Meter:
     def __init__(self, desc: str, stream: TextIO | None = None):
         self.desc, self.stream = desc, stream
         self.done, self.total = 0, None
+        self.first: tuple[float, int] | None = None     # (when, bytes) at the first bytes
         self.lock = threading.Lock()
 
     def set_total(self, total: int) -> None:
@@ -49,7 +57,16 @@ class Meter:
     def update(self, n: int) -> None:
         with self.lock:
             self.done += n
+            if self.first is None and self.done:
+                self.first = (time.monotonic(), self.done)
             self._shown()
+
+    def rate(self, now: float) -> float | None:
+        """Bytes a second since the first bytes; None until ``RATE_SECONDS`` of them."""
+        if self.first is None or now - self.first[0] < RATE_SECONDS:
+            return None
+        moved = self.done - self.first[1]
+        return moved / (now - self.first[0]) if moved > 0 else None
 
     def close(self) -> None:
         pass
@@ -76,12 +93,13 @@ class LineMeter(Meter):
             self._print(now)
 
     def _print(self, now: float, end: str = "") -> None:
-        rate = self.done / max(now - self.started, 1e-6)
+        rate = self.rate(now)
         amount = human_bytes(self.done)
         if self.total:
             amount = f"{min(100, 100 * self.done // self.total):3d}% {amount} of " \
                      f"{human_bytes(self.total)}"
-        line = f"modelpatch: {self.desc} {amount}, {human_bytes(rate)}/s{end}"
+        speed = "" if rate is None else f", {human_bytes(rate)}/s"
+        line = f"modelpatch: {self.desc} {amount}{speed}{end}"
         self.stream.write(printable(line) + "\n")
         self.stream.flush()
         self.printed = True
@@ -104,13 +122,12 @@ class BarMeter(Meter):
         if self.bar is None:
             if not (self.total or self.done):
                 return
-            from tqdm import tqdm
-
             # A terminal that reports no size (a bare pseudo-terminal) would hide the bar.
             width = {} if _columns(self.stream) else {"ncols": 80, "nrows": 24}
-            self.bar = tqdm(total=self.total, initial=0, desc=printable(self.desc), unit="B",
-                            unit_scale=True, unit_divisor=1024, file=self.stream, leave=False,
-                            dynamic_ncols=not width, **width)
+            self.bar = _bar_class()(self, total=self.total, initial=0, desc=printable(self.desc),
+                                    unit="B", unit_scale=True, unit_divisor=1024,
+                                    file=self.stream, leave=False, dynamic_ncols=not width,
+                                    bar_format=BAR_FORMAT, **width)
         if self.total is not None and self.bar.total != self.total:
             self.bar.total = self.total
             self.bar.refresh()
@@ -123,6 +140,37 @@ class BarMeter(Meter):
                 self.bar.close()
 
 
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{speed}]"
+_BAR_CLASS: list = []
+
+
+def _bar_class():
+    """tqdm's bar, its ETA and rate those of its meter (``Meter.rate``): none until measured."""
+    if _BAR_CLASS:
+        return _BAR_CLASS[0]
+    from tqdm import tqdm
+
+    class Bar(tqdm):
+        def __init__(self, meter: Meter, *args, **kwargs):
+            self.meter = meter
+            super().__init__(*args, **kwargs)
+
+        @property
+        def format_dict(self):
+            data = super().format_dict
+            rate = self.meter.rate(time.monotonic())
+            speed = ""
+            if rate:
+                speed = f", {tqdm.format_sizeof(rate, 'B', 1024)}/s"
+                if self.total and self.total > self.n:
+                    speed = f"<{tqdm.format_interval((self.total - self.n) / rate)}{speed}"
+            data["speed"] = speed
+            return data
+
+    _BAR_CLASS.append(Bar)
+    return Bar
+
+
 class Meters(contextlib.ExitStack):
     """The meters of one command: ``with Meters(quiet) as meters: m = meters.meter("hashing")``.
     Closes them all on exit; on a terminal, routes log lines through tqdm meanwhile."""
@@ -132,6 +180,7 @@ class Meters(contextlib.ExitStack):
         self.quiet = quiet
         self.stream = stream if stream is not None else sys.stderr
         self.tty = not quiet and _isatty(self.stream)
+        self.bars: list[BarMeter] = []
 
     def __enter__(self) -> "Meters":
         super().__enter__()
@@ -143,11 +192,21 @@ class Meters(contextlib.ExitStack):
             self.enter_context(logging_redirect_tqdm(loggers=[logging.root]))
         return self
 
+    def __exit__(self, *exc) -> bool:
+        try:
+            return super().__exit__(*exc)
+        finally:
+            if self.tty and any(m.bar is not None for m in self.bars):
+                self.stream.write(CLEAR_LINE)
+                self.stream.flush()
+
     def meter(self, desc: str) -> Meter:
         if self.quiet:
             return Meter(desc)
         made = BarMeter(desc, self.stream) if self.tty else LineMeter(desc, self.stream,
                                                                       interval())
+        if self.tty:
+            self.bars.append(made)
         self.callback(made.close)
         return made
 
@@ -159,6 +218,16 @@ class Meters(contextlib.ExitStack):
         return Progress(hashing=hashing.update, writing=writing.update, copying=copying.update,
                         hash_total=hashing.set_total, write_total=writing.set_total,
                         copy_total=copying.set_total)
+
+
+def resolve_with_meter(model, endpoint: str | None, quiet: bool):
+    """``api.resolve_model`` of an ``hf://`` model (text or ``ModelRef``), its download on a
+    meter of ours."""
+    from .. import api
+
+    with Meters(quiet) as meters:
+        return api.resolve_model(model, endpoint=endpoint, progress=not quiet,
+                                 on_progress=meters.meter("downloading").update)
 
 
 def _columns(stream: TextIO) -> int:

@@ -7,7 +7,8 @@ import json
 
 import click
 
-from .output import echo
+from .options import json_option
+from .output import echo, echo_json
 
 
 @click.group()
@@ -16,15 +17,20 @@ def recipes() -> None:
 
 
 @recipes.command("list")
-def recipes_list() -> None:
+@json_option("Machine-readable list: each recipe's name, description and parameters.")
+def recipes_list(as_json: bool) -> None:
     """List the built-in recipes with their descriptions."""
     import shutil
 
     from ..recipe.load import builtin_recipe_dir, load_recipe
     from .render import shorten
 
-    width = shutil.get_terminal_size().columns       # $COLUMNS, the terminal, else 80
     found = [load_recipe(path) for path in sorted(builtin_recipe_dir().glob("*.yaml"))]
+    if as_json:
+        echo_json([{"name": r.name, "description": r.description,
+                    "params": [_param_json(p) for p in r.params]} for r in found])
+        return
+    width = shutil.get_terminal_size().columns       # $COLUMNS, the terminal, else 80
     pad = max([22] + [len(r.name) for r in found]) + 1
     for recipe in found:
         echo(f"{recipe.name:<{pad - 1}} {shorten(recipe.description, width - pad)}")
@@ -39,16 +45,37 @@ def _param_default(param) -> str:
     return "REQUIRED" if param.default is REQUIRED else json.dumps(param.default)
 
 
+def _param_json(param) -> dict:
+    from ..recipe.schema import REQUIRED
+
+    data = {"name": param.name, "type": param.type, "required": param.default is REQUIRED,
+            "default": None if param.default is REQUIRED else param.default,
+            "description": param.description}
+    for key in ("minimum", "maximum", "exclusive_minimum", "enum"):
+        value = getattr(param, key)
+        if value is not None:
+            data[key] = list(value) if key == "enum" else value
+    return data
+
+
 @recipes.command("show")
 @click.argument("name")
-def recipes_show(name: str) -> None:
+@json_option("Machine-readable recipe: name, description, path, sha256, text and parameters.")
+def recipes_show(name: str, as_json: bool) -> None:
     """Print the built-in recipe NAME (or a recipe file), then its parameters."""
     from ..recipe.load import load_recipe, resolve_recipe
     from ..recipe.params.parse import range_text
 
     path = resolve_recipe(name)
-    echo(path.read_text(encoding="utf-8"), nl=False)
-    params = load_recipe(path).params
+    text = path.read_text(encoding="utf-8")
+    recipe = load_recipe(path)
+    if as_json:
+        echo_json({"name": recipe.name, "description": recipe.description, "path": str(path),
+                   "sha256": recipe.sha256, "text": text,
+                   "params": [_param_json(p) for p in recipe.params]})
+        return
+    echo(text, nl=False)
+    params = recipe.params
     if params:
         echo("\n# Parameters (apply/plan --set NAME=VALUE):")
     for p in params:

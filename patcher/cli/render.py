@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from ..display import printable_fields
-from ..units import human_bytes, human_count  # noqa: F401  (renderings use them)
+from ..units import human_bytes, human_count, plural  # noqa: F401  (renderings use them)
 
 
 def shorten(text: str, width: int) -> str:
@@ -52,8 +52,8 @@ def render_inspect(report: dict) -> str:
                      f"min {human_bytes(min(sizes))}  max {human_bytes(max(sizes))}")
     kv = report["kv_cache_tensors"]
     dtypes = sorted({k["dtype"] for k in kv})
-    kinds = ", ".join(f"{sum(k['kind'] == kind for k in kv)} {plural}"
-                      for kind, plural in (("scale", "scales"), ("bias", "biases"))
+    kinds = ", ".join(plural(sum(k["kind"] == kind for k in kv), kind, many)
+                      for kind, many in (("scale", "scales"), ("bias", "biases"))
                       if any(k["kind"] == kind for k in kv))
     lines.append(f"kv cache   {len(kv)}" + (f" ({kinds}; {', '.join(dtypes)}), e.g. {kv[0]['name']}"
                                            if kv else ""))
@@ -250,7 +250,8 @@ def render_verify(report: dict) -> str:
         cached = (f" ({report['cached_files']} from the digest cache)"
                   if report["cached_files"] else "")
         against = report.get("against", "the manifest")
-        return f"OK  {report['checked']} files match {against}{cached}"
+        verb = "matches" if report["checked"] == 1 else "match"
+        return f"OK  {plural(report['checked'], 'file')} {verb} {against}{cached}"
     lines = [f"MISMATCH  {len(report['modified'])} modified, {len(report['missing'])} missing, "
              f"{len(report['extra'])} extra"]
     lines += [f"  modified  {m['path']}: {m['reason']}" + _shared_text(m.get("shared_with"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import click
 
 from .group import emit_json
+from .options import json_option
 from .output import echo
 
 KEY_PATH = click.Path(dir_okay=False, path_type=str)
@@ -121,11 +122,11 @@ def verify_signature(directory: str, *, pub_key, cert_chain, identity, issuer,
                    "verified digest-cache rows, as verify --fast).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Parallel hashing workers (default: all cores).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable result.")
+@json_option()
 def sign(directory, key, cert, chain, sigstore, full, jobs, as_json):
     """Write DIRECTORY/model.sig, an OpenSSF Model Signing (OMS v1.0) bundle over every file
     of the variant, from the digests of its verified manifest: no file is rehashed to sign."""
-    from .. import api
+    from .. import signatures  # what api.sign is, without the rest of the API's imports
     from ..signing.sign import KEYLESS
 
     if sigstore == (key is not None):
@@ -135,7 +136,7 @@ def sign(directory, key, cert, chain, sigstore, full, jobs, as_json):
     from ..signing.keys import load_signer
 
     signer = KEYLESS if sigstore else load_signer(key, cert=cert, chain=chain)
-    path = api.sign(directory, signer, full=full, jobs=jobs)
+    path = signatures.sign(directory, signer, full=full, jobs=jobs)
     who = "Sigstore keyless" if sigstore else signer.describe()
     if as_json:
         emit_json({"signature": str(path), "signer": who})

@@ -8,7 +8,6 @@ newline), so a patch changes only the keys it touches. ``unified_diff`` renders 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import re
 from dataclasses import dataclass
@@ -333,6 +332,8 @@ def unified_diff(before: bytes | None, after: bytes | None, name: str, *,
         if result and not result[-1].endswith(("\n", "\r")):
             result[-1] += "\n\\ No newline at end of file\n"
         return result
+
+    import difflib  # diffs are for `plan`; reading JSON (every command) does not
 
     return "".join(difflib.unified_diff(
         lines(before), lines(after),

@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import click
 
+from ..cli.options import (
+    endpoint_option,
+    force_option,
+    json_option,
+    link_mode,
+    link_options,
+    output_option,
+)
+
 
 @click.command()
 @click.argument("model")
@@ -18,20 +27,19 @@ import click
                    "(default: built-in recipes only).")
 @click.option("--fix", is_flag=True,
               help="Apply the fixing recipes as one verified variant, then diagnose it.")
-@click.option("-o", "--output", "out", type=click.Path(path_type=str), default=None,
-              help="With --fix: where to write the variant (default: <model>-doctor).")
+@output_option("With --fix: where to write the variant (default: <model>-doctor).")
 @click.option("--in-place", is_flag=True, help="With --fix: patch MODEL itself (revertible).")
-@click.option("--force", is_flag=True, help="With --fix: replace an existing output that is an "
-                                             "earlier modelpatch variant (as apply --force).")
-@click.option("--endpoint", default=None, envvar="HF_ENDPOINT",
-              help="Hub URL for hf://ORG/NAME[@REV] (default: huggingface.co, or $HF_ENDPOINT).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+@force_option("With --fix: replace an existing output that modelpatch wrote earlier, an earlier "
+              "fix of the same model included (never a directory it did not write).")
+@link_options
+@endpoint_option()
+@json_option("Machine-readable report.")
 @click.option("--sign", "sign_key", type=click.Path(dir_okay=False, path_type=str),
               default=None, metavar="PRIVATE.pem",
               help="With --fix: commit the fixed variant signed (OMS model.sig) by this key.")
 @click.pass_context
 def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in_place, force,
-           endpoint, as_json, sign_key=None):
+           link, force_copy, endpoint, as_json, sign_key=None):
     """Check MODEL (a directory or hf://ORG/NAME[@REV], read without its tensor data) against
     an engine version and GPU. Exit 1 when a blocker is found (after --fix: when one remains)."""
     from .. import api
@@ -40,10 +48,11 @@ def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in
     from .diagnose import render
     from .fix import apply_fixes, fixing_params, fixing_recipes, nothing_to_fix
 
-    if (out or in_place or force) and not fix:
-        raise click.UsageError("-o/--output, --in-place and --force go with --fix")
-    if in_place and out:
-        raise click.UsageError("--in-place and -o/--output exclude each other")
+    if (out or in_place or force or link or force_copy) and not fix:
+        raise click.UsageError("-o/--output, --in-place, --force, --link and --copy go with "
+                               "--fix")
+    if in_place and (out or link or force_copy):
+        raise click.UsageError("--in-place excludes -o/--output, --link and --copy")
     if sign_key is not None and (not fix or in_place):
         raise click.UsageError("--sign goes with --fix, without --in-place (sign a patched "
                                "directory afterwards with `modelpatch sign`)")
@@ -59,7 +68,7 @@ def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in
         quiet = bool((ctx.find_root().obj or {}).get("quiet"))
         fixed = apply_fixes(model, recipes, out=out, in_place=in_place, force=force,
                             endpoint=endpoint, progress=not quiet, params=fixing_params(report),
-                            sign=signer)
+                            sign=signer, link=link_mode(link, force_copy))
         final = api.doctor(fixed, engine=engine, gpu=gpu, rules=rules_dirs,
                            allow_recipe_files=allow_recipe_files)
         report["fix"] = {"recipes": recipes, "output": str(fixed), "after": final}

@@ -13,6 +13,7 @@ from typing import Any
 from ..config.json_pointer import MISSING, resolve
 from ..display import printable_fields
 from ..model.model_dir import ModelDir
+from ..units import plural
 from .rules import Rule, evaluate
 from .target import Target
 
@@ -44,6 +45,7 @@ def model_facts(model: ModelDir) -> dict:
     ``tensor_count``: tensors the model loads; ``tensor_groups``: their count per module group
     of ``inspect`` (only groups that have tensors: ``/tensor_groups/lm_head`` exists or not);
     ``unloaded_shards``: safetensors files the model does not load (not in its index);
+    ``safetensors``: every safetensors file;
     ``tensors``: tensor name -> shard (``/tensors/lm_head.weight`` exists or not); ``eos``,
     ``quant_ignore``, ``kv_scale_names``, ``layers_past_config``, ``gguf``: see
     ``patcher.doctor.facts``; ``mla``: whether vLLM runs the attention as MLA, as recipe
@@ -59,6 +61,7 @@ def model_facts(model: ModelDir) -> dict:
         "tensor_count": lambda: len(model.tensor_shards),
         "tensor_groups": lambda: _tensor_groups(model),
         "unloaded_shards": lambda: sorted(set(model.shards) - set(model.model_shards)),
+        "safetensors": lambda: sorted(model.shards),
         "tensors": lambda: model.tensor_shards,
         "eos": lambda: facts.eos_facts(model),
         "quant_ignore": lambda: facts.ignore_facts(model),
@@ -180,7 +183,7 @@ def render(report: dict) -> str:
     if report.get("note"):
         lines.append(f"{'note':<10} {report['note']}")
     blockers = report["blockers"]
-    lines.append(f"{len(report['findings'])} finding(s), {blockers} blocker(s)"
+    lines.append(f"{plural(len(report['findings']), 'finding')}, {plural(blockers, 'blocker')}"
                  if report["findings"] else "no findings")
     return "\n".join(lines)
 

@@ -56,16 +56,19 @@ def fixing_params(report: dict) -> dict[str, dict]:
 
 def apply_fixes(model: str, recipes: list[str], *, out: str | None, in_place: bool,
                 endpoint: str | None, progress: bool, force: bool = False,
-                params: dict[str, dict] | None = None, sign=None) -> Path:
+                params: dict[str, dict] | None = None, sign=None, link: str = "auto") -> Path:
     """Apply ``recipes`` (with ``params``: recipe -> its params) to ``model``; returns the
     directory that holds the result: ``out``, else ``default_output``. ``sign`` (a loaded
-    signer): the fixed variant is committed with its ``model.sig``."""
+    signer): the fixed variant is committed with its ``model.sig``. ``link``: how the variant
+    carries the base's unchanged files (as ``apply --link``)."""
     params = params or {}
     from .. import api
 
     local, ref = model, ModelRef.parse(model)
     if ref.is_hub:
-        local = str(api.resolve_model(ref, endpoint=endpoint, progress=progress))
+        from ..cli.progress import resolve_with_meter
+
+        local = str(resolve_with_meter(ref, endpoint, quiet=not progress))
         if out is None and not in_place:
             out = f"{ref.name}-{OUTPUT_SUFFIX}"
     if in_place:
@@ -80,7 +83,7 @@ def apply_fixes(model: str, recipes: list[str], *, out: str | None, in_place: bo
             raise
         return Path(local)
     return api.apply_stacked(recipes, local, out=out or default_output(local), force=force,
-                             params=params, sign=sign)
+                             params=params, sign=sign, link=link)
 
 
 def default_output(model: str) -> Path:

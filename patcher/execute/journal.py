@@ -59,7 +59,7 @@ from .. import faults
 from ..config.jsonfile import parse_json
 from ..errors import ModelDirError
 from ..fsops import fsync_dir, remove_tree, write_file
-from ..model.model_dir import STATE_DIR
+from ..model.layout import STATE_DIR
 
 JOURNAL_NAME = f"{STATE_DIR}/journal.json"
 JOURNAL_TMP = f"{JOURNAL_NAME}.tmp"

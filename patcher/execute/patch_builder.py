@@ -183,7 +183,8 @@ class PatchBuilder:
             replaced=sorted(f.source for f in files if f.source and f.action is not Action.LINK),
             added=sorted(f.path for f in files
                          if f.source is None and f.action is not Action.DROP),
-            base_manifest=model.has(MANIFEST_NAME), base_path=str(model.root),
+            base_manifest=model.has(MANIFEST_NAME),
+            base_path=os.path.abspath(model.root),     # a relative one depends on the cwd
             base_signature=model.has(SIGNATURE_NAME))
 
     def subjects(self, staging: Path, digests: dict[str, str],

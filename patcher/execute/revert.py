@@ -58,29 +58,29 @@ def last_patch(root: Path) -> tuple[Path, PatchRecord]:
     return dirs[-1], read_record(dirs[-1])
 
 
-def _check_unmodified(root: Path, force: bool, jobs: int | None) -> None:
+def _check_unmodified(root: Path, ignore_changes: bool, jobs: int | None) -> None:
     from ..integrity.verify import verify_dir
 
+    anyway = "ignore_changes=True reverts anyway"
     try:
         report = verify_dir(root, jobs=jobs, fast=True)
     except InputError as exc:           # no manifest, or an unreadable one
-        if not force:
+        if not ignore_changes:
             raise VerifyMismatch(f"cannot check it is unchanged since the patch: {exc.message}",
-                                 where=exc.where or root,
-                                 hint="force=True reverts anyway") from None
-        log.warning("%s: %s; reverting anyway (force=True)", root, exc.one_line())
+                                 where=exc.where or root, hint=anyway) from None
+        log.warning("%s: %s; reverting anyway (ignore_changes=True)", root, exc.one_line())
         return
     if not report.ok:
-        if force:
-            log.warning("%s: changed since the patch (%s); reverting anyway (force=True)", root,
-                        report.summary())
+        if ignore_changes:
+            log.warning("%s: changed since the patch (%s); reverting anyway "
+                        "(ignore_changes=True)", root, report.summary())
             return
         raise VerifyMismatch(f"changed since the patch: {report.summary()}", where=root,
-                             hint="verify() lists the differences; force=True reverts anyway")
+                             hint=f"verify() lists the differences; {anyway}")
 
 
 def _check_restored(root: Path, record: PatchRecord, jobs: int | None, *,
-                    force: bool = False, links: dict[str, str] | None = None) -> None:
+                    ignore_changes: bool = False, links: dict[str, str] | None = None) -> None:
     """Every file of the base is back with its recorded digest (symlinks read through) and
     every symlink in ``links`` with its recorded target."""
     expected = record.base_files
@@ -94,14 +94,14 @@ def _check_restored(root: Path, record: PatchRecord, jobs: int | None, *,
     if missing or bad:
         message = (f"restored base does not match the patch record: {len(bad)} differ, "
                    f"{len(missing)} missing (first: {(bad + missing)[0]})")
-        if force:
+        if ignore_changes:
             log.warning("%s: %s", root, message)
             return
         raise VerifyMismatch(message, where=root)
 
 
 def _check_originals(patch_dir: Path, record: PatchRecord, jobs: int | None,
-                     force: bool) -> None:
+                     ignore_changes: bool) -> None:
     """Before anything moves: the revert data still holds the base's bytes (a damaged original
     found after the switch could no longer be undone)."""
     originals = patch_dir / "originals"
@@ -114,14 +114,15 @@ def _check_originals(patch_dir: Path, record: PatchRecord, jobs: int | None,
         return
     message = (f"the revert data is damaged: {len(bad)} original(s) no longer match the base "
                f"(first: {bad[0]})")
-    if force:
-        log.warning("%s: %s; reverting anyway (force=True)", patch_dir, message)
+    if ignore_changes:
+        log.warning("%s: %s; reverting anyway (ignore_changes=True)", patch_dir, message)
         return
     raise VerifyMismatch(f"{message}; nothing was changed", where=originals / bad[0],
-                         hint="force=True reverts anyway, to the damaged bytes")
+                         hint="ignore_changes=True reverts anyway, to the damaged bytes")
 
 
-def _check_headers(root: Path, patch_dir: Path, record: PatchRecord, force: bool) -> None:
+def _check_headers(root: Path, patch_dir: Path, record: PatchRecord,
+                   ignore_changes: bool) -> None:
     """Before anything moves: each header kept for revert, followed by the live file's tail, is
     the base's recorded file (a GGUF header rewritten in place, ``patcher.gguf.header_inplace``).
     """
@@ -129,11 +130,11 @@ def _check_headers(root: Path, patch_dir: Path, record: PatchRecord, force: bool
     if not bad:
         return
     message = f"the revert data is damaged: the kept header of {bad[0]} no longer gives the base"
-    if force:
-        log.warning("%s: %s; reverting anyway (force=True)", patch_dir, message)
+    if ignore_changes:
+        log.warning("%s: %s; reverting anyway (ignore_changes=True)", patch_dir, message)
         return
     raise VerifyMismatch(f"{message}; nothing was changed", where=root / bad[0],
-                         hint="force=True reverts anyway, to the damaged bytes")
+                         hint="ignore_changes=True reverts anyway, to the damaged bytes")
 
 
 def revert_steps(patch_dir: Path, record: PatchRecord) -> list[list[str]]:
@@ -156,7 +157,8 @@ def revert_steps(patch_dir: Path, record: PatchRecord) -> list[list[str]]:
     return steps
 
 
-def revert_in_place(root: Path, *, force: bool = False, jobs: int | None = None) -> str:
+def revert_in_place(root: Path, *, ignore_changes: bool = False,
+                    jobs: int | None = None) -> str:
     """Undo the last patch of ``root`` in place. The caller holds the exclusive lock and has
     recovered any interrupted journal. Returns the reverted patch's directory name."""
     patch_dir, record = last_patch(root)
@@ -165,15 +167,15 @@ def revert_in_place(root: Path, *, force: bool = False, jobs: int | None = None)
             f"the last patch ({patch_dir.name}) made this directory as a variant of "
             f"{record.base_path}; reverting it in place would turn the variant into a copy of "
             f"its base", where=root, hint="rebuild the base with `modelpatch revert DIR -o OUT`")
-    _check_unmodified(root, force, jobs)
+    _check_unmodified(root, ignore_changes, jobs)
     for rel in list(record.replaced) + ([MANIFEST_NAME] if record.base_manifest else []) + (
             [SIGNATURE_NAME] if record.base_signature else []):
         original = patch_dir / "originals" / rel
         if not os.path.lexists(original) and rel not in record.links:
             raise InputError(f"the original of {rel} is missing from the revert data",
                              where=original)
-    _check_originals(patch_dir, record, jobs, force)
-    _check_headers(root, patch_dir, record, force)
+    _check_originals(patch_dir, record, jobs, ignore_changes)
+    _check_headers(root, patch_dir, record, ignore_changes)
     steps = revert_steps(patch_dir, record)
     patch_rel, staging = patch_dir.relative_to(root).as_posix(), \
         f"{STATE_DIR}/staging-{record.sequence:04d}"
@@ -191,25 +193,26 @@ def revert_in_place(root: Path, *, force: bool = False, jobs: int | None = None)
         raise OperationFailed(exc.strerror or str(exc), where=exc.filename or root,
                               hint="the revert is half-done; its journal is kept and the next "
                                    "modelpatch command on this directory completes it") from None
-    _check_restored(root, record, jobs, force=force,
+    _check_restored(root, record, jobs, ignore_changes=ignore_changes,
                     links={step[1]: step[2] for step in steps if step[0] == "relink"})
     return patch_dir.name
 
 
-def revert(root: str | os.PathLike, *, all_patches: bool = False, force: bool = False,
-           jobs: int | None = None) -> RevertResult:
+def revert(root: str | os.PathLike, *, all_patches: bool = False,
+           ignore_changes: bool = False, jobs: int | None = None) -> RevertResult:
     """Undo the last in-place patch of ``root`` (with ``all_patches``, every in-place patch, last
     first, down to the original or to the variant an out-of-place apply made)."""
     root = Path(root)
     if not root.is_dir():
         raise InputError("no such directory", where=root)
     try:
-        return _revert(root, all_patches, force, jobs)
+        return _revert(root, all_patches, ignore_changes, jobs)
     except OSError as exc:
         raise OperationFailed(exc.strerror or str(exc), where=exc.filename or root) from None
 
 
-def _revert(root: Path, all_patches: bool, force: bool, jobs: int | None) -> RevertResult:
+def _revert(root: Path, all_patches: bool, ignore_changes: bool,
+            jobs: int | None) -> RevertResult:
     reverted = []
     with lock_directory(root, exclusive=True):
         state = root / STATE_DIR
@@ -219,7 +222,7 @@ def _revert(root: Path, all_patches: bool, force: bool, jobs: int | None) -> Rev
         if done:
             log.warning("%s: %s", root, done)
         while True:
-            reverted.append(revert_in_place(root, force=force, jobs=jobs))
+            reverted.append(revert_in_place(root, ignore_changes=ignore_changes, jobs=jobs))
             if not all_patches or not patch_dirs(root):
                 break
             if read_record(patch_dirs(root)[-1]).mode != "in-place":
@@ -230,12 +233,14 @@ def _revert(root: Path, all_patches: bool, force: bool, jobs: int | None) -> Rev
 
 
 def rebuild_base(variant: str | os.PathLike, out: str | os.PathLike, *,
-                 all_patches: bool = False, force: bool = False,
-                 jobs: int | None = None) -> RevertResult:
+                 all_patches: bool = False, ignore_changes: bool = False,
+                 force: bool = False, jobs: int | None = None) -> RevertResult:
     """Write the directory as it was before the last patch (or before all) to ``out``.
 
     ``variant`` is only read (under a shared lock). Works on a variant made without
-    ``--in-place`` and on a directory patched in place alike.
+    ``--in-place`` and on a directory patched in place alike. ``force`` replaces an existing
+    ``out`` that is an earlier rebuild of the same base (the same files, each with the digest
+    the patch record gives), never anything else.
     """
     variant, out = Path(variant), Path(os.path.abspath(out))
     if not variant.is_dir():
@@ -246,34 +251,39 @@ def rebuild_base(variant: str | os.PathLike, out: str | os.PathLike, *,
         raise InputError("the output is the directory itself", where=out,
                          hint="to revert in place, leave out -o")
     try:
-        return _rebuild(variant, out, all_patches, force, jobs)
+        return _rebuild(variant, out, all_patches, ignore_changes, force, jobs)
     except OSError as exc:
         raise OperationFailed(exc.strerror or str(exc), where=exc.filename or out,
                               hint="nothing was written") from None
 
 
-def _rebuild(variant: Path, out: Path, all_patches: bool, force: bool,
+def _rebuild(variant: Path, out: Path, all_patches: bool, ignore_changes: bool, force: bool,
              jobs: int | None) -> RevertResult:
     with lock_directory(variant, exclusive=False), lock_new_path(out):
         if (variant / JOURNAL_NAME).exists():
             raise OperationFailed("an interrupted in-place operation left a journal here",
                                   where=variant, hint="run `modelpatch verify` on it to recover, "
                                                       "then retry")
-        if os.path.lexists(out):
-            raise InputError("output already exists", where=out)
+        if os.path.lexists(out) and not force:
+            raise InputError("output already exists", where=out,
+                             hint="revert -o writes a new directory: choose another, or "
+                                  "force=True replaces an earlier rebuild of this base")
         last_patch(variant)                 # something to revert?
-        _check_unmodified(variant, force, jobs)
+        _check_unmodified(variant, ignore_changes, jobs)
         remove_stale_staging(out)
         reverted, source, temps = [], variant, []
         try:
             while True:
                 staging = make_staging_dir(out)
                 temps.append(staging)
-                reverted.append(_rebuild_one(source, staging, jobs, force))
+                record = last_patch(source)[1]
+                reverted.append(_rebuild_one(source, staging, jobs, ignore_changes))
                 source = staging
                 if not all_patches or not patch_dirs(source):
                     break
             faults.point("revert:rebuilt")
+            if os.path.lexists(out):
+                _refuse_to_replace(out, source, record, jobs)
             fsync_tree(source)
             commit(source, out)
         finally:
@@ -281,6 +291,27 @@ def _rebuild(variant: Path, out: Path, all_patches: bool, force: bool,
                 if temp != out:
                     remove_tree(temp)
     return RevertResult(output=out, reverted=reverted)
+
+
+def _refuse_to_replace(out: Path, rebuilt: Path, record: PatchRecord, jobs: int | None) -> None:
+    """``force`` replaces ``out`` only when it is what this rebuild made again: the same files,
+    the base's with the digests of the patch record; anything else could be the only copy."""
+    def files(root: Path) -> set[str]:
+        return {p.relative_to(root).as_posix() for p in root.rglob("*")
+                if p.is_file() or p.is_symlink()}
+
+    why = "not a directory" if out.is_symlink() or not out.is_dir() else None
+    if why is None and files(out) != files(rebuilt):
+        why = "other files than the rebuilt base"
+    if why is None:
+        try:
+            _check_restored(out, record, jobs)
+        except VerifyMismatch as exc:
+            why = exc.message.replace("restored base", "its content")
+    if why:
+        raise InputError(f"output exists and is not an earlier rebuild of this base ({why}); "
+                         f"force=True replaces only that", where=out,
+                         hint="remove it yourself, or choose another -o")
 
 
 def _original(path: Path, live: Path) -> Path:
@@ -297,7 +328,7 @@ def _link(src: Path, dst: Path, mode: int | None) -> None:
         os.chmod(dst, mode)       # a copy is ours alone; a link keeps the shared inode's mode
 
 
-def _rebuild_one(source: Path, staging: Path, jobs: int | None, force: bool) -> str:
+def _rebuild_one(source: Path, staging: Path, jobs: int | None, ignore_changes: bool) -> str:
     patch_dir, record = last_patch(source)
     faults.point(f"revert:rebuild:{patch_dir.name}")
     originals = patch_dir / "originals"
@@ -331,5 +362,5 @@ def _rebuild_one(source: Path, staging: Path, jobs: int | None, force: bool) -> 
             src = _original(path, live)
             if os.path.isfile(src):
                 link_or_copy(src, make_parents(staging / PATCHES_DIR / older.name, rel))
-    _check_restored(staging, record, jobs, force=force)
+    _check_restored(staging, record, jobs, ignore_changes=ignore_changes)
     return patch_dir.name

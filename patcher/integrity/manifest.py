@@ -41,19 +41,16 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import os
-import platform
 import sys
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping
 
 from .. import __version__
-from ..changes import grouped
 from ..config.jsonfile import parse_json
 from ..errors import InputError, OperationFailed
 from ..fsops import NotRegularFile, TooLarge, read_capped, replace_file
-from ..model.model_dir import MANIFEST_NAME, STATE_DIR
+from ..model.layout import MANIFEST_NAME, STATE_DIR
 from .canonical_json import canonical_json as _canonical_json
 from .canonical_json import encode_array
 from .digests.hashing import is_sha256_hex
@@ -128,7 +125,8 @@ def tool_versions() -> dict[str, str]:
     imported it, else from the installed distribution's metadata. Libraries not installed are
     left out (SLSA's version map holds strings only).
     """
-    import importlib.metadata  # here: verify and read_manifest never need it
+    import importlib.metadata  # here (and platform): verify and read_manifest never need it
+    import platform
 
     versions = {"modelpatch": __version__, "python": platform.python_version()}
     for dist in _VERSIONED_DISTS:
@@ -262,6 +260,8 @@ def _base_provenance_link(base_statement: dict | Manifest) -> tuple[dict, dict]:
 def _changes_byproduct(changes: list[dict]) -> dict:
     """The change log as a ResourceDescriptor: digest of its canonical JSON, entries as the
     ``changes`` annotation."""
+    from ..changes import grouped  # writing only: reading a manifest does not need it
+
     changes, data = encode_array(grouped(changes))
     changes_sha = hashlib.sha256(data).hexdigest()
     return {
@@ -275,6 +275,8 @@ def _changes_byproduct(changes: list[dict]) -> dict:
 def _run_details(versions: Mapping[str, str] | None, invocation_id: str | None,
                  started: _dt.datetime | float | str, finished: _dt.datetime | float | str,
                  changes_byproduct: dict) -> dict:
+    import uuid
+
     return {
         "builder": {"id": BUILDER_ID,
                     "version": dict(versions) if versions is not None else tool_versions()},

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..model.model_dir import MANIFEST_NAME, STATE_DIR, is_model_path
+from ..model.layout import MANIFEST_NAME, STATE_DIR, is_model_path
 from ..names import name_problem
 from .digests.hashing import is_sha256_hex
 

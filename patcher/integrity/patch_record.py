@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..config.jsonfile import parse_json
 from ..errors import InputError
-from ..model.model_dir import STATE_DIR
+from ..model.layout import STATE_DIR
 
 PATCHES_DIR = f"{STATE_DIR}/patches"
 RECORD_NAME = "record.json"

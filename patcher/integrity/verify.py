@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 from .. import faults
 from ..errors import InputError, OperationFailed, VerifyMismatch
+from ..units import plural
 from .digests.digest_cache import DigestCache, KnownDigests
 from .digests.hashing import hash_files_stat
 from .manifest import MANIFEST_NAME, read_manifest
@@ -84,7 +85,7 @@ class VerifyReport:
         """One line: ``2 modified, 1 missing, 0 extra (first: model.safetensors: sha256 differs)``.
         """
         if self.ok:
-            return f"{self.checked} files match"
+            return f"{plural(self.checked, 'file')} match" + ("es" if self.checked == 1 else "")
         if self.manifest_problems:
             return f"{MANIFEST_NAME}: {self.manifest_problems[0]}"
         if self.layout_problems and not (self.modified or self.missing or self.extra):
@@ -175,7 +176,7 @@ def list_files(directory: str | os.PathLike) -> dict[str, os.stat_result | None]
     symlinked directories) map to None. What ``is_model_path`` leaves out (the manifest,
     ``.modelpatch/``, ``.git``, ``.cache/``) is not listed.
     """
-    from ..model.model_dir import hf_cache_repo, is_model_path
+    from ..model.layout import hf_cache_repo, is_model_path
 
     root = os.fspath(directory)
     out: dict[str, os.stat_result | None] = {}
@@ -280,7 +281,7 @@ def verify_dir(directory: str | os.PathLike, *, jobs: int | None = None, fast: b
 
 
 def _is_snapshot(root: Path) -> bool:
-    from ..model.model_dir import hf_cache_repo
+    from ..model.layout import hf_cache_repo
 
     return hf_cache_repo(root) is not None
 

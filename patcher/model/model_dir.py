@@ -8,6 +8,7 @@ loads JSON files lazily and strictly. Every other command builds on it.
 from __future__ import annotations
 
 import os
+import re
 import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,37 +22,22 @@ from ..config.jsonfile import parse_json
 from ..errors import ModelDirError, ShardIndexError
 from .header_cache import RACY_WINDOW_NS, HeaderCache, checked_key
 from .index_text import index_from_headers
+from .layout import (  # noqa: F401  (the names' home; re-exported for their callers)
+    BASE_RECORD,
+    INDEX_NAME,
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    SINGLE_SHARD_NAME,
+    SKIPPED_DIRS,
+    STATE_DIR,
+    hf_cache_repo,
+    is_model_path,
+)
 from .safetensors_io import ShardHeader, TensorInfo, parse_header, read_raw_header
 from .shard_index import ShardIndex, index_defects, name_to_shard, parse_index, shard_set
 
 __all__ = ["INDEX_NAME", "MANIFEST_NAME", "SIGNATURE_NAME", "ModelDir", "ModelFile", "ShardIndex",
            "parse_index"]
-
-INDEX_NAME = "model.safetensors.index.json"
-SINGLE_SHARD_NAME = "model.safetensors"
-MANIFEST_NAME = "modelpatch.provenance.json"
-# The OMS signature of the directory (``patcher.signing``): over the files, not one of them. A
-# variant never carries its base's (it would not match the variant's files); the revert data
-# keeps it.
-SIGNATURE_NAME = "model.sig"
-#: The digest record ``publish --base`` commits beside a base on a hub: the hub repository's,
-#: never the model's (``pull`` sets it aside; a hub model is read and downloaded without it).
-BASE_RECORD = "modelpatch.base.json"
-STATE_DIR = ".modelpatch"
-# Bookkeeping, not model content: our revert data, git (a directory, or the file a worktree or
-# submodule has), and the huggingface_hub local-dir download cache. One rule for every command:
-# see ``is_model_path``.
-SKIPPED_DIRS = frozenset({STATE_DIR, ".git", ".cache"})
-
-
-def is_model_path(relpath: str) -> bool:
-    """Whether ``relpath`` (POSIX, relative to the model root) can belong to the model: not the
-    manifest nor the signature, nothing under ``SKIPPED_DIRS``. Verify, manifests, revert and
-    publish use it; the model listing skips the same directories (and keeps the manifest and
-    the signature, as provenance)."""
-    return (relpath not in (MANIFEST_NAME, SIGNATURE_NAME)
-            and relpath.split("/", 1)[0] not in SKIPPED_DIRS)
-
 
 @dataclass(frozen=True)
 class ModelFile:
@@ -94,7 +80,8 @@ class ModelDir:
         if not root.is_dir():
             raise ModelDirError("not a directory" if root.exists() else "no such directory",
                                 where=root, hint="a model is a directory, one .gguf file or "
-                                                 "hf://ORG/NAME[@REV]" if root.exists() else None)
+                                                 "hf://ORG/NAME[@REV]" if root.exists()
+                                else _hub_hint(os.fspath(path)))
         cache_repo = hf_cache_repo(root)
         files = dict(_list_files(root, cache_repo))
         shard_names = sorted(p for p in files if p.endswith(".safetensors"))
@@ -212,11 +199,13 @@ def _refuse_shards_without_index(root: Path, shards: dict[str, ShardHeader]) -> 
             hint=f"download {INDEX_NAME} too")
 
 
-def hf_cache_repo(root: Path) -> Path | None:
-    """The ``models--org--name`` directory when ``root`` is a hub cache snapshot."""
-    real = Path(os.path.realpath(root))
-    if real.parent.name == "snapshots" and "--" in real.parent.parent.name:
-        return real.parent.parent
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*(@[^\s/@]+)?")
+
+
+def _hub_hint(text: str) -> str | None:
+    """``org/name`` that is no directory here is most likely a hub repository."""
+    if _REPO_ID.fullmatch(text) and not os.path.lexists(text.split("/", 1)[0]):
+        return f"did you mean hf://{text}?"
     return None
 
 

@@ -124,11 +124,12 @@ def _raw_header(hub: HubFiles, root: HubRoot, rel: str) -> bytes:
 
 def describe_transfer(report: dict) -> str:
     """One line: ``fetched 71.2 KB in 9 requests: 0.45% of the repository's 15.6 MB``."""
-    from ..units import human_bytes
+    from ..units import human_bytes, plural
 
-    return (f"fetched {human_bytes(report['bytes_transferred'])} in {report['requests']} "
-            f"requests: {report['fraction']:.2%} of the repository's "
-            f"{human_bytes(report['repo_bytes'])} ({report['repo_id']}@{report['commit'][:12]})")
+    return (f"fetched {human_bytes(report['bytes_transferred'])} in "
+            f"{plural(report['requests'], 'request')}: {report['fraction']:.2%} of the "
+            f"repository's {human_bytes(report['repo_bytes'])} "
+            f"({report['repo_id']}@{report['commit'][:12]})")
 
 
 #: Endpoints a command line reaches without ``--endpoint`` (huggingface_hub's default).

@@ -18,13 +18,14 @@ import datetime as dt
 from ..errors import InputError, VerifyMismatch
 from .bundle import PAYLOAD_TYPE, pae
 from .keys import SIGN_EXTRA_HINT, check_curve, crypto, fingerprint, signature_hash, subject_of
+from .keys import x509 as x509_module
 from .parse import Bundle
 
 
 def _ecdsa_verify(public_key, bundle: Bundle, who: str) -> None:
     from cryptography.exceptions import InvalidSignature
 
-    _, _, _, ec = crypto()
+    _, _, ec = crypto()
     try:
         public_key.verify(bundle.signature, pae(PAYLOAD_TYPE, bundle.payload),
                           ec.ECDSA(signature_hash(public_key)))
@@ -45,7 +46,7 @@ def _refuse_method(bundle: Bundle, wanted: str, option: str) -> None:
 
 def check_key(bundle: Bundle, public_key) -> str:
     """Check ``bundle`` was signed by ``public_key``; return who signed."""
-    _, _, serialization, _ = crypto()
+    _, serialization, _ = crypto()
     _refuse_method(bundle, "key", "--key")
     mine = fingerprint(public_key)
     if bundle.hint is not None and bundle.hint != mine:
@@ -60,7 +61,7 @@ def check_key(bundle: Bundle, public_key) -> str:
 def check_certificate(bundle: Bundle, anchors: list) -> str:
     """Check ``bundle``'s certificate chain against the CA certificates ``anchors`` and its
     signature against the leaf; return who signed (the leaf's subject)."""
-    x509 = crypto()[0]
+    x509 = x509_module()
     _refuse_method(bundle, "certificate", "--cert-chain")
     try:
         from OpenSSL import crypto as ossl

@@ -25,15 +25,32 @@ SIGN_EXTRA_HINT = "install the signing extra: pip install 'modelpatch[sign]'"
 
 
 def crypto():
-    """The ``cryptography`` modules this package uses, or one line saying how to install them."""
+    """The ``cryptography`` modules keys and signatures need (``hashes``, ``serialization``,
+    ``ec``), or one line saying how to install them. Certificates' ``x509`` is ``x509()``: it
+    alone imports more than the rest, and signing with a bare key does not use it."""
     try:
-        from cryptography import x509
         from cryptography.hazmat.primitives import hashes, serialization
         from cryptography.hazmat.primitives.asymmetric import ec
     except ImportError:
         raise InputError("signing needs the 'cryptography' package",
                          hint=SIGN_EXTRA_HINT) from None
-    return x509, hashes, serialization, ec
+    return hashes, serialization, ec
+
+
+def x509():
+    """``cryptography.x509`` (certificates), or one line saying how to install it."""
+    try:
+        from cryptography import x509 as module
+    except ImportError:
+        raise InputError("signing needs the 'cryptography' package",
+                         hint=SIGN_EXTRA_HINT) from None
+    return module
+
+
+def der_of(certificate) -> bytes:
+    """A certificate's DER bytes (the bundle's ``rawBytes``)."""
+    _, serialization, _ = crypto()
+    return certificate.public_bytes(serialization.Encoding.DER)
 
 
 def _read(path: str | os.PathLike, what: str, *, private: bool = False) -> bytes:
@@ -62,7 +79,7 @@ def _read(path: str | os.PathLike, what: str, *, private: bool = False) -> bytes
 
 
 def check_curve(public_key, where) -> None:
-    _, _, _, ec = crypto()
+    _, _, ec = crypto()
     if not isinstance(public_key, ec.EllipticCurvePublicKey):
         raise InputError(f"unsupported key type {type(public_key).__name__.lstrip('_')}: OMS "
                          f"signs with ECDSA on P-256, P-384 or P-521", where=where)
@@ -73,14 +90,14 @@ def check_curve(public_key, where) -> None:
 
 def signature_hash(public_key):
     """The hash ECDSA signs with on this curve (SHA-256, -384, -512 by key size)."""
-    _, hashes, _, _ = crypto()
+    hashes, _, _ = crypto()
     size = public_key.curve.key_size
     return hashes.SHA256() if size == 256 else hashes.SHA384() if size == 384 else hashes.SHA512()
 
 
 def fingerprint(public_key) -> str:
     """sha256 hex of the key's PEM SubjectPublicKeyInfo: the bundle's ``publicKey.hint``."""
-    _, _, serialization, _ = crypto()
+    _, serialization, _ = crypto()
     pem = public_key.public_bytes(serialization.Encoding.PEM,
                                   serialization.PublicFormat.SubjectPublicKeyInfo)
     return hashlib.sha256(pem).hexdigest()
@@ -88,10 +105,10 @@ def fingerprint(public_key) -> str:
 
 def load_public_key(path: str | os.PathLike):
     """A PEM public key (or the key of a PEM certificate) of a supported curve."""
-    x509, _, serialization, _ = crypto()
+    _, serialization, _ = crypto()
     data = _read(path, "public key")
     try:
-        key = (x509.load_pem_x509_certificate(data).public_key()
+        key = (x509().load_pem_x509_certificate(data).public_key()
                if b"-----BEGIN CERTIFICATE" in data else serialization.load_pem_public_key(data))
     except ValueError:
         raise InputError("not a PEM public key", where=path) from None
@@ -100,10 +117,9 @@ def load_public_key(path: str | os.PathLike):
 
 
 def load_certificates(path: str | os.PathLike, what: str = "certificate chain") -> list:
-    x509, _, _, _ = crypto()
     data = _read(path, what)
     try:
-        certs = x509.load_pem_x509_certificates(data)
+        certs = x509().load_pem_x509_certificates(data)
     except ValueError:
         raise InputError(f"not a PEM {what}", where=path) from None
     return certs
@@ -134,7 +150,7 @@ class KeySigner:
         return f"key fingerprint {fingerprint(self.public_key)}"
 
     def sign(self, message: bytes) -> bytes:
-        _, _, _, ec = crypto()
+        _, _, ec = crypto()
         return self.key.sign(message, ec.ECDSA(signature_hash(self.public_key)))
 
 
@@ -142,7 +158,7 @@ def load_signer(key: str | os.PathLike, *, cert: str | os.PathLike | None = None
                 chain: str | os.PathLike | None = None) -> KeySigner:
     """The private key at ``key`` (mode 0600 or stricter), with ``cert`` and ``chain`` to sign
     by certificate. Checked before any work: a wrong key fails before an apply writes."""
-    _, _, serialization, _ = crypto()
+    _, serialization, _ = crypto()
     if chain is not None and cert is None:
         raise InputError("--chain needs --cert (the signing certificate)")
     data = _read(key, "private key", private=True)

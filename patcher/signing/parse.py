@@ -62,11 +62,10 @@ class Bundle:
                 return f"key fingerprint {self.hint}"
             import hashlib
             return f"key sha256:{hashlib.sha256(self.raw_key or b'').hexdigest()} (DER)"
-        from .keys import crypto, subject_of
+        from .keys import subject_of, x509
 
-        x509 = crypto()[0]
         try:
-            leaf = x509.load_der_x509_certificate(self.certificates[0])
+            leaf = x509().load_der_x509_certificate(self.certificates[0])
         except ValueError:
             return f"{self.method} (unreadable certificate)"
         return f"{self.method} {subject_of(leaf)}"

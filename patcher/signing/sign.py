@@ -17,7 +17,7 @@ from typing import Mapping
 
 from ..errors import InputError, VerifyMismatch
 from ..fsops import replace_file, write_file
-from ..model.model_dir import MANIFEST_NAME
+from ..model.layout import MANIFEST_NAME
 from .bundle import SIGNATURE_NAME, encode, is_ignored, statement
 from .keys import KeySigner
 

@@ -105,7 +105,7 @@ def test_every_command_escapes_the_names_it_prints(evil_model, tmp_path):
     (variant / "generation_config.json").write_text(json.dumps({"eos": EVIL}))
     run("verify", variant, code=1)
     run("verify", "--json", variant, code=1)
-    run("revert", variant, "-o", tmp_path / "reverted", "--force")
+    run("revert", variant, "-o", tmp_path / "reverted", "--ignore-changes")
 
     guarded = tmp_path / "guarded.yaml"
     guarded.write_text(RECIPE.replace("config:\n", f"""requires:

@@ -23,9 +23,9 @@ from patcher.cli import progress
 from patcher.cli.progress import LineMeter, Meters
 
 REPO = Path(__file__).resolve().parents[2]
-LINE = re.compile(r"^modelpatch: (hashing|copying|writing|verifying) +(\d+)% "
-                  r"[\d.]+ (B|KiB|MiB) of ([\d.]+ (B|KiB|MiB)), [\d.]+ (B|KiB|MiB|GiB)/s"
-                  r"(, done)?$")
+LINE = re.compile(r"^modelpatch: (?P<step>hashing|copying|writing|verifying) +(?P<pct>\d+)% "
+                  r"[\d.]+ (B|KiB|MiB) of (?P<total>[\d.]+ (B|KiB|MiB))"
+                  r"(?P<rate>, [\d.]+ (B|KiB|MiB|GiB)/s)?(?P<done>, done)?$")
 
 
 class Clock:
@@ -50,8 +50,49 @@ def test_plain_lines_at_most_every_interval_and_a_last_one(monkeypatch):
     meter.update(1 << 20)                    # 7 s after the start: one line
     meter.close()
     lines = out.getvalue().splitlines()
-    assert lines == ["modelpatch: hashing 100% 4.00 MiB of 4.00 MiB, 585.14 KiB/s",
-                     "modelpatch: hashing 100% 4.00 MiB of 4.00 MiB, 585.14 KiB/s, done"]
+    # The rate counts from the first bytes (1 MiB at 100 s): 3 MiB in the 7 s since.
+    assert lines == ["modelpatch: hashing 100% 4.00 MiB of 4.00 MiB, 438.86 KiB/s",
+                     "modelpatch: hashing 100% 4.00 MiB of 4.00 MiB, 438.86 KiB/s, done"]
+
+
+def test_no_rate_before_a_second_of_bytes(monkeypatch):
+    """The first bytes may come long after the step began (a tensor computed before its first
+    write): a rate, and so an ETA, only once measured over bytes that came after them."""
+    clock = Clock()
+    monkeypatch.setattr(progress.time, "monotonic", clock)
+    out = io.StringIO()
+    meter = LineMeter("writing", out, every=0)
+    meter.set_total(9 << 20)
+    clock.now += 30                          # set-up: nothing written for 30 s
+    meter.update(3 << 10)
+    clock.now += 0.5
+    meter.update(1 << 20)
+    clock.now += 1
+    meter.update(1 << 20)
+    assert out.getvalue().splitlines() == [
+        "modelpatch: writing   0% 3.00 KiB of 9.00 MiB",
+        "modelpatch: writing  11% 1.00 MiB of 9.00 MiB",
+        "modelpatch: writing  22% 2.00 MiB of 9.00 MiB, 1.33 MiB/s"]
+
+
+def test_terminal_bar_shows_an_eta_only_once_a_rate_is_known(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(progress.time, "monotonic", clock)
+    term = FakeTerminal()
+    with Meters(quiet=False, stream=term) as meters:
+        meter = meters.meter("writing")
+        meter.set_total(9 << 20)
+        clock.now += 30
+        meter.update(3 << 10)
+        meter.bar.refresh()
+        first = term.getvalue().rsplit("\r", 1)[-1]
+        clock.now += 2
+        meter.update(4 << 20)
+        meter.bar.refresh()
+        later = term.getvalue().rsplit("\r", 1)[-1]
+    assert re.search(r"3\.00k/9\.00M \[\d\d:\d\d\]$", first), first
+    assert re.search(r"4\.00M/9\.00M \[\d\d:\d\d<00:02, 2\.00MB/s\]$", later), later
+    assert term.getvalue().endswith("\r\x1b[K")      # cleared, the cursor at the start
 
 
 def test_a_step_shorter_than_the_interval_prints_nothing(monkeypatch):
@@ -134,22 +175,22 @@ def test_non_tty_apply_and_verify_print_plain_lines(kimi, tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     lines = result.stderr.splitlines()
-    hashing = [m for m in map(LINE.match, lines) if m and m[1] == "hashing"]
-    assert hashing and hashing[-1][2] == "100" and hashing[-1][7] == ", done"
-    assert hashing[-1][4] == "4.24 MiB"                 # the total: every unknown base file
+    hashing = [m for m in map(LINE.match, lines) if m and m["step"] == "hashing"]
+    assert hashing and hashing[-1]["pct"] == "100" and hashing[-1]["done"] == ", done"
+    assert hashing[-1]["total"] == "4.24 MiB"          # the total: every unknown base file
     assert "\r" not in result.stderr and "\x1b" not in result.stderr
     verify = subprocess.run(_modelpatch("verify", out), env=env, capture_output=True,
                             text=True, timeout=120)
-    assert any((m := LINE.match(line)) and m[1] == "verifying" for line in
+    assert any((m := LINE.match(line)) and m["step"] == "verifying" for line in
                verify.stderr.splitlines()), verify.stderr
     quiet = subprocess.run(_modelpatch("verify", "-q", out), env=env, capture_output=True,
                            text=True, timeout=120)
     assert quiet.returncode == 0 and quiet.stderr == ""
 
 
-def test_tty_apply_shows_bars_with_total_and_eta(kimi, tmp_path):
+def test_tty_apply_shows_bars_with_their_total(kimi, tmp_path):
     """On a real terminal (a pseudo-terminal here) the hashing bar counts bytes toward its
-    total; it no longer stays at 0.00B."""
+    total; it no longer stays at 0.00B, and a step of a few megabytes shows no ETA of hours."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
     proc = subprocess.Popen(_modelpatch("apply", "sm120-fp16-kv", kimi, "-o", tmp_path / "v"),
@@ -171,5 +212,5 @@ def test_tty_apply_shows_bars_with_total_and_eta(kimi, tmp_path):
     os.close(master)
     text = b"".join(chunks).decode(errors="replace")
     assert proc.returncode == 0, text
-    assert re.search(r"hashing: +\d+%\|.*\| [\d.]+\w?/4\.24M \[\d\d:\d\d<", text), repr(text)
-    assert "0.00B" not in text
+    assert re.search(r"hashing: +\d+%\|.*\| [\d.]+\w?/4\.24M \[\d\d:\d\d", text), repr(text)
+    assert "0.00B" not in text and not re.search(r"<\d+:\d\d:\d\d", text), repr(text)

@@ -71,7 +71,7 @@ def test_every_builtin_rule_loads_and_is_tested():
                    "duplicate-consolidated-safetensors", "quantized-weights-below-vllm-minimum",
                    "eos-inconsistent", "quant-ignore-unmatched", "quant-unquantized-uncovered",
                    "kv-scale-names-sglang", "mtp-layers-unused", "gguf-mtp-layers-unused",
-                   "gguf-eos-inconsistent"}
+                   "gguf-eos-inconsistent", "config-json-missing"}
     assert len(list(builtin_rules_dir().glob("*.yaml"))) == len(ids)
 
 

@@ -183,13 +183,13 @@ def test_revert_refuses_a_modified_directory_unless_forced(kimi_dir, tmp_path):
     os.chmod(config, 0o444)
     r = cli("revert", root)
     assert r.returncode == 1
-    assert "changed since the patch" in r.stderr and "--force" in r.stderr
+    assert "changed since the patch" in r.stderr and "--ignore-changes" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     (root / "extra.txt").write_text("x")
     with pytest.raises(VerifyMismatch, match="1 modified, 0 missing, 1 extra"):
         api.revert(root)
     os.unlink(root / "extra.txt")
-    _ok(cli("revert", root, "--force"), "reverted")
+    _ok(cli("revert", root, "--ignore-changes"), "reverted")
     assert diff(snapshot(root), original) == []
 
 

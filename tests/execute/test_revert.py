@@ -108,9 +108,9 @@ def test_modified_variant_is_refused_unless_forced(base, tmp_path):
     config.write_text("{}\n")
     r = cli("revert", variant, "-o", out)
     assert r.returncode == 1 and "changed since the patch" in r.stderr
-    assert "config.json" in r.stderr and "--force" in r.stderr
+    assert "config.json" in r.stderr and "--ignore-changes" in r.stderr
     assert not out.exists() and not list(tmp_path.glob(".out*"))
-    _ok(cli("revert", variant, "-o", out, "--force"))
+    _ok(cli("revert", variant, "-o", out, "--ignore-changes"))
     assert diff(snapshot(out), expected) == []     # the replaced file comes from originals/
 
 
@@ -120,10 +120,39 @@ def test_rebuild_refuses_an_existing_output_and_the_directory_itself(base, tmp_p
     (tmp_path / "taken").mkdir()
     r = cli("revert", variant, "-o", tmp_path / "taken")
     assert r.returncode == 2 and "already exists" in r.stderr
+    assert "choose another, or --force replaces an earlier rebuild of this base" in r.stderr
     with pytest.raises(InputError, match="directory itself"):
         api.revert(variant, out=variant)
     r = cli("revert", base, "-o", tmp_path / "x")
     assert r.returncode == 2 and "nothing to revert" in r.stderr
+
+
+def test_force_replaces_an_earlier_rebuild_of_the_same_base_only(base, tmp_path):
+    variant, out = tmp_path / "variant", tmp_path / "out"
+    expected = snapshot(base)
+    api.apply("sm120-fp16-kv", base, out=variant)
+    _ok(cli("revert", variant, "-o", out))
+    _ok(cli("revert", variant, "-o", out, "--force"))       # the same rebuild again
+    assert diff(snapshot(out), expected) == [] and not list(tmp_path.glob(".out*"))
+    config = out / "config.json"
+    config.unlink()                     # a new file: the rebuilt one shares the base's inode
+    config.write_text("{}\n")                               # no longer the base: kept
+    r = cli("revert", variant, "-o", out, "--force")
+    assert r.returncode == 2 and "not an earlier rebuild of this base" in r.stderr
+    assert config.read_text() == "{}\n"
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("mine")
+    r = cli("revert", variant, "-o", stranger, "--force")
+    assert r.returncode == 2 and "other files than the rebuilt base" in r.stderr
+    assert (stranger / "notes.txt").read_text() == "mine"
+
+
+def test_force_without_output_points_at_ignore_changes(base, tmp_path):
+    api.apply("sm120-fp16-kv", base, out=tmp_path / "variant")
+    r = cli("revert", tmp_path / "variant", "--force")
+    assert r.returncode == 2 and "--force replaces an existing output" in r.stderr
+    assert "--ignore-changes" in r.stderr
 
 
 def test_missing_revert_data_is_a_clear_error(base, tmp_path):
@@ -151,8 +180,9 @@ def test_lost_manifest_is_refused_unless_forced(base, tmp_path):
     api.apply("sm120-fp16-kv", base, out=tmp_path / "v")
     os.unlink(tmp_path / "v" / MANIFEST)
     r = cli("revert", tmp_path / "v", "-o", tmp_path / "out")
-    assert r.returncode == 1 and "no provenance manifest" in r.stderr and "--force" in r.stderr
-    _ok(cli("revert", tmp_path / "v", "-o", tmp_path / "out", "--force"))
+    assert r.returncode == 1 and "no provenance manifest" in r.stderr
+    assert "--ignore-changes" in r.stderr
+    _ok(cli("revert", tmp_path / "v", "-o", tmp_path / "out", "--ignore-changes"))
     assert diff(snapshot(tmp_path / "out"), expected) == []
 
 
@@ -176,7 +206,7 @@ def test_damaged_revert_data_is_found_before_anything_moves(kimi_dir, tmp_path):
     assert result.returncode == 1 and "revert data is damaged" in result.stderr
     assert "config.json" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert diff(snapshot(root), patched) == []          # the patched state, untouched
-    forced = cli("revert", root, "--force")            # to the damaged bytes, and says so
+    forced = cli("revert", root, "--ignore-changes")            # to the damaged bytes, and says so
     assert forced.returncode == 0 and "revert data is damaged" in forced.stderr
     assert [d.split(":")[0] for d in diff(snapshot(root), original)] == ["config.json"]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -255,9 +256,11 @@ def test_malformed_endpoint_never_shows_its_credentials(tmp_path, monkeypatch, n
     assert "s3cret" not in str(caught.value)
 
 
-def test_progress_bars_follow_the_progress_flag(hub, variant, tmp_path, monkeypatch, capfd):
-    """huggingface_hub shows its bars (forced on here: stderr is not a terminal) unless
-    progress=False (the CLI's -q); a trailing slash on the endpoint is harmless."""
+def test_huggingface_hubs_own_bars_never_show(hub, variant, tmp_path, monkeypatch, capfd):
+    """modelpatch draws the progress: huggingface_hub's bars stay off during publish and pull,
+    even where they would show (TQDM_POSITION=-1 forces them on a non-terminal), and are as
+    they were afterwards; progress=False (the CLI's -q) also drops the line saying what is
+    transferred. A trailing slash on the endpoint is harmless."""
     from huggingface_hub.utils import are_progress_bars_disabled
 
     monkeypatch.setenv("HF_TOKEN", "write-alice")
@@ -267,10 +270,15 @@ def test_progress_bars_follow_the_progress_flag(hub, variant, tmp_path, monkeypa
     api.pull("alice/bars", tmp_path / "quiet", endpoint=hub.endpoint, progress=False)
     assert capfd.readouterr().err == ""
     assert not are_progress_bars_disabled()                     # restored afterwards
+    grown = []
     api.publish(variant, "alice/bars", endpoint=hub.endpoint + "/", revision="b")
-    assert "Upload" in capfd.readouterr().err
-    api.pull("alice/bars", tmp_path / "loud", endpoint=hub.endpoint + "/")
-    assert "Fetching" in capfd.readouterr().err
+    api.pull("alice/bars", tmp_path / "loud", endpoint=hub.endpoint + "/",
+             on_progress=grown.append, on_total=grown.append)
+    err = capfd.readouterr().err
+    assert "Upload" not in err and "Fetching" not in err and "it/s" not in err, err
+    assert not are_progress_bars_disabled()
+    total, *steps = grown                  # the download's own count: every byte, once
+    assert steps and sum(steps) == total
     assert api.verify(tmp_path / "quiet").ok and api.verify(tmp_path / "loud").ok
 
 
@@ -311,8 +319,9 @@ def test_apply_to_hf_model_resolves_through_the_cache(hub, kimi_dir, tmp_path, m
 
 
 def test_quiet_publish_pull_and_apply_show_no_progress_bars(hub, variant, kimi_dir, tmp_path,
-                                                            monkeypatch):
-    """-q (before or after the command) silences huggingface_hub's bars; without it they stay."""
+                                                            monkeypatch, caplog):
+    """-q (before or after the command) silences every progress line; without it pull says what
+    it reuses and downloads, and huggingface_hub's bars never show."""
     monkeypatch.setenv("HF_TOKEN", "write-alice")
     monkeypatch.setenv("TQDM_POSITION", "-1")      # bars on although stderr is not a terminal
     monkeypatch.chdir(tmp_path)
@@ -325,8 +334,10 @@ def test_quiet_publish_pull_and_apply_show_no_progress_bars(hub, variant, kimi_d
         result = cli(*args, "--endpoint", hub.endpoint)
         assert result.exit_code == 0, result.output
         assert result.stderr == "", args
-    result = cli("pull", "alice/q", "-o", tmp_path / "c", "--endpoint", hub.endpoint)
-    assert result.exit_code == 0 and "Fetching" in result.stderr
+    with caplog.at_level(logging.INFO, logger="modelpatch"):
+        result = cli("pull", "alice/q", "-o", tmp_path / "c", "--endpoint", hub.endpoint)
+    assert result.exit_code == 0 and "Fetching" not in result.stderr
+    assert any("reused from local files" in r.getMessage() for r in caplog.records)
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
     result = cli("apply", "sm120-fp16-kv", "hf://team/kimi", "-q", "-o", tmp_path / "v")
     assert result.exit_code == 0, result.output

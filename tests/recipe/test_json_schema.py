@@ -101,7 +101,7 @@ def test_a_key_added_to_the_loader_reaches_the_schema(monkeypatch):
 def test_a_key_without_a_value_schema_fails_the_build(monkeypatch):
     keys = {**sections.CONFIG_KEYS, "drop": (*sections.CONFIG_KEYS["drop"], "frobnicate")}
     monkeypatch.setattr(sections, "CONFIG_KEYS", keys)
-    with pytest.raises(KeyError, match="'frobnicate'.*json_schema._VALUES"):
+    with pytest.raises(KeyError, match="'frobnicate'.*json_schema_values._VALUES"):
         json_schema.recipe_schema()
 
 

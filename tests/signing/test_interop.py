@@ -65,6 +65,20 @@ def test_model_signing_verifies_a_certificate_signature_by_modelpatch(tmp_path, 
     assert report.signer.startswith("certificate CN=pki platform team")
 
 
+@pytest.mark.parametrize("method", ["key", "certificate"])
+def test_bundles_are_the_json_sigstore_models_writes_byte_for_byte(tmp_path, keys, pki, method):
+    # modelpatch writes the bundle without sigstore_models (its import outweighs signing): the
+    # models model_signing writes with must read it and write back the very same bytes.
+    from sigstore_models.bundle.v1 import Bundle
+
+    out = variant(small_model(tmp_path / "base"), tmp_path / "variant")
+    signer = (load_signer(keys[0]) if method == "key" else
+              load_signer(pki["key"], cert=pki["leaf"], chain=pki["chain"]))
+    api.sign(out, signer)
+    data = (out / "model.sig").read_text("utf-8")
+    assert Bundle.from_json(data).to_json() == data
+
+
 def test_modelpatch_verifies_a_key_signature_by_model_signing(tmp_path, keys):
     model = small_model(tmp_path / "plain")
     _ok(model_signing("sign", "key", model, "--signature", model / "model.sig",

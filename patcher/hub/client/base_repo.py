@@ -18,7 +18,7 @@ from pathlib import Path
 from ...errors import InputError, OperationFailed, VerifyMismatch
 from ...fsops import NotRegularFile, TooLarge, read_capped
 from ...model.model_dir import BASE_RECORD, MANIFEST_NAME, SIGNATURE_NAME
-from .connection import check_endpoint, check_repo_id, client, hub_call, progress_bars
+from .connection import check_endpoint, check_repo_id, client, hub_call, hub_output
 from .model_card import HUB_FILES
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -56,7 +56,7 @@ def publish_base(directory: str | os.PathLike, repo_id: str, *, endpoint: str | 
             return PublishResult(repo_id=repo_id, revision=branch, commit=None,
                                  files=len(files) + 1, plan=plan)
         record = json.dumps(record_statement(files), indent=1, sort_keys=True).encode()
-        with progress_bars(progress) as bars:
+        with hub_output(progress):
             api = client(endpoint)
             hub_call("create_repo", repo_id, api.create_repo, repo_id, private=private,
                      exist_ok=True)
@@ -68,7 +68,7 @@ def publish_base(directory: str | os.PathLike, repo_id: str, *, endpoint: str | 
                             operations=_operations(root, files, record, stale),
                             revision=branch,
                             commit_message=message or f"modelpatch: base {root.name}")
-        if progress and not bars:       # once the hub took it: a refusal is the one error line
+        if progress:                    # once the hub took it: a refusal is the one error line
             log.info("publish: %s, to %s", plan.summary(), repo_id)
     return PublishResult(repo_id=repo_id, revision=branch, commit=info.oid,
                          files=len(files) + 1, plan=plan)

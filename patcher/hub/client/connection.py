@@ -1,6 +1,6 @@
 """Talking to a hub with huggingface_hub: the endpoint and repo id checks made before any
 request, the client (Xet off where the endpoint cannot speak it), one call with its errors turned
-into one-line ``HubError``s, and huggingface_hub's progress bars and log lines.
+into one-line ``HubError``s, and huggingface_hub's output (its bars off, its log lines once).
 
 The token comes from ``HF_TOKEN`` or huggingface_hub's login and is only ever handed to the
 client: never printed, logged or written.
@@ -130,11 +130,12 @@ _STATUS_HINTS = {
 
 
 @contextmanager
-def progress_bars(enabled: bool):
-    """huggingface_hub's output for the block. Its bars only with ``enabled`` and on a terminal
-    (``TQDM_POSITION=-1`` forces them, as in huggingface_hub): elsewhere they are cursor-moving
-    escape codes in a log. Its log lines once, not again through the root logger, and with
-    ``enabled=False`` (``-q``) only its errors."""
+def hub_output(progress: bool):
+    """huggingface_hub's output for the block: its progress bars off (modelpatch draws its own,
+    from the bytes it sees arrive: ``growth.py``; two sets of bars on one terminal overwrite
+    each other and split the lines printed after them), unless ``HF_HUB_DISABLE_PROGRESS_BARS=0``
+    asks for them; its log lines once, not again through the root logger, and with
+    ``progress=False`` (``-q``) only its errors."""
     from huggingface_hub.utils import (
         are_progress_bars_disabled,
         disable_progress_bars,
@@ -145,16 +146,15 @@ def progress_bars(enabled: bool):
     hf_log = hf_logging.get_logger()
     saved = hf_log.level, hf_log.propagate
     hf_log.propagate = False
-    if not enabled:
+    if not progress:
         hf_log.setLevel(logging.ERROR)
-    bars = enabled and (sys.stderr.isatty() or os.environ.get("TQDM_POSITION") == "-1")
-    turn_off = not bars and not are_progress_bars_disabled()
+    turn_off = not are_progress_bars_disabled()
     with warnings.catch_warnings():       # HF_HUB_DISABLE_PROGRESS_BARS=0 wins: say nothing
         warnings.simplefilter("ignore")
         if turn_off:
             disable_progress_bars()
     try:
-        yield bars
+        yield
     finally:
         hf_log.setLevel(saved[0])
         hf_log.propagate = saved[1]

@@ -19,7 +19,7 @@ from ...errors import HubError, InputError, VerifyMismatch
 from ...integrity.manifest import read_manifest
 from ...integrity.patch_record import patch_dirs, read_record
 from ...model.model_dir import MANIFEST_NAME, SIGNATURE_NAME
-from .connection import check_endpoint, check_repo_id, client, hub_call, progress_bars
+from .connection import check_endpoint, check_repo_id, client, hub_call, hub_output
 from .model_card import CARD_NAME, ORIGINAL_README, render_card
 from .server_copies import TransferPlan, plan_transfer
 
@@ -40,7 +40,8 @@ def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None 
             message: str | None = None, progress: bool = True,
             base_model: str | None = None, plan_only: bool = False) -> PublishResult:
     """Upload the variant at ``directory`` to ``repo_id`` in one commit (``progress=False``:
-    no progress bars; ``plan_only``: decide what to copy and upload, change nothing). The card's
+    no line saying what is copied and uploaded; ``plan_only``: decide what to copy and
+    upload, change nothing). The card's
     ``base_model`` is ``base_model`` if given, else what the variant records or its base's path
     says (``patcher.base_identity``), else left out."""
     from ...execute.locking import lock_directory
@@ -61,9 +62,9 @@ def publish(directory: str | os.PathLike, repo_id: str, *, endpoint: str | None 
         if not report.ok:
             raise VerifyMismatch(f"refusing to publish a variant that does not verify: "
                                  f"{report.summary()}", where=root)
-        with progress_bars(progress) as bars:
+        with hub_output(progress):
             return _upload(root, repo_id, endpoint, private, revision, message, base_model,
-                           announce=progress and not bars, plan_only=plan_only)
+                           announce=progress, plan_only=plan_only)
 
 
 def _upload(root: Path, repo_id: str, endpoint: str | None, private: bool,

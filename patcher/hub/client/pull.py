@@ -25,9 +25,10 @@ from ...integrity.manifest import read_manifest
 from ...integrity.snapshot_verify import git_blob_sha1
 from ...model.model_dir import MANIFEST_NAME, SIGNATURE_NAME, SKIPPED_DIRS
 from ...names import checked_digest, checked_name
-from ...units import human_bytes
+from ...units import human_bytes, plural
 from .base_repo import check_pulled_base, is_published_base
-from .connection import check_repo_id, client, hub_call, progress_bars
+from .connection import check_repo_id, client, hub_call, hub_output
+from .growth import reported_growth
 from .model_card import CARD_NAME, HUB_CARD_COPY, HUB_FILES, ORIGINAL_README
 from .reuse import Reuse, find_local, link_into
 
@@ -48,13 +49,14 @@ class PullResult:
 def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | None = None,
          revision: str | None = None, progress: bool = True,
          reuse: list[str | os.PathLike] | tuple = (), force: bool = False,
-         trust=None) -> PullResult:
+         trust=None, on_progress=None, on_total=None) -> PullResult:
     """Download ``repo_id`` into ``out`` and verify it; nothing appears at ``out`` unless every
     file matches both the hub's digests and the provenance manifest. ``progress=False``: no
-    progress bars. LFS files already in the Hugging Face cache or under a ``reuse`` directory
-    are linked instead of downloaded. ``force``: replace an ``out`` that an earlier pull or
-    apply wrote, in one rename, reusing its unchanged files. Errors name the repository, never
-    the staging directory."""
+    log line saying what is reused and downloaded; ``on_total(bytes)`` and
+    ``on_progress(bytes)`` count the download. LFS files already in the Hugging Face cache or
+    under a ``reuse`` directory are linked instead of downloaded. ``force``: replace an ``out``
+    that an earlier pull or apply wrote, in one rename, reusing its unchanged files. Errors name
+    the repository, never the staging directory."""
     from huggingface_hub import snapshot_download
 
     from ...execute.locking import lock_new_path
@@ -89,11 +91,14 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
             reused = _reuse_local(staging, info, reuse_dirs)
             missing = [s for s in info.siblings or [] if s.rfilename not in reused.linked]
             downloaded = sum(s.size or 0 for s in missing)
-            with progress_bars(progress) as bars:
-                if progress and not bars:
-                    log.info("pull: %s@%s: %d files (%s) reused from local files, %d files (%s) "
-                             "to download", repo_id, info.sha[:12], len(reused.linked),
-                             human_bytes(reused.bytes), len(missing), human_bytes(downloaded))
+            if progress:
+                log.info("pull: %s@%s: %s (%s) reused from local files, %s (%s) to download",
+                         repo_id, info.sha[:12], plural(len(reused.linked), "file"),
+                         human_bytes(reused.bytes), plural(len(missing), "file"),
+                         human_bytes(downloaded))
+            if on_total is not None and downloaded:
+                on_total(downloaded)
+            with hub_output(progress), reported_growth(staging, on_progress):
                 if missing:
                     hub_call("download", repo_id, snapshot_download, repo_id,
                               revision=info.sha, local_dir=staging, endpoint=api.endpoint,

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...model.base_identity import from_cache_path, local_dir_commit
-from ...units import human_bytes
+from ...units import human_bytes, plural
 from .pull import read_pulled_source
 
 PATHS_INFO_BATCH = 500                 # what huggingface_hub itself asks for at a time
@@ -62,8 +62,9 @@ class TransferPlan:
     def summary(self) -> str:
         where = (f" from {self.source.repo_id}@{(self.commit or self.source.revision)[:12]}"
                  if self.copies and self.source else "")
-        return (f"{len(self.copies)} files ({human_bytes(self.copy_bytes)}) copied server-side"
-                f"{where}, {len(self.uploads)} files ({human_bytes(self.upload_bytes)}) uploaded")
+        return (f"{plural(len(self.copies), 'file')} ({human_bytes(self.copy_bytes)}) copied "
+                f"server-side{where}, {plural(len(self.uploads), 'file')} "
+                f"({human_bytes(self.upload_bytes)}) uploaded")
 
     def upload_all(self, note: str) -> None:
         for path, (_, size) in self.copies.items():

@@ -289,6 +289,15 @@ def _dequantized_by(config: str):
     return reference
 
 
+def _ct_decompressed(base: Path, work: Path):
+    """The ModelOpt NVFP4 base as compressed-tensors decompresses it, once
+    modelopt-to-compressed-tensors has given it compressed-tensors' names."""
+    import transformers
+
+    config = transformers.CompressedTensorsConfig(dequantize=True)
+    return logits(_modelopt_to_ct(work / "reference"), quantization_config=config)
+
+
 EQUAL, ARGMAX = "equal", "argmax"
 
 #: (row name, recipe, producer, params (given a work directory), what the output's logits
@@ -314,7 +323,7 @@ BUILTIN_ROWS = [
      lambda w: {"model_type": "llama", "architectures": "LlamaForCausalLM"}, EQUAL,
      _made_by(lambda d: llama(d, tokenizer=True)), None),
     ("nvfp4-to-bf16 / ModelOpt Llama NVFP4", "nvfp4-to-bf16", _modelopt("llama-nvfp4"), _none,
-     None, None, None),
+     EQUAL, _ct_decompressed, None),
     ("sampling-defaults / transformers Llama", "sampling-defaults", llama,
      lambda w: {"temperature": "0.7", "top_p": "0.9", "top_k": "20"}, EQUAL, _the_base,
      _check_sampling),
@@ -329,8 +338,8 @@ BUILTIN_ROWS = [
     ("tie-embeddings / transformers Llama, lm_head == embeddings, declared tied",
      "tie-embeddings", _tied_with_head, _none, EQUAL, _the_base, None),
     ("to-bf16 / ModelOpt Llama FP8", "to-bf16", _modelopt("llama-fp8"), _none, None, None, None),
-    ("to-bf16 / ModelOpt Llama NVFP4", "to-bf16", _modelopt("llama-nvfp4"), _none, None, None,
-     None),
+    ("to-bf16 / ModelOpt Llama NVFP4", "to-bf16", _modelopt("llama-nvfp4"), _none, EQUAL,
+     _ct_decompressed, None),
     ("to-bf16 / transformers FP8 Qwen3-MoE", "to-bf16", lambda d: _copy(TRANSFORMERS_FP8, d),
      _none, None, None, None),
     ("to-bf16 / modelopt-to-ct of ModelOpt Llama NVFP4 (compressed-tensors)", "to-bf16",

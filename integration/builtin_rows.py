@@ -1,187 +1,39 @@
-"""The rows of integration/consumer_matrix.py for the built-ins that change configs, tokenizer
-files or BF16 weights: each applied to a model its real producer writes (transformers
-``save_pretrained`` of a tiny random model, with a tokenizer where the recipe needs one; the
-ModelOpt exports of tests/fixtures/modelopt; transformers' own FP8 checkpoint of
-tests/fixtures/transformers_fp8_moe), then loaded by transformers.
+"""The rows of integration/consumer_matrix.py for every built-in not in its ``ROWS`` or
+``GGUF_ROWS``: each applied to a model its real producer writes (``producers.py``), then loaded
+by transformers (and compressed-tensors, for a compressed-tensors output).
 
-The ``transformers`` cell is consumer_matrix's (missing / unexpected keys, finite logits) plus,
-where the recipe must not change what the model computes, ``same``: the output's logits of one
-prompt against the reference's (the base, or for a base transformers cannot load as is, the
-model it stands for), as the largest absolute difference and whether the argmax agrees.
-``check`` is a recipe's own consumer-side check (the tokenizer's chat template, the
-generation config as transformers reads it).
+The ``transformers`` cell is consumer_matrix's (missing / unexpected keys, finite logits) plus
+``compared``: one prompt's logits against the reference's (the base; for a base transformers
+cannot load as is, the model it stands for or its decompression by compressed-tensors), as the
+largest absolute difference and whether the argmax agrees; and ``check``, the recipe's own
+reader-side check (the tokenizer's chat template, the generation config as transformers reads
+it).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-MODELOPT = REPO / "tests" / "fixtures" / "modelopt"
-TRANSFORMERS_FP8 = REPO / "tests" / "fixtures" / "transformers_fp8_moe"
+from producers import (
+    TRANSFORMERS_FP8,
+    copy,
+    ct_converted,
+    ct_fp8,
+    ct_sm120,
+    deepseek_mtp,
+    llama,
+    llava,
+    modelopt,
+    modelopt_to_ct,
+    remote_code,
+    sm120,
+    tied_with_head,
+    to_compressed_tensors,
+    with_consolidated,
+)
+
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, vocab_size=128, max_position_embeddings=64)
-
-
-# -- producers -------------------------------------------------------------------------------
-
-def _tokenizer(out: Path) -> None:
-    """A word-level tokenizer saved by transformers (tokenizer.json, tokenizer_config.json,
-    chat_template.jinja), the files a chat model's repository carries."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<|eot|>": 3}
-    vocab.update({f"t{i}": i for i in range(4, SMALL["vocab_size"])})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>", chat_template="{{ messages }}"
-                            ).save_pretrained(out)
-
-
-def llama(out: Path, *, tie: bool = False, tokenizer: bool = False,
-          head_is_embeddings: bool = False) -> Path:
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=tie, bos_token_id=1,
-                                         eos_token_id=2, **SMALL))
-    if head_is_embeddings:
-        with torch.no_grad():
-            model.lm_head.weight.copy_(model.model.embed_tokens.weight)
-    model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=2)
-    model.to(torch.bfloat16).save_pretrained(out, max_shard_size="100KB" if tokenizer else "50GB")
-    if tokenizer:
-        _tokenizer(out)
-    return out
-
-
-def _edit_config(model: Path, **changes) -> None:
-    path = model / "config.json"
-    config = json.loads(path.read_text())
-    config.update(changes)
-    path.chmod(0o644)
-    path.write_text(json.dumps(config, indent=2))
-
-
-def _copy(source: Path, out: Path) -> Path:
-    shutil.copytree(source, out)
-    for path in out.rglob("*"):
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    return out
-
-
-def _remote_code(out: Path) -> Path:
-    """save_pretrained's Llama as a custom-code repository declares itself (the code files
-    themselves are not needed once the recipe has run)."""
-    llama(out, tokenizer=True)
-    _edit_config(out, auto_map={"AutoConfig": "configuration_tiny.TinyConfig",
-                                "AutoModelForCausalLM": "modeling_tiny.TinyForCausalLM"},
-                 architectures=["TinyForCausalLM"])
-    return out
-
-
-def _with_consolidated(out: Path) -> Path:
-    """save_pretrained's sharded Llama (index) plus a consolidated.safetensors holding the
-    same weights, as Mistral's repositories ship both."""
-    from safetensors.torch import load_file, save_file
-
-    llama(out, tokenizer=True)
-    tensors = {}
-    for shard in sorted(out.glob("model-*.safetensors")):
-        tensors.update(load_file(shard))
-    save_file(tensors, out / "consolidated.safetensors")
-    return out
-
-
-def _tied_with_head(out: Path) -> Path:
-    """An untied save_pretrained Llama whose lm_head equals the embeddings, declared tied:
-    what exporters that write every tensor leave behind."""
-    llama(out, head_is_embeddings=True)
-    _edit_config(out, tie_word_embeddings=True)
-    return out
-
-
-def _deepseek_mtp(out: Path) -> Path:
-    """save_pretrained's DeepSeek-V3 plus one MTP block stored as layer num_hidden_layers
-    (DeepSeek's release layout: enorm, hnorm, eh_proj, shared_head, a decoder layer)."""
-    import torch
-    from safetensors.torch import load_file, save_file
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
-
-    torch.manual_seed(0)
-    config = DeepseekV3Config(vocab_size=128, hidden_size=64, intermediate_size=128,
-                              moe_intermediate_size=32, num_hidden_layers=2,
-                              first_k_dense_replace=1, num_attention_heads=4,
-                              num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32,
-                              qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-                              n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
-                              n_group=1, topk_group=1, max_position_embeddings=64,
-                              tie_word_embeddings=False)
-    DeepseekV3ForCausalLM(config).to(torch.bfloat16).save_pretrained(out)
-    tensors = load_file(out / "model.safetensors")
-    mtp = {n.replace("model.layers.1.", "model.layers.2."): t.clone()
-           for n, t in tensors.items() if n.startswith("model.layers.1.")}
-    h, v = 64, 128
-    mtp.update({"model.layers.2.embed_tokens.weight": torch.randn(v, h).bfloat16(),
-                "model.layers.2.enorm.weight": torch.ones(h).bfloat16(),
-                "model.layers.2.hnorm.weight": torch.ones(h).bfloat16(),
-                "model.layers.2.eh_proj.weight": torch.randn(h, 2 * h).bfloat16(),
-                "model.layers.2.shared_head.norm.weight": torch.ones(h).bfloat16(),
-                "model.layers.2.shared_head.head.weight": torch.randn(v, h).bfloat16()})
-    save_file({**tensors, **mtp}, out / "model.safetensors", metadata={"format": "pt"})
-    _edit_config(out, num_nextn_predict_layers=1)
-    return out
-
-
-def _llava(out: Path) -> Path:
-    """save_pretrained's Llava: a CLIP vision tower, a projector, a Llama language model."""
-    import torch
-    from transformers import (
-        CLIPVisionConfig,
-        LlamaConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-    )
-
-    torch.manual_seed(0)
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                              num_attention_heads=2, image_size=28, patch_size=14)
-    text = LlamaConfig(tie_word_embeddings=False, **SMALL)
-    model = LlavaForConditionalGeneration(LlavaConfig(vision_config=vision, text_config=text,
-                                                      image_token_index=127))
-    model.to(torch.bfloat16).save_pretrained(out)
-    return out
-
-
-def _modelopt_to_ct(out: Path) -> Path:
-    """The compressed-tensors NVFP4 checkpoint modelopt-to-compressed-tensors makes of the
-    ModelOpt Llama NVFP4 export."""
-    from patcher import api
-
-    base = _copy(MODELOPT / "llama-nvfp4", out.parent / "modelopt")
-    return api.apply("modelopt-to-compressed-tensors", base, out=out).output
-
-
-def _sm120(out: Path) -> Path:
-    """The ModelOpt Llama FP8 export with its KV cache declared unquantized by sm120-fp16-kv."""
-    from patcher import api
-
-    base = _copy(MODELOPT / "llama-fp8", out.parent / "modelopt")
-    return api.apply("sm120-fp16-kv", base, out=out).output
-
-
-def _ct_sm120(out: Path) -> Path:
-    """The compressed-tensors checkpoint of ``_modelopt_to_ct`` after sm120-fp16-kv."""
-    from patcher import api
-
-    base = _modelopt_to_ct(out.parent / "ct")
-    return api.apply("sm120-fp16-kv", base, out=out).output
 
 
 def _template_params(work: Path) -> dict:
@@ -231,40 +83,18 @@ def _check_yarn(out: Path, base: Path, work: Path) -> str:
 
 
 def _check_ct_converter(out: Path, base: Path, work: Path) -> dict:
-    """compressed-tensors' own ModelOpt NVFP4 converter (``convert_checkpoint`` with
-    ``ModelOptNvfp4Converter``) on the output, its checkpoint decompressed by transformers:
-    the compressed-tensors cell, with the logits against the base's (the compressed-tensors
-    checkpoint the recipe started from). The converter is given the variant's files as a hub
-    download holds them: it walks the directory recursively and refuses a .safetensors file
-    the index does not name, such as the revert data under .modelpatch/."""
+    """compressed-tensors' own ModelOpt NVFP4 converter on the output, its checkpoint
+    decompressed by transformers: the compressed-tensors cell, with the logits against the
+    base's (the compressed-tensors checkpoint the recipe started from)."""
     import transformers
-    from compressed_tensors.entrypoints.convert import convert_checkpoint
-    from compressed_tensors.entrypoints.convert.converters.modelopt_nvfp4 import (
-        ModelOptNvfp4Converter,
-    )
-    from compressed_tensors.quantization import QuantizationArgs
 
-    download = work / "download"
-    download.mkdir()
-    for path in out.iterdir():
-        if path.is_file():
-            shutil.copyfile(path, download / path.name)
-    kv = QuantizationArgs(num_bits=8, type="float", strategy="tensor", dynamic=False)
-    convert_checkpoint(download, work / "converted",
-                       ModelOptNvfp4Converter(ignore=["lm_head"], targets=["Linear"],
-                                              kv_cache_scheme=kv),
-                       max_workers=1, device="cpu")
+    converted = to_compressed_tensors(out, work / "converted")
     dequantize = transformers.CompressedTensorsConfig(dequantize=True)
-    cell = _LOAD["compressed-tensors"](work / "converted")
-    a, b = logits(work / "converted", quantization_config=dequantize), \
-        logits(base, quantization_config=dequantize)
+    cell = _LOAD["compressed-tensors"](converted)
     if "error" not in cell:     # its scalar global scales ([], ModelOpt's shape) decompress
-        cell["compared"] = _compare(a, b, ARGMAX)   # a hair off the same values shaped [1]
+        cell["compared"] = _compare(logits(converted, quantization_config=dequantize),
+                                    logits(base, quantization_config=dequantize), ARGMAX)
     return cell
-
-
-def _modelopt(name: str):
-    return lambda d: _copy(MODELOPT / name, d)
 
 
 def _none(work: Path) -> dict:
@@ -295,7 +125,7 @@ def _ct_decompressed(base: Path, work: Path):
     import transformers
 
     config = transformers.CompressedTensorsConfig(dequantize=True)
-    return logits(_modelopt_to_ct(work / "reference"), quantization_config=config)
+    return logits(modelopt_to_ct(work / "reference"), quantization_config=config)
 
 
 EQUAL, ARGMAX = "equal", "argmax"
@@ -307,43 +137,50 @@ BUILTIN_ROWS = [
     ("chat-template / transformers Llama + tokenizer", "chat-template",
      lambda d: llama(d, tokenizer=True), _template_params, EQUAL, _the_base, _check_template),
     ("compressed-tensors-to-modelopt / modelopt-to-ct of ModelOpt Llama NVFP4",
-     "compressed-tensors-to-modelopt", _modelopt_to_ct, _none, EQUAL,
-     _made_by(_modelopt("llama-nvfp4")), _check_ct_converter),
+     "compressed-tensors-to-modelopt", modelopt_to_ct, _none, EQUAL,
+     _made_by(modelopt("llama-nvfp4")), _check_ct_converter),
+    ("compressed-tensors-to-modelopt / compressed-tensors' ModelOpt converter of ModelOpt "
+     "Llama NVFP4", "compressed-tensors-to-modelopt", ct_converted, _none, EQUAL,
+     _made_by(modelopt("llama-nvfp4")), _check_ct_converter),
     ("drop-consolidated / transformers Llama, sharded, + consolidated.safetensors",
-     "drop-consolidated", _with_consolidated, _none, EQUAL, _the_base, None),
-    ("drop-kv-scales / ModelOpt Llama FP8 after sm120-fp16-kv", "drop-kv-scales", _sm120, _none,
+     "drop-consolidated", with_consolidated, _none, EQUAL, _the_base, None),
+    ("drop-kv-scales / ModelOpt Llama FP8 after sm120-fp16-kv", "drop-kv-scales", sm120, _none,
      EQUAL, _the_base, None),
     ("drop-kv-scales / modelopt-to-ct of ModelOpt Llama NVFP4 after sm120-fp16-kv",
-     "drop-kv-scales", _ct_sm120, _none, EQUAL, _the_base, None),
+     "drop-kv-scales", ct_sm120, _none, EQUAL, _the_base, None),
     ("fix-eos / transformers Llama + tokenizer", "fix-eos", lambda d: llama(d, tokenizer=True),
      lambda w: {"eos_token_id": "2,3", "eos_token": "</s>"}, EQUAL, _the_base, _check_eos),
     ("fp8-block-to-bf16 / transformers FP8 Qwen3-MoE", "fp8-block-to-bf16",
-     lambda d: _copy(TRANSFORMERS_FP8, d), _none, None, None, None),
-    ("no-remote-code / transformers Llama + auto_map", "no-remote-code", _remote_code,
+     lambda d: copy(TRANSFORMERS_FP8, d), _none, None, None, None),
+    ("no-remote-code / transformers Llama + auto_map", "no-remote-code", remote_code,
      lambda w: {"model_type": "llama", "architectures": "LlamaForCausalLM"}, EQUAL,
      _made_by(lambda d: llama(d, tokenizer=True)), None),
-    ("nvfp4-to-bf16 / ModelOpt Llama NVFP4", "nvfp4-to-bf16", _modelopt("llama-nvfp4"), _none,
+    ("nvfp4-to-bf16 / ModelOpt Llama NVFP4", "nvfp4-to-bf16", modelopt("llama-nvfp4"), _none,
      EQUAL, _ct_decompressed, None),
     ("sampling-defaults / transformers Llama", "sampling-defaults", llama,
      lambda w: {"temperature": "0.7", "top_p": "0.9", "top_k": "20"}, EQUAL, _the_base,
      _check_sampling),
-    ("sm120-fp16-kv / ModelOpt Llama FP8", "sm120-fp16-kv", _modelopt("llama-fp8"), _none,
+    ("sm120-fp16-kv / ModelOpt Llama FP8", "sm120-fp16-kv", modelopt("llama-fp8"), _none,
      EQUAL, _the_base, None),
     ("sm120-fp16-kv / modelopt-to-ct of ModelOpt Llama NVFP4 (compressed-tensors)",
-     "sm120-fp16-kv", _modelopt_to_ct, _none, EQUAL, _the_base, None),
-    ("strip-mtp / transformers DeepSeek-V3 + 1 MTP block", "strip-mtp", _deepseek_mtp, _none,
+     "sm120-fp16-kv", modelopt_to_ct, _none, EQUAL, _the_base, None),
+    ("strip-mtp / transformers DeepSeek-V3 + 1 MTP block", "strip-mtp", deepseek_mtp, _none,
      EQUAL, _the_base, None),
-    ("text-only / transformers Llava (Llama text)", "text-only", _llava,
+    ("text-only / transformers Llava (Llama text)", "text-only", llava,
      lambda w: {"architectures": "LlamaForCausalLM"}, EQUAL, _the_base, None),
     ("tie-embeddings / transformers Llama, lm_head == embeddings, declared tied",
-     "tie-embeddings", _tied_with_head, _none, EQUAL, _the_base, None),
-    ("to-bf16 / ModelOpt Llama FP8", "to-bf16", _modelopt("llama-fp8"), _none, None, None, None),
-    ("to-bf16 / ModelOpt Llama NVFP4", "to-bf16", _modelopt("llama-nvfp4"), _none, EQUAL,
+     "tie-embeddings", tied_with_head, _none, EQUAL, _the_base, None),
+    ("to-bf16 / ModelOpt Llama FP8", "to-bf16", modelopt("llama-fp8"), _none, None, None, None),
+    ("to-bf16 / ModelOpt Llama NVFP4", "to-bf16", modelopt("llama-nvfp4"), _none, EQUAL,
      _ct_decompressed, None),
-    ("to-bf16 / transformers FP8 Qwen3-MoE", "to-bf16", lambda d: _copy(TRANSFORMERS_FP8, d),
+    ("to-bf16 / transformers FP8 Qwen3-MoE", "to-bf16", lambda d: copy(TRANSFORMERS_FP8, d),
      _none, None, None, None),
     ("to-bf16 / modelopt-to-ct of ModelOpt Llama NVFP4 (compressed-tensors)", "to-bf16",
-     _modelopt_to_ct, _none, EQUAL, _dequantized_by("CompressedTensorsConfig"), None),
+     modelopt_to_ct, _none, EQUAL, _dequantized_by("CompressedTensorsConfig"), None),
+    ("to-bf16 / compressed-tensors' ModelOpt converter of ModelOpt Llama NVFP4", "to-bf16",
+     ct_converted, _none, ARGMAX, _dequantized_by("CompressedTensorsConfig"), None),
+    ("to-bf16 / compressed-tensors FP8 (its own compressor, float-quantized)", "to-bf16", ct_fp8,
+     _none, EQUAL, _dequantized_by("CompressedTensorsConfig"), None),
     ("untie-embeddings / transformers Llama, tied", "untie-embeddings",
      lambda d: llama(d, tie=True), _none, EQUAL, _the_base, None),
     ("yarn / transformers Llama (logits within the original context)", "yarn", llama,

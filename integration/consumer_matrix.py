@@ -21,8 +21,11 @@ Columns:
 - ``gguf-py`` (GGUF rows, ``gguf_rows.py``): base and output read by gguf-py's
   ``GGUFReader``: every kept tensor's bytes as the base's, the recipe's keys as promised, and
   the metadata equal to gguf-py's own ``gguf-new-metadata`` where that tool makes the same edit;
-- ``llama.cpp``: GGUF rows only, through llama-cpp-python if installed (integration/
-  run-llama-cpp.sh builds it); otherwise the cell says it was skipped.
+- ``llama.cpp`` (GGUF rows, ``llama_cpp_rows.py``): the row's recipe applied to a tiny Llama
+  converted by llama.cpp's ``convert_hf_to_gguf.py``, base and output loaded by llama.cpp's
+  ``llama-simple`` (``LLAMA_CPP_BIN``; integration/build-llama-cpp.sh builds it): loads, same
+  greedy tokens unless the recipe changes generation, metadata as llama.cpp's load log reports
+  it; otherwise the cell says it was skipped.
 
 ``transformers_cell``, ``compressed_tensors_cell`` and ``gguf_rows.gguf_cell`` need no vLLM:
 tests/test_consumer_matrix.py runs them in the test suite on the same rows.
@@ -39,8 +42,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import llama_cpp_rows  # noqa: E402
 from builtin_rows import BUILTIN_ROWS, builtin_row, show  # noqa: E402
-from gguf_rows import GGUF_ROWS, gguf_cell, llama_cpp_cell, show_gguf  # noqa: E402
+from gguf_rows import GGUF_ROWS, NEW_TEMPLATE, gguf_cell, show_gguf  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures" / "modelopt"
 
@@ -134,7 +138,8 @@ def gguf_row(row: tuple, work: Path) -> dict:
     base, out = apply_row(recipe, producer, work, params(work / "params"))
     return {"row": label, "recipe": "applied" if out != base else "nothing to change",
             "gguf": gguf_cell(base, out, expect, dropped, work / "reference"),
-            "llama_cpp": llama_cpp_cell(out)}
+            "llama_cpp": llama_cpp_rows.cell(recipe, params(work / "llama-params"),
+                                             NEW_TEMPLATE, work / "llama.cpp")}
 
 
 # -- transformers and compressed-tensors ------------------------------------------------------
@@ -336,10 +341,11 @@ def run(work: Path, with_vllm: bool) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     head = ["recipe / producer", "vLLM", "transformers", "compressed-tensors", "gguf-py",
-            "llama.cpp"]
+            "llama.cpp (recipe on convert_hf_to_gguf.py's Llama; llama-simple)"]
     body = [[r["row"], _show_vllm(r["vllm"]), _show_load(r["transformers"]),
              _show_load(r["compressed_tensors"]), "n/a", r["llama_cpp"]] if "gguf" not in r
-            else [r["row"], "n/a", "n/a", "n/a", show_gguf(r["gguf"]), r["llama_cpp"]]
+            else [r["row"], "n/a", "n/a", "n/a", show_gguf(r["gguf"]),
+                  llama_cpp_rows.show(r["llama_cpp"])]
             for r in rows]
     return "\n".join(" | ".join(line) for line in [head, ["---"] * len(head), *body])
 
@@ -354,11 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")           # local directories only
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     sys.path.insert(0, str(REPO))
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        print("llama.cpp: llama-cpp-python is not installed; its column is skipped "
-              "(integration/run-llama-cpp.sh checks GGUF outputs)", flush=True)
+    if llama_cpp_rows.tools() is None:
+        print("llama.cpp: LLAMA_CPP_BIN names no llama-simple; its column is skipped "
+              "(integration/build-llama-cpp.sh builds it)", flush=True)
     rows = run(args.work, with_vllm=not args.no_vllm)
     print(table(rows))
     if args.json is not None:

@@ -44,7 +44,9 @@ def _hold(tmp_path: Path, point: str, *args):
 
 def _refused(result):
     assert result.returncode == 3, (result.returncode, result.stderr)
-    lines = result.stderr.strip().splitlines()
+    # the line naming the recipe file comes first, then the refusal alone
+    lines = [line for line in result.stderr.strip().splitlines()
+             if not line.startswith("modelpatch: recipe file ")]
     assert len(lines) == 1 and BUSY in lines[0] and "Traceback" not in result.stderr
     return lines[0]
 

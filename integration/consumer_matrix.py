@@ -1,8 +1,10 @@
 """What each consumer makes of a recipe's output: recipe x producer fixture -> vLLM, transformers,
 compressed-tensors (and llama.cpp for GGUF outputs).
 
-Rows (``ROWS``): a recipe applied to a model made by its real producer (transformers
-``save_pretrained``, the ModelOpt exports of tests/fixtures/modelopt). Columns:
+Rows (``ROWS``, and ``builtin_rows.BUILTIN_ROWS`` for every other built-in): a recipe applied
+to a model made by its real producer (transformers ``save_pretrained``, the ModelOpt exports of
+tests/fixtures/modelopt, transformers' FP8 checkpoint of tests/fixtures/transformers_fp8_moe).
+Columns:
 
 - ``vllm``: vLLM's own code, imported (run through integration/run-vllm.sh --matrix): the
   quantization method ``EngineArgs(...).create_engine_config()`` resolves; every Linear's
@@ -12,7 +14,8 @@ Rows (``ROWS``): a recipe applied to a model made by its real producer (transfor
   through ``maybe_remap_kv_scale_name`` against the attention's scale parameters (``attn.k_scale``;
   MLA: ``mla_attn.mla_attn.k_scale``, DeepseekV2Attention's wrapper);
 - ``transformers``: ``from_pretrained`` of the output: missing / unexpected / mismatched keys and
-  whether the logits of one prompt are finite;
+  whether the logits of one prompt are finite; on ``BUILTIN_ROWS``, also the logits against the
+  base's where the recipe must not change them, and the recipe's own reader-side check;
 - ``compressed-tensors``: the same with ``CompressedTensorsConfig(dequantize=True)``: decompressed
   by compressed-tensors, logits finite;
 - ``gguf-py`` (GGUF rows, ``gguf_rows.py``): base and output read by gguf-py's
@@ -40,6 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import llama_cpp_rows  # noqa: E402
+from builtin_rows import BUILTIN_ROWS, builtin_row, show  # noqa: E402
 from gguf_rows import GGUF_ROWS, NEW_TEMPLATE, gguf_cell, show_gguf  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures" / "modelopt"
@@ -193,7 +197,8 @@ def _show_load(cell: dict | None) -> str:
     kv = f" ({cell['unexpected_kv_scales']} KV scales)" if cell["unexpected_kv_scales"] else ""
     ok = not cell["missing"] and not cell["mismatched"] and cell["finite_logits"]
     return (f"{'ok' if ok else 'FAIL'}: missing {cell['missing']}, unexpected "
-            f"{cell['unexpected']}{kv}, logits {'finite' if cell['finite_logits'] else 'NaN/inf'}")
+            f"{cell['unexpected']}{kv}, logits {'finite' if cell['finite_logits'] else 'NaN/inf'}"
+            + show(cell))
 
 
 # -- vLLM ------------------------------------------------------------------------------------
@@ -318,6 +323,13 @@ def run(work: Path, with_vllm: bool) -> list[dict]:
                "compressed_tensors": compressed_tensors_cell(out),
                "vllm": vllm_cell(out) if with_vllm else None,
                "llama_cpp": "n/a (no GGUF output)"}
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        rows.append(row)
+    for index, spec in enumerate(BUILTIN_ROWS):
+        row = builtin_row(spec, work / f"builtin-{index}", transformers_cell,
+                          compressed_tensors_cell)
+        out = Path(row.pop("output"))
+        row.update(vllm=vllm_cell(out) if with_vllm else None, llama_cpp="n/a (no GGUF output)")
         print(json.dumps(row), file=sys.stderr, flush=True)
         rows.append(row)
     for index, spec in enumerate(GGUF_ROWS):

@@ -104,3 +104,34 @@ def test_llama_cpp_column_is_skipped_without_llama_simple(tmp_path, monkeypatch)
     assert llama_cpp_rows.cell("gguf-context", {}, "", tmp_path).startswith("skipped")
     monkeypatch.delenv("LLAMA_CPP_BIN")
     assert llama_cpp_rows.tools() is None
+
+
+@pytest.mark.parametrize("row", matrix.BUILTIN_ROWS, ids=[r[0] for r in matrix.BUILTIN_ROWS])
+def test_builtin_row_loads_and_keeps_what_it_must(tmp_path, row):
+    """Every other built-in on its producer's model: transformers loads the output with nothing
+    missing or mismatched and finite logits, the logits equal the base's where the recipe must
+    not change them (the argmax, for YaRN within the original context), the recipe's own
+    reader-side check passes; a compressed-tensors output also decompresses."""
+    from builtin_rows import builtin_row, show
+
+    result = builtin_row(row, tmp_path, matrix.transformers_cell, matrix.compressed_tensors_cell)
+    cell = result["transformers"]
+    if "base_error" not in cell:
+        assert "error" not in cell, cell
+        assert cell["missing"] == 0 and cell["mismatched"] == 0 and cell["finite_logits"], cell
+        assert "FAIL" not in show(cell), cell
+        assert cell["unexpected_kv_scales"] == 0 or row[1] == "sm120-fp16-kv", cell
+    if row[4] is not None and "base_error" not in cell:
+        assert cell["compared"].startswith("ok"), cell
+    ct = result["compressed_tensors"]
+    assert ct is None or ("error" not in ct and ct["missing"] == 0 and ct["finite_logits"]
+                          and "FAIL" not in show(ct)), ct
+
+
+def test_every_builtin_recipe_has_a_row():
+    from builtin_rows import BUILTIN_ROWS
+
+    names = {p.stem for p in (matrix.REPO / "patcher" / "builtin_recipes").glob("*.yaml")}
+    covered = {r[1] for r in matrix.ROWS} | {r[1] for r in BUILTIN_ROWS} \
+        | {r[1] for r in matrix.GGUF_ROWS}
+    assert names == covered, sorted(names ^ covered)

@@ -5,6 +5,7 @@ compressor and ModelOpt converter), or as the recipe chain a user would run make
 
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 from pathlib import Path
@@ -196,9 +197,11 @@ def to_compressed_tensors(model: Path, out: Path) -> Path:
         if path.is_file():
             shutil.copyfile(path, download / path.name)
     kv = QuantizationArgs(num_bits=8, type="float", strategy="tensor", dynamic=False)
-    convert_checkpoint(download, out, ModelOptNvfp4Converter(ignore=["lm_head"], targets=["Linear"],
-                                                             kv_cache_scheme=kv),
-                       max_workers=1, device="cpu")
+    converter = ModelOptNvfp4Converter(ignore=["lm_head"], targets=["Linear"], kv_cache_scheme=kv)
+    # compressed-tensors 0.20 takes the device; 0.17 (vLLM 0.33's pin) has no such argument
+    takes_device = "device" in inspect.signature(convert_checkpoint).parameters
+    given = {"device": "cpu"} if takes_device else {}
+    convert_checkpoint(download, out, converter, max_workers=1, **given)
     return out
 
 

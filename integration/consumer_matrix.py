@@ -1,8 +1,10 @@
 """What each consumer makes of a recipe's output: recipe x producer fixture -> vLLM, transformers,
 compressed-tensors (and llama.cpp for GGUF outputs).
 
-Rows (``ROWS``): a recipe applied to a model made by its real producer (transformers
-``save_pretrained``, the ModelOpt exports of tests/fixtures/modelopt). Columns:
+Rows (``ROWS``, and ``builtin_rows.BUILTIN_ROWS`` for every other built-in): a recipe applied
+to a model made by its real producer (transformers ``save_pretrained``, the ModelOpt exports of
+tests/fixtures/modelopt, transformers' FP8 checkpoint of tests/fixtures/transformers_fp8_moe).
+Columns:
 
 - ``vllm``: vLLM's own code, imported (run through integration/run-vllm.sh --matrix): the
   quantization method ``EngineArgs(...).create_engine_config()`` resolves; every Linear's
@@ -12,14 +14,18 @@ Rows (``ROWS``): a recipe applied to a model made by its real producer (transfor
   through ``maybe_remap_kv_scale_name`` against the attention's scale parameters (``attn.k_scale``;
   MLA: ``mla_attn.mla_attn.k_scale``, DeepseekV2Attention's wrapper);
 - ``transformers``: ``from_pretrained`` of the output: missing / unexpected / mismatched keys and
-  whether the logits of one prompt are finite;
+  whether the logits of one prompt are finite; on ``BUILTIN_ROWS``, also the logits against the
+  base's where the recipe must not change them, and the recipe's own reader-side check;
 - ``compressed-tensors``: the same with ``CompressedTensorsConfig(dequantize=True)``: decompressed
   by compressed-tensors, logits finite;
 - ``gguf-py`` (GGUF rows, ``gguf_rows.py``): base and output read by gguf-py's
   ``GGUFReader``: every kept tensor's bytes as the base's, the recipe's keys as promised, and
   the metadata equal to gguf-py's own ``gguf-new-metadata`` where that tool makes the same edit;
-- ``llama.cpp``: GGUF rows only, through llama-cpp-python if installed (integration/
-  run-llama-cpp.sh builds it); otherwise the cell says it was skipped.
+- ``llama.cpp`` (GGUF rows, ``llama_cpp_rows.py``): the row's recipe applied to a tiny Llama
+  converted by llama.cpp's ``convert_hf_to_gguf.py``, base and output loaded by llama.cpp's
+  ``llama-simple`` (``LLAMA_CPP_BIN``; integration/build-llama-cpp.sh builds it): loads, same
+  greedy tokens unless the recipe changes generation, metadata as llama.cpp's load log reports
+  it; otherwise the cell says it was skipped.
 
 ``transformers_cell``, ``compressed_tensors_cell`` and ``gguf_rows.gguf_cell`` need no vLLM:
 tests/test_consumer_matrix.py runs them in the test suite on the same rows.
@@ -36,7 +42,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gguf_rows import GGUF_ROWS, gguf_cell, llama_cpp_cell, show_gguf  # noqa: E402
+import llama_cpp_rows  # noqa: E402
+from builtin_rows import BUILTIN_ROWS, builtin_row, show  # noqa: E402
+from gguf_rows import GGUF_ROWS, NEW_TEMPLATE, gguf_cell, show_gguf  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures" / "modelopt"
 
@@ -130,7 +138,8 @@ def gguf_row(row: tuple, work: Path) -> dict:
     base, out = apply_row(recipe, producer, work, params(work / "params"))
     return {"row": label, "recipe": "applied" if out != base else "nothing to change",
             "gguf": gguf_cell(base, out, expect, dropped, work / "reference"),
-            "llama_cpp": llama_cpp_cell(out)}
+            "llama_cpp": llama_cpp_rows.cell(recipe, params(work / "llama-params"),
+                                             NEW_TEMPLATE, work / "llama.cpp")}
 
 
 # -- transformers and compressed-tensors ------------------------------------------------------
@@ -188,7 +197,8 @@ def _show_load(cell: dict | None) -> str:
     kv = f" ({cell['unexpected_kv_scales']} KV scales)" if cell["unexpected_kv_scales"] else ""
     ok = not cell["missing"] and not cell["mismatched"] and cell["finite_logits"]
     return (f"{'ok' if ok else 'FAIL'}: missing {cell['missing']}, unexpected "
-            f"{cell['unexpected']}{kv}, logits {'finite' if cell['finite_logits'] else 'NaN/inf'}")
+            f"{cell['unexpected']}{kv}, logits {'finite' if cell['finite_logits'] else 'NaN/inf'}"
+            + show(cell))
 
 
 # -- vLLM ------------------------------------------------------------------------------------
@@ -315,6 +325,13 @@ def run(work: Path, with_vllm: bool) -> list[dict]:
                "llama_cpp": "n/a (no GGUF output)"}
         print(json.dumps(row), file=sys.stderr, flush=True)
         rows.append(row)
+    for index, spec in enumerate(BUILTIN_ROWS):
+        row = builtin_row(spec, work / f"builtin-{index}", transformers_cell,
+                          compressed_tensors_cell)
+        out = Path(row.pop("output"))
+        row.update(vllm=vllm_cell(out) if with_vllm else None, llama_cpp="n/a (no GGUF output)")
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        rows.append(row)
     for index, spec in enumerate(GGUF_ROWS):
         row = gguf_row(spec, work / f"gguf-{index}")
         print(json.dumps(row), file=sys.stderr, flush=True)
@@ -324,10 +341,11 @@ def run(work: Path, with_vllm: bool) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     head = ["recipe / producer", "vLLM", "transformers", "compressed-tensors", "gguf-py",
-            "llama.cpp"]
+            "llama.cpp (recipe on convert_hf_to_gguf.py's Llama; llama-simple)"]
     body = [[r["row"], _show_vllm(r["vllm"]), _show_load(r["transformers"]),
              _show_load(r["compressed_tensors"]), "n/a", r["llama_cpp"]] if "gguf" not in r
-            else [r["row"], "n/a", "n/a", "n/a", show_gguf(r["gguf"]), r["llama_cpp"]]
+            else [r["row"], "n/a", "n/a", "n/a", show_gguf(r["gguf"]),
+                  llama_cpp_rows.show(r["llama_cpp"])]
             for r in rows]
     return "\n".join(" | ".join(line) for line in [head, ["---"] * len(head), *body])
 
@@ -342,11 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")           # local directories only
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     sys.path.insert(0, str(REPO))
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        print("llama.cpp: llama-cpp-python is not installed; its column is skipped "
-              "(integration/run-llama-cpp.sh checks GGUF outputs)", flush=True)
+    if llama_cpp_rows.tools() is None:
+        print("llama.cpp: LLAMA_CPP_BIN names no llama-simple; its column is skipped "
+              "(integration/build-llama-cpp.sh builds it)", flush=True)
     rows = run(args.work, with_vllm=not args.no_vllm)
     print(table(rows))
     if args.json is not None:

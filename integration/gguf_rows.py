@@ -178,15 +178,3 @@ def show_gguf(cell: dict) -> str:
         text += f"; metadata wrong: {', '.join(cell['metadata_wrong'][:3])}"
     return text
 
-
-def llama_cpp_cell(model: Path) -> str:
-    """Whether llama.cpp loads the output (llama-cpp-python, when installed)."""
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return "skipped (no llama-cpp-python)"
-    try:
-        Llama(str(model / "tiny.gguf"), n_ctx=64, verbose=False, vocab_only=False)
-    except Exception as exc:      # a consumer refusing the model is a result
-        return f"FAIL: {type(exc).__name__}: {str(exc)[:80]}"
-    return "ok: loads"

@@ -105,6 +105,13 @@ def cli(*args, env: dict | None = None, cwd: str | os.PathLike | None = None,
                           timeout=timeout, check=False)
 
 
+def problem_lines(stderr: str) -> list[str]:
+    """``stderr``'s lines without the line naming the recipe file, which ``apply`` writes
+    there before it starts (what is left of a refused command is its one error line)."""
+    return [line for line in stderr.strip().splitlines()
+            if not line.startswith("modelpatch: recipe file ")]
+
+
 def popen(*args, env: dict | None = None, stdout=subprocess.PIPE) -> subprocess.Popen:
     """Start ``modelpatch ARGS``; stdout and stderr go to ``stdout`` (default: pipes)."""
     cmd, full_env = _command(args, env)

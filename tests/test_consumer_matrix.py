@@ -51,6 +51,9 @@ def test_gguf_row_reads_back_in_gguf_py(tmp_path, row):
     assert result["recipe"] == "applied"
     cell = result["gguf"]
     assert cell["tensors_wrong"] == 0 and cell["metadata_wrong"] == [], cell
+    # llama.cpp's column, where LLAMA_CPP_BIN names a build (integration/build-llama-cpp.sh)
+    import llama_cpp_rows
+    assert llama_cpp_rows.show(result["llama_cpp"]).startswith(("ok", "skipped")), result
 
 
 @pytest.mark.parametrize("label, recipe, producer",
@@ -66,3 +69,69 @@ def test_mla_rows_keep_kv_scales_vllm_loads(tmp_path, label, recipe, producer):
     names = [n for n in read_tensors(out) if n.endswith(("k_scale", "v_scale"))]
     params = attention_scale_params(2, mla=True)
     assert {vllm_loads(n, params) for n in names} == params, names
+
+
+#: lines of llama.cpp's load log (0c1e57098, llama-simple) for a gguf-context output whose
+#: chat template was also replaced
+_LLAMA_LOG = """\
+llama_model_loader: - kv   4:                          llama.block_count u32              = 2
+llama_model_loader: - kv   6:                         general.size_label str              = 115K
+llama_model_loader: - kv  28:                    tokenizer.chat_template str              = \
+{% for m in messages %}<|im_start|>{{...
+print_info: n_ctx_train           = 8192
+print_info: n_layer               = 2
+print_info: n_layer_all           = 2
+print_info: rope scaling          = yarn
+print_info: freq_scale_train      = 0.25
+print_info: EOS token             = 3 '<|turn_stop|>'
+"""
+
+
+def test_llama_cpp_log_is_read_as_llama_cpp_prints_it():
+    import llama_cpp_rows
+
+    seen = llama_cpp_rows.parse_log(_LLAMA_LOG)
+    assert seen == {"n_ctx_train": "8192", "n_layer": "2", "rope_scaling": "yarn",
+                    "freq_scale_train": "0.25", "eos": "3", "size_label": "115K",
+                    "chat_template": "{% for m in messages %}<|im_start|>{{...",
+                    "tool_use": None}
+
+
+def test_llama_cpp_column_is_skipped_without_llama_simple(tmp_path, monkeypatch):
+    import llama_cpp_rows
+
+    monkeypatch.setenv("LLAMA_CPP_BIN", str(tmp_path))
+    assert llama_cpp_rows.cell("gguf-context", {}, "", tmp_path).startswith("skipped")
+    monkeypatch.delenv("LLAMA_CPP_BIN")
+    assert llama_cpp_rows.tools() is None
+
+
+@pytest.mark.parametrize("row", matrix.BUILTIN_ROWS, ids=[r[0] for r in matrix.BUILTIN_ROWS])
+def test_builtin_row_loads_and_keeps_what_it_must(tmp_path, row):
+    """Every other built-in on its producer's model: transformers loads the output with nothing
+    missing or mismatched and finite logits, the logits equal the base's where the recipe must
+    not change them (the argmax, for YaRN within the original context), the recipe's own
+    reader-side check passes; a compressed-tensors output also decompresses."""
+    from builtin_rows import builtin_row, show
+
+    result = builtin_row(row, tmp_path, matrix.transformers_cell, matrix.compressed_tensors_cell)
+    cell = result["transformers"]
+    if "base_error" not in cell:
+        assert "error" not in cell, cell
+        assert cell["missing"] == 0 and cell["mismatched"] == 0 and cell["finite_logits"], cell
+        assert "FAIL" not in show(cell), cell
+        assert cell["unexpected_kv_scales"] == 0 or row[1] == "sm120-fp16-kv", cell
+    if row[4] is not None and "base_error" not in cell:
+        assert cell["compared"].startswith("ok"), cell
+    ct = result["compressed_tensors"]
+    assert ct is None or ("error" not in ct and ct["missing"] == 0 and ct["finite_logits"]
+                          and "FAIL" not in show(ct)), ct
+
+
+def test_every_builtin_recipe_has_a_row():
+    from builtin_rows import BUILTIN_ROWS
+
+    names = {p.stem for p in (matrix.REPO / "patcher" / "builtin_recipes").glob("*.yaml")}
+    covered = {r[1] for r in matrix.ROWS} | {r[1] for r in BUILTIN_ROWS} \
+        | {r[1] for r in matrix.GGUF_ROWS}
+    assert names == covered, sorted(names ^ covered)

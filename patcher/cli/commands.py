@@ -34,6 +34,7 @@ from .group import (
 from .options import (
     endpoint_option,
     force_option,
+    jobs_option,
     json_option,
     link_mode,
     link_options,
@@ -212,10 +213,9 @@ def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
 @click.option("--dry-run", is_flag=True, help="Print the plan and write nothing.")
 @force_option()
 @link_options
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
-              help="Worker processes for rewritten shards, each with cores/N torch threads "
-                   "(default: half the cores when tensors are computed, all for copies); "
-                   "hashing threads.")
+@jobs_option("Worker processes for rewritten shards, each with cores/N torch threads "
+             "(default: half the cores when tensors are computed, all for copies); "
+             "hashing threads.")
 @click.option("--device", default="cpu", show_default=True, help="Device for tensor kernels.")
 @max_shard_size_option
 @json_option()
@@ -313,8 +313,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, link, force_copy, j
 
 @main.command()
 @click.argument("directory", type=click.Path(path_type=str))
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
-              help="Parallel hashing workers (default: all cores).")
+@jobs_option()
 @click.option("--fast", is_flag=True,
               help="Trust digests modelpatch cached after a full verification of the same "
                    "unchanged files (device, inode, size, mtime, ctime).")
@@ -362,8 +361,7 @@ def verify(ctx, directory, jobs, fast, as_json, executor, ray_address, **signatu
 @click.option("--ignore-changes", is_flag=True,
               help="Revert even if DIRECTORY changed since the patch (or its revert data is "
                    "damaged), to the recorded bytes.")
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
-              help="Parallel hashing workers (default: all cores).")
+@jobs_option()
 @json_option()
 @executor_options
 def revert(directory, out, force, all_patches, ignore_changes, jobs, as_json, executor,

@@ -8,6 +8,7 @@ option is for there (where its output goes); never what it means.
 - ``--link MODE`` / ``--copy``: how the base's unchanged files are carried into OUT.
 - ``--json``: the result as one JSON document on stdout (errors too, as ``{"error": {...}}``).
 - ``--endpoint URL``: the hub, for ``hf://`` models and the hub commands.
+- ``-j/--jobs N``: how many workers (parameter ``jobs``; default: the command's own choice).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ LINK_HELP = ("How to carry the base's unchanged files: reflink, else hardlink (t
              "file IS the base's), else copy (auto, the default); reflink or hardlink fail "
              "rather than fall back; copy gives independent files.")
 COPY_HELP = "Same as --link copy."
+HASHING_JOBS_HELP = "Parallel hashing workers (default: all cores)."
 
 
 def output_option(help: str):
@@ -46,6 +48,10 @@ def json_option(help: str = JSON_RESULT_HELP):
 def endpoint_option(help: str = ENDPOINT_HELP):
     return click.option("--endpoint", default=None, envvar="HF_ENDPOINT", metavar="URL",
                         help=help)
+
+
+def jobs_option(help: str = HASHING_JOBS_HELP):
+    return click.option("-j", "--jobs", type=click.IntRange(min=1), default=None, help=help)
 
 
 def link_options(command):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import click
 
 from .group import emit_json
-from .options import json_option
+from .options import jobs_option, json_option
 from .output import echo
 
 KEY_PATH = click.Path(dir_okay=False, path_type=str)
@@ -120,8 +120,7 @@ def verify_signature(directory: str, *, pub_key, cert_chain, identity, issuer,
 @click.option("--full", is_flag=True,
               help="Rehash every file against the manifest before signing (default: trust "
                    "verified digest-cache rows, as verify --fast).")
-@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
-              help="Parallel hashing workers (default: all cores).")
+@jobs_option()
 @json_option()
 def sign(directory, key, cert, chain, sigstore, full, jobs, as_json):
     """Write DIRECTORY/model.sig, an OpenSSF Model Signing (OMS v1.0) bundle over every file

@@ -19,6 +19,7 @@ from typing import Any
 from ..config.jsonfile import parse_json
 from ..errors import InputError, VerifyMismatch
 from ..fsops import NotRegularFile, TooLarge, read_capped
+from ..names import name_problem
 from .bundle import PAYLOAD_TYPE, PREDICATE_TYPE, STATEMENT_TYPE, root_digest
 
 MAX_BUNDLE_BYTES = 64 << 20          # ~400k resources; a model has far fewer files
@@ -225,7 +226,7 @@ def _statement(stmt: Any) -> tuple[dict[str, str], dict]:
         name = _str(res["name"], f"resources[{i}].name")
         if res["algorithm"] != "sha256":
             raise _NotOMS(f"resources[{i}].algorithm is not the hash_type")
-        why = _path_problem(name)
+        why = name_problem(name, allow_dot_dirs=True)
         if why or name in resources:
             raise _NotOMS(f"resources[{i}] ({name[:80]!r}): {why or 'listed twice'}")
         resources[name] = _str(res["digest"], f"resources[{i}].digest", _SHA256)
@@ -234,14 +235,3 @@ def _statement(stmt: Any) -> tuple[dict[str, str], dict]:
     return resources, ser
 
 
-def _path_problem(name: str) -> str | None:
-    if "\\" in name or "\x00" in name:
-        return "not a POSIX path"
-    if name.startswith("/"):
-        return "absolute path"
-    parts = name.split("/")
-    if ".." in parts:
-        return "path escapes the model ('..')"
-    if any(p in ("", ".") for p in parts):
-        return "path is not canonical"
-    return None

@@ -9,7 +9,16 @@ import stat
 from pathlib import Path
 
 import pytest
-from fs_snapshot import MANIFEST, blobs, cli, copy_tree, diff, scan_warnings, snapshot
+from fs_snapshot import (
+    MANIFEST,
+    blobs,
+    cli,
+    copy_tree,
+    diff,
+    problem_lines,
+    scan_warnings,
+    snapshot,
+)
 
 from patcher import api
 from patcher.errors import GuardRefused, LockHeld, VerifyMismatch
@@ -245,8 +254,9 @@ def test_disk_full_while_preparing_changes_nothing(kimi_dir, tmp_path, point):
     r = cli("apply", "sm120-fp16-kv", root, "--in-place", env={"MODELPATCH_FAULT":
                                                                  f"enospc@{point}"})
     assert r.returncode == 3, r.stderr
-    assert r.stderr.startswith("modelpatch: error: ") and "No space left" in r.stderr
-    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    lines = problem_lines(r.stderr)
+    assert lines[0].startswith("modelpatch: error: ") and "No space left" in r.stderr
+    assert "Traceback" not in r.stderr and len(lines) == 1
     assert diff(snapshot(root), original) == []
 
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from fs_snapshot import MANIFEST, cli, copy_tree, diff, popen, snapshot
+from fs_snapshot import MANIFEST, cli, copy_tree, diff, popen, problem_lines, snapshot
 
 from patcher import api
 from patcher.errors import LockHeld
@@ -44,9 +44,7 @@ def _hold(tmp_path: Path, point: str, *args):
 
 def _refused(result):
     assert result.returncode == 3, (result.returncode, result.stderr)
-    # the line naming the recipe file comes first, then the refusal alone
-    lines = [line for line in result.stderr.strip().splitlines()
-             if not line.startswith("modelpatch: recipe file ")]
+    lines = problem_lines(result.stderr)
     assert len(lines) == 1 and BUSY in lines[0] and "Traceback" not in result.stderr
     return lines[0]
 

@@ -188,8 +188,9 @@ def test_apply_refuses_a_pattern_that_would_overrun_the_plan_budget(tmp_path, mo
 
 
 def test_the_regex_budget_is_shared_by_every_pattern_of_the_plan(tmp_path, monkeypatch):
-    """Two patterns, each within the budget alone, overrun it together: the budget is set to
-    1.5 times the CPU one pattern takes over the model's names, measured here."""
+    """Patterns each within the budget alone overrun it together: the budget is twice the CPU
+    one pattern takes over the model's names, measured here, and five such patterns follow one
+    another (a margin for a busy machine, where one pattern's CPU varies from run to run)."""
     import re
     import time
 
@@ -200,12 +201,13 @@ def test_the_regex_budget_is_shared_by_every_pattern_of_the_plan(tmp_path, monke
     for name in names:
         re.search(SLOW, name)
     one = time.process_time() - start
-    monkeypatch.setattr(regex_bound, "PLAN_MATCH_CPU_SECONDS", 1.5 * one)
+    monkeypatch.setattr(regex_bound, "PLAN_MATCH_CPU_SECONDS", 2 * one)
     monkeypatch.setattr(regex_bound, "PROJECT_AFTER_SECONDS", 1000.0)
     ops = "".join("  - select: {regex: '%s'}\n    allow_empty: true\n    drop: true\n" % p
-                  for p in (SLOW, SLOW.replace("Z", "Y")))
+                  for p in (SLOW, *(SLOW.replace("Z", c) for c in "VWXY")))
     line = _apply_refused(tmp_path, ops, len(names))
-    assert "r.yaml:8:5" in line and "has spent the plan's regex budget" in line
+    assert "has spent the plan's regex budget" in line
+    assert re.search(r"r\.yaml:(8|11|14|17):5", line), line          # not the first pattern
 
 
 

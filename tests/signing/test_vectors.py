@@ -98,7 +98,7 @@ def test_bundles_modelpatch_writes_pass_the_oms_schemas(tmp_path):
     (lambda s: s["predicate"]["serialization"].update(method="shards", shard_size=1),
      "'shards' is not supported"),
     (lambda s: s["predicate"]["serialization"].update(hash_type="blake3"), "sha256 only"),
-    (lambda s: s["predicate"]["resources"][0].update(name="../escape"), "escapes"),
+    (lambda s: s["predicate"]["resources"][0].update(name="../escape"), "'..' component"),
     (lambda s: s["predicate"].update(resources=[]), "at least one file"),
     (lambda s: s["subject"][0]["digest"].update(sha256="0" * 64), "root digest"),
     (lambda s: s.update(extra=1), "unexpected key"),

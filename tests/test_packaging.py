@@ -102,5 +102,8 @@ def test_the_version_is_one_and_released():
 
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert patcher.__version__ == version
-    assert re.search(rf"^## \[{re.escape(version)}\] - \d{{4}}-\d{{2}}-\d{{2}}$",
-                     (REPO / "CHANGELOG.md").read_text(), re.MULTILINE)
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    assert re.search(rf"^## \[{re.escape(version)}\] - \d{{4}}-\d{{2}}-\d{{2}}$", changelog,
+                     re.MULTILINE)
+    headings = re.findall(r"^## \[([^\]]+)\]", changelog, re.MULTILINE)
+    assert len(headings) == len(set(headings)), headings      # one section a version

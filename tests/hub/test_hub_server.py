@@ -373,13 +373,17 @@ def test_interrupted_upload_leaves_no_partial_blob(hub: RunningHub,
     assert not errors and transfer == "basic"
     href = actions[0]["actions"]["upload"]["href"]
 
-    # The connection dies half-way through the body.
+    # The connection dies half-way through the body. Wait until the hub has read that half (its
+    # temporary blob exists by then) and has dropped what it wrote.
     url = urlsplit(href)
+    received_before = hub.traffic.snapshot()[0]
     with socket.create_connection((url.hostname, url.port)) as conn:
         conn.sendall(f"PUT {url.path}?{url.query} HTTP/1.1\r\nHost: {url.netloc}\r\n"
                      f"Content-Length: {len(data)}\r\n\r\n".encode() + data[:len(data) // 2])
-    deadline = time.monotonic() + 10
-    while tmp_leftovers(hub.root) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (
+            hub.traffic.snapshot()[0] - received_before < len(data) // 2
+            or tmp_leftovers(hub.root)):
         time.sleep(0.02)
     assert not tmp_leftovers(hub.root)
     assert oid not in blob_names(hub.root)

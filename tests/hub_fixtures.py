@@ -272,3 +272,23 @@ def hostile_hub(hub: HostileHub | None = None) -> Iterator[HostileHub]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+@pytest.fixture(autouse=True)
+def own_digest_cache(tmp_path, monkeypatch):
+    """Autouse in the modules that import it: a digest cache of the test's own, and no progress
+    position inherited from the environment."""
+    monkeypatch.setenv("MODELPATCH_CACHE_DIR", str(tmp_path / "digest-cache"))
+    monkeypatch.delenv("TQDM_POSITION", raising=False)
+
+
+@pytest.fixture
+def variant(kimi_dir, tmp_path) -> Path:
+    """The bundled Kimi example with ``sm120-fp16-kv`` applied (a copy of the base beside it)."""
+    import shutil
+
+    from patcher import api
+
+    base = tmp_path / "kimi"
+    shutil.copytree(kimi_dir, base)
+    return api.apply("sm120-fp16-kv", base, out=tmp_path / "kimi-fixed").output

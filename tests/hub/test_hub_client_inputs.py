@@ -15,24 +15,16 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hub_fixtures import configure_hf_client, hub  # noqa: F401
+from hub_fixtures import (  # noqa: F401
+    configure_hf_client,
+    hub,
+    own_digest_cache,
+    variant,
+)
 
 from patcher import api
 from patcher.cli import main
 from patcher.integrity.manifest import read_manifest
-
-
-@pytest.fixture(autouse=True)
-def _digest_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MODELPATCH_CACHE_DIR", str(tmp_path / "digest-cache"))
-    monkeypatch.delenv("TQDM_POSITION", raising=False)
-
-
-@pytest.fixture
-def variant(kimi_dir, tmp_path) -> Path:
-    base = tmp_path / "kimi"
-    shutil.copytree(kimi_dir, base)
-    return api.apply("sm120-fp16-kv", base, out=tmp_path / "kimi-fixed").output
 
 
 def cli(*args):

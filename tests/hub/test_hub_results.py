@@ -9,25 +9,11 @@ import shutil
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from hub_fixtures import hub  # noqa: F401
+from hub_fixtures import hub, own_digest_cache, variant  # noqa: F401
 
 from patcher import api
-
-
-@pytest.fixture(autouse=True)
-def _digest_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MODELPATCH_CACHE_DIR", str(tmp_path / "digest-cache"))
-    monkeypatch.delenv("TQDM_POSITION", raising=False)
-
-
-@pytest.fixture
-def variant(kimi_dir, tmp_path) -> Path:
-    base = tmp_path / "kimi"
-    shutil.copytree(kimi_dir, base)
-    return api.apply("sm120-fp16-kv", base, out=tmp_path / "kimi-fixed").output
 
 
 def run(*args, token: str | None = None) -> subprocess.CompletedProcess:

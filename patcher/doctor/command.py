@@ -69,9 +69,10 @@ def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in
     recipes = fixing_recipes(report) if fix else []
     if recipes:
         quiet = bool((ctx.find_root().obj or {}).get("quiet"))
-        fixed = apply_fixes(model, recipes, out=out, in_place=in_place, force=force,
-                            endpoint=endpoint, progress=not quiet, params=fixing_params(report),
-                            sign=signer, link=link_mode(link, force_copy))
+        fixed = apply_fixes(_diagnosed(model, report), recipes, out=out, in_place=in_place,
+                            force=force, endpoint=endpoint, progress=not quiet,
+                            params=fixing_params(report), sign=signer,
+                            link=link_mode(link, force_copy))
         final = api.doctor(fixed, engine=engine, gpu=gpu, rules=rules_dirs,
                            allow_recipe_files=allow_recipe_files)
         report = replace(report, fix=FixOutcome(tuple(recipes), str(fixed), final))
@@ -89,3 +90,13 @@ def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in
         elif fix:
             echo(nothing_to_fix(report))
     ctx.exit(0 if report.ok else 1)
+
+
+def _diagnosed(model: str, report) -> str:
+    """The model the report is about: for ``hf://``, the very commit read (the branch may have
+    moved since), so that ``--fix`` fixes what was diagnosed."""
+    if report.remote is None:
+        return model
+    from ..remote.model import command_words
+
+    return command_words(report.remote)[0]

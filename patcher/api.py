@@ -150,8 +150,9 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
     from .plan import plan as make_plan
 
     options = PlanOptions.of(options, **given).out_of_place()
-    loaded = load(recipe)
-    base_model = _checked_base_model(base_model)
+    if options.in_place:
+        raise InputError("in_place=True patches the model itself: call apply_in_place()")
+    loaded, base_model = load(recipe), _checked_base_model(base_model)
     signer, trust = signer_of(sign), trust_of(require_signed_base)   # refused before any work
     # Plan under the base's shared lock, so an in-place patch or revert cannot change the base
     # between planning and linking.
@@ -305,8 +306,7 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     if options.executor != "local":
         raise InputError(f"--executor {options.executor} writes a new variant; it excludes "
                          f"--in-place")
-    loaded = load(recipe)
-    base_model = _checked_base_model(base_model)
+    loaded, base_model = load(recipe), _checked_base_model(base_model)
     if is_gguf_file(model):
         check_in_place(model)
         model = Path(model).parent

@@ -23,6 +23,7 @@ from .errors import InputError
 from .execute.executors import executing
 from .model_ref import HF_SCHEME, ModelKind, ModelRef  # noqa: F401  (HF_SCHEME: callers know it)
 from .opening import (  # noqa: F401  (recover, open_model, resolve_model: the API's own)
+    local_model,
     open_local,
     open_model,
     open_recovered,
@@ -114,22 +115,20 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
           force: bool = False, progress: Progress | None = None, base_model: str | None = None,
           allow_noop: bool = False, endpoint: str | None = None, sign=None,
           require_signed_base=None, **given) -> ApplyResult:
-    """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``).
-
+    """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``;
+    ``hf://ORG/NAME[@REV]`` is downloaded first and written to ``NAME-<recipe>`` here).
     ``options``: a ``PlanOptions`` (or a dict of its field names), as for ``plan``; the
     keywords ``given`` (``link``, ``force_copy``, ``jobs``, ``device``, ``max_shard_size``,
     ``params``, ``executor``, ``ray_address``) set those fields (``PlanOptions.of``). The
     executor reads them from the plan only.
-
     ``sign`` (a private key path, a ``patcher.signing.keys.KeySigner`` or ``"sigstore"``): the
     variant is committed with its OMS ``model.sig``, written last from the manifest's digests.
     ``require_signed_base`` (a public key path or a ``patcher.signing.verify.Trust``): refuse a
     base that is not signed by it, or whose files differ from what it signed.
 
     ``params``: values for the recipe's ``params:`` (typed, or strings as ``--set`` gives them;
-    ``RECIPE.NAME`` for one of several recipes). ``endpoint``: the hub of ``from: hf://``
-    sources (default ``$HF_ENDPOINT``, then huggingface.co).
-
+    ``RECIPE.NAME`` for one of several recipes). ``endpoint``: the hub of an ``hf://`` model
+    and of ``from: hf://`` sources (default ``$HF_ENDPOINT``, then huggingface.co).
     ``base_model`` (``ORG/NAME``) is recorded in the manifest as the hub repository the base
     is, for the model card; left out, it is read from the base where it says
     (``patcher.model.base_identity``).
@@ -154,6 +153,7 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
         raise InputError("in_place=True patches the model itself: call apply_in_place()")
     loaded, base_model = load(recipe), _checked_base_model(base_model)
     signer, trust = signer_of(sign), trust_of(require_signed_base)   # refused before any work
+    model, out = local_model(model, out, loaded.name, endpoint=endpoint)
     # Plan under the base's shared lock, so an in-place patch or revert cannot change the base
     # between planning and linking.
     recovered(model_directory(model))
@@ -265,7 +265,6 @@ def apply_into_cache(recipe: str | os.PathLike | Recipe, model: str | os.PathLik
     it offline, and its unchanged files share the base's blobs. ``force`` repoints an existing
     ``refs/<name>``. ``options`` are :func:`apply`'s (``out`` excepted). The result's ``output``
     is the new snapshot directory."""
-    import dataclasses
     import shutil
     import tempfile
 
@@ -275,6 +274,7 @@ def apply_into_cache(recipe: str | os.PathLike | Recipe, model: str | os.PathLik
     if options.get("sign") is not None:
         raise InputError("--sign excludes --into-cache: a cache revision's files are links "
                          "to its blobs", hint="sign a variant directory (-o OUT)")
+    model = resolve_model(model, endpoint=options.get("endpoint"), progress=False)
     repo = cache_repository(model)
     ref_path(repo, name, force=force)          # refused before any work
     with lock_directory(repo, exclusive=True):
@@ -285,14 +285,13 @@ def apply_into_cache(recipe: str | os.PathLike | Recipe, model: str | os.PathLik
                                          ref_path(repo, name, force=force))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    return dataclasses.replace(result, output=snapshot)
+    return replace(result, output=snapshot)
 
 
 def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
-                   options: PlanOptions | dict | None = None,
-                   progress: Progress | None = None, base_model: str | None = None,
-                   allow_noop: bool = False, endpoint: str | None = None,
-                   **given) -> ApplyResult:
+                   options: PlanOptions | dict | None = None, progress: Progress | None = None,
+                   base_model: str | None = None, allow_noop: bool = False,
+                   endpoint: str | None = None, **given) -> ApplyResult:
     """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``options`` (always in
     place), ``given``, ``base_model`` and ``endpoint`` as for ``apply``. A plan that changes
     nothing raises ``NothingToChange`` unless ``allow_noop``."""
@@ -307,6 +306,7 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
         raise InputError(f"--executor {options.executor} writes a new variant; it excludes "
                          f"--in-place")
     loaded, base_model = load(recipe), _checked_base_model(base_model)
+    model, _ = local_model(model, None, loaded.name, in_place=True)
     if is_gguf_file(model):
         check_in_place(model)
         model = Path(model).parent

@@ -220,6 +220,7 @@ def apply_saved_plan(path: str | os.PathLike, model: str | os.PathLike | None = 
     from dataclasses import replace
 
     from .execute.engine import apply_plan, default_output
+    from .execute.executors import executing
     from .execute.linking import predict_for_plan, warn_before_copying
     from .execute.locking import lock_directory
 
@@ -237,6 +238,7 @@ def apply_saved_plan(path: str | os.PathLike, model: str | os.PathLike | None = 
         warn_before_copying(the_plan.link)
         from .signatures import base_signature_of
 
+        with executing(options.executor, options.ray_address):     # as all the plan's work
+            base_signature = base_signature_of(base, trust, options.jobs)
         return apply_plan(the_plan, base, target, force=force, progress=progress,
-                          base_model=base_model, signer=signer,
-                          base_signature=base_signature_of(base, trust, options.jobs))
+                          base_model=base_model, signer=signer, base_signature=base_signature)

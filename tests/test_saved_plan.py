@@ -296,3 +296,17 @@ def test_a_saved_plan_checks_the_base_signature_on_the_executor_it_runs_on(model
     api.apply_saved(tmp_path / "plan.json", out=tmp_path / "v", executor="ray", jobs=1)
     api.apply("fp8-block-to-bf16", model, out=tmp_path / "direct", executor="ray", jobs=1)
     assert seen == [True, True]
+
+
+def test_a_plan_whose_tasks_run_elsewhere_than_its_options_say_is_refused(model, tmp_path):
+    """The device is the options' (which the manifest records), checked on this machine before
+    anything is written, as planning checks it: a task naming another device is refused."""
+    doc = _saved("fp8-block-to-bf16", model, tmp_path / "plan.json")
+    task = next(f["shard_task"] for f in doc["files"] if f["shard_task"])
+    task["device"] = "cuda:3"
+    _rewrite(tmp_path / "plan.json", doc)
+    result = run("apply", tmp_path / "plan.json", "-o", tmp_path / "v")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines()[-1].endswith(
+        f"runs on device 'cuda:3', not on the plan's device 'cpu'"), result.stderr
+    assert not (tmp_path / "v").exists()

@@ -6,7 +6,8 @@ its own manifest entry (``modelpatch revert`` undoes them one by one), in a scra
 renamed to the output once all applied: a fix that refuses leaves nothing, and ``--force``
 replaces an earlier such output of the same model. ``--in-place`` stacks them all on the model
 and reverts those it applied when one refuses.
-An ``hf://`` model is downloaded first, through ``apply hf://``'s path (``api.resolve_model``).
+An ``hf://`` model is downloaded first, through ``apply hf://``'s path (``api.resolve_model``),
+at the commit diagnosed (the command passes ``hf://ORG/NAME@COMMIT``).
 """
 
 from __future__ import annotations

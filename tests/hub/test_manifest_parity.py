@@ -8,9 +8,11 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 from click.testing import CliRunner
 from hub_fixtures import hub, own_digest_cache  # noqa: F401
 
+from patcher import api
 from patcher.cli import main
 
 RECIPES = ("sm120-fp16-kv", "sampling-defaults")
@@ -44,10 +46,18 @@ def subjects(statement: dict) -> dict:
     return {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
 
 
+@pytest.mark.parametrize("signed", [False, True])
 def test_local_published_and_in_place_applies_record_the_same_manifest(hub, kimi_dir, tmp_path,
-                                                                      monkeypatch):
+                                                                      monkeypatch, signed):
+    """A signed variant as the base: its ``model.sig`` and manifest are recorded by all three
+    alike."""
     from remote_fixtures import store_model
 
+    if signed:
+        from signing_helpers import write_key
+
+        kimi_dir = api.apply("sampling-defaults", kimi_dir, out=tmp_path / "signed-kimi",
+                             sign=write_key(tmp_path)[0]).output
     store_model(hub.root, "alice/kimi", kimi_dir)
     monkeypatch.setenv("HF_TOKEN", "write-alice")
     monkeypatch.chdir(tmp_path)
@@ -66,6 +76,7 @@ def test_local_published_and_in_place_applies_record_the_same_manifest(hub, kimi
         "--base-model", "alice/kimi")
     in_place = json.loads((base / "modelpatch.provenance.json").read_text())
 
+    assert ("base_signature" in comparable(local)["externalParameters"]) is signed
     assert comparable(published) == comparable(local)
     assert comparable(in_place) == comparable(local)
     readme = {"README.md"}          # the hub's model card stands in for the base's README

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from ..cli.options import (
@@ -12,6 +14,9 @@ from ..cli.options import (
     link_options,
     output_option,
 )
+
+if TYPE_CHECKING:
+    from .report import DoctorReport
 
 
 @click.command()
@@ -92,7 +97,7 @@ def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in
     ctx.exit(0 if report.ok else 1)
 
 
-def _diagnosed(model: str, report) -> str:
+def _diagnosed(model: str, report: DoctorReport) -> str:
     """The model the report is about: for ``hf://``, the very commit read (the branch may have
     moved since), so that ``--fix`` fixes what was diagnosed."""
     if report.remote is None:

@@ -308,5 +308,5 @@ def test_a_plan_whose_tasks_run_elsewhere_than_its_options_say_is_refused(model,
     result = run("apply", tmp_path / "plan.json", "-o", tmp_path / "v")
     assert result.exit_code == 2, result.output
     assert result.stderr.splitlines()[-1].endswith(
-        f"runs on device 'cuda:3', not on the plan's device 'cpu'"), result.stderr
+        "runs on device 'cuda:3', not on the plan's device 'cpu'"), result.stderr
     assert not (tmp_path / "v").exists()

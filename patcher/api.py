@@ -306,7 +306,7 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
         raise InputError(f"--executor {options.executor} writes a new variant; it excludes "
                          f"--in-place")
     loaded, base_model = load(recipe), _checked_base_model(base_model)
-    model, _ = local_model(model, None, loaded.name, in_place=True)
+    model, _ = local_model(model, None, loaded.name, endpoint=endpoint, in_place=True)
     if is_gguf_file(model):
         check_in_place(model)
         model = Path(model).parent

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import InputError, ModelDirError
+from .errors import ModelDirError
 from .model_ref import ModelRef
 
 if TYPE_CHECKING:       # the header readers load with the first model opened, not with `sign`
@@ -120,18 +120,18 @@ def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
 def local_model(model: str | os.PathLike, out: str | os.PathLike | None, recipe_name: str, *,
                 endpoint: str | None = None, in_place: bool = False
                 ) -> tuple[str | os.PathLike, str | os.PathLike | None]:
-    """``(model, out)`` for an apply: ``hf://ORG/NAME[@REV]`` downloaded through the Hugging
-    Face cache (``resolve_model``) and, unless ``out`` is given, written to ``NAME-<recipe>`` in
-    the current directory (never beside the snapshot), as ``apply hf://`` does; a local model
-    as given. In place, a hub model is refused: patching it would change the download cache."""
+    """``(model, out)`` for an apply, as ``apply`` reads its MODEL: ``hf://ORG/NAME[@REV]``
+    downloaded through the Hugging Face cache (``resolve_model``) and, out of place unless
+    ``out`` is given, written to ``NAME-<recipe>`` in the current directory (never beside the
+    snapshot); in place, the snapshot itself is patched (revertibly, its blobs untouched). A
+    local model as given."""
     ref = ModelRef.parse(model)
     if not ref.is_hub:
         return model, out
-    if in_place:
-        raise InputError(f"{ref.text} is a hub repository: a patch in place needs a local "
-                         f"directory", hint="apply it out of place (out=...)")
     snapshot = resolve_model(ref, endpoint=endpoint, progress=False)
-    return str(snapshot), out if out is not None else f"{ref.name}-{recipe_name}"
+    if in_place or out is not None:
+        return str(snapshot), out
+    return str(snapshot), f"{ref.name}-{recipe_name}"
 
 
 def require_model(opened: ModelDir) -> bool:

@@ -28,12 +28,12 @@ from dataclasses import fields
 from pathlib import Path
 
 from . import saved_plan_checks as checks
-from .changes import changes_json
 from .errors import InputError, PlanError
-from .file_task import TaskKind
 from .fsops import read_capped, replace_file
 from .model.model_dir import ModelDir
-from .plan import FilePlan, Plan, PlanOptions, check_unchanged
+from .plan.build import check_unchanged
+from .plan.changes import changes_json
+from .plan.types import FilePlan, Plan, PlanOptions, TaskKind
 from .saved_plan_checks import Checker
 from .units import human_bytes
 

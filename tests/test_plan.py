@@ -12,7 +12,7 @@ import pytest
 from patcher import api
 from patcher.errors import InputError
 from patcher.integrity.manifest import read_manifest
-from patcher.plan import PlanOptions
+from patcher.plan.types import PlanOptions
 
 
 def test_options_are_frozen_and_a_dict_of_the_same_names_gives_the_same_plan(kimi_dir):
@@ -62,7 +62,7 @@ def test_tensor_planning_runs_with_the_collector_paused(deepseek_fp8_dir, monkey
     would only rescan them (4.3 of 22.6 s at 497k tensors). Enabled again afterwards."""
     import gc
 
-    from patcher.tensors import planning
+    from patcher.plan import tensors as planning
 
     seen = []
     real = planning.plan_tensor_ops

@@ -33,8 +33,8 @@ from .types import Action, FilePlan, Plan, PlanOptions
 
 class Sources(Protocol):
     """Where a recipe's ``from:`` contents are read (``patcher.remote.sources.SourceFetcher``,
-    which the API and the hub's remote apply hand to ``plan``): each source fetched once,
-    ``endpoint`` the hub of its ``hf://`` sources (None: ``$HF_ENDPOINT``, then
+    which the API and the remote apply, ``remote.apply``, hand to ``plan``): each source
+    fetched once, ``endpoint`` the hub of its ``hf://`` sources (None: ``$HF_ENDPOINT``, then
     huggingface.co)."""
 
     endpoint: str | None

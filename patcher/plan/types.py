@@ -60,7 +60,7 @@ EXECUTORS = ("local", "ray")
 class PlanOptions:
     """What shapes a plan and its execution besides the recipe and the model. Built in one place,
     ``PlanOptions.of``, by every caller (the CLI, ``api.plan``, ``api.apply``,
-    ``api.apply_in_place``, the hub's remote apply); the plan carries it, the executors read
+    ``api.apply_in_place``, the remote apply); the plan carries it, the executors read
     their settings from it and nothing else, and the manifest records ``to_json()``."""
 
     in_place: bool = False

@@ -105,3 +105,24 @@ def test_the_executor_reads_its_settings_from_the_plan_only(kimi_dir, tmp_path):
                        options=PlanOptions(link="copy", jobs=1))
     assert result.link_method == "copy" and result.bytes_linked == 0
     assert read_manifest(tmp_path / "v").options["link"] == "copy"
+
+
+def test_a_plan_reads_from_contents_only_through_the_sources_it_is_given(kimi_dir, tmp_path):
+    """``plan()`` reaches no hub by itself: ``from:`` contents come through its ``sources``
+    (the API hands it a ``SourceFetcher``); given none, a recipe that reads one is refused in
+    one line. The content's record names its recipe line under ``recipe_line``."""
+    from patcher.model.model_dir import ModelDir
+    from patcher.plan import plan
+
+    head = "modelpatch: 1\nname: r\ndescription: d\nfiles:\n  - add: note.txt\n"
+    hub = tmp_path / "hub.yaml"
+    hub.write_text(head + "    from: hf://alice/base@main/note.txt\n")
+    model = ModelDir.open(kimi_dir)
+    with pytest.raises(InputError, match="given no source fetcher"):
+        plan(api.load(hub), model)
+    (tmp_path / "note.txt").write_text("hello\n")
+    local = tmp_path / "local.yaml"
+    local.write_text(head + "    from: ./note.txt\n")
+    the_plan = plan(api.load(local), model)
+    source = next(c.to_json() for c in the_plan.changes if c.kind == "content_source")
+    assert source["recipe_line"].startswith(f"{local}:") and "loc" not in source

@@ -126,3 +126,20 @@ def test_a_plan_reads_from_contents_only_through_the_sources_it_is_given(kimi_di
     the_plan = plan(api.load(local), model)
     source = next(c.to_json() for c in the_plan.changes if c.kind == "content_source")
     assert source["recipe_line"].startswith(f"{local}:") and "loc" not in source
+
+
+def test_the_plan_types_name_what_they_hold():
+    """A file's task, the link estimate and the change log are typed (their contracts in
+    ``plan.types`` and ``plan.changes``), never ``Any``; every record is a ``Change``."""
+    import typing
+
+    from patcher.plan import changes, types
+
+    hints = {**typing.get_type_hints(types.FilePlan), **typing.get_type_hints(types.Plan)}
+    assert hints["shard_task"] == typing.Optional[types.FileTask]
+    assert hints["link"] == typing.Optional[types.LinkEstimate]
+    assert hints["changes"] == tuple[changes.Change, ...]
+    records = [v for v in vars(changes).values() if isinstance(v, type)
+               and v.__module__ == changes.__name__ and v is not changes.Change
+               and hasattr(v, "to_json")]
+    assert records and all(issubclass(r, changes.Change) for r in records)

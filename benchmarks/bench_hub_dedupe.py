@@ -106,7 +106,7 @@ def run(size_gb: float, shards: int, work: Path) -> dict:
         constants.HF_HUB_CACHE = cache
     results["pull, reusing the cache"] = _measure(traffic, lambda: api.pull(
         "alice/variant", work / "pulled-reuse", endpoint=endpoint, progress=False))
-    from patcher.hub.client.remote_apply import apply_and_publish
+    from patcher.remote.apply import apply_and_publish
 
     results["apply hf:// --publish"] = _measure(traffic, lambda: apply_and_publish(
         "sm120-fp16-kv", "hf://alice/base", "alice/remote-variant", endpoint=endpoint))

@@ -95,13 +95,14 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     from .gguf.single_file import check_in_place, is_gguf_file
     from .plan import PlanOptions
     from .plan import plan as make_plan
+    from .remote.sources import SourceFetcher
 
     options = PlanOptions.of(options)
     if options.in_place and is_gguf_file(model):
         check_in_place(model)           # as apply_in_place: refused, or the whole directory
         model = Path(model).parent
     loaded, base = load(recipe), open_model(model, endpoint=endpoint, what="plan")
-    the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
+    the_plan = make_plan(loaded, base, options=options, sources=SourceFetcher(endpoint))
     if ModelRef.parse(model).is_hub:
         return replace(the_plan, transfer=base.transfer_report())
     if the_plan.options.in_place:
@@ -147,6 +148,7 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
     from .gguf.single_file import model_directory
     from .plan import PlanOptions, require_change
     from .plan import plan as make_plan
+    from .remote.sources import SourceFetcher
 
     options = PlanOptions.of(options, **given).out_of_place()
     if options.in_place:
@@ -159,7 +161,7 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
     recovered(model_directory(model))
     with lock_directory(model_directory(model), exclusive=False):
         base = open_recovered(model)
-        the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
+        the_plan = make_plan(loaded, base, options=options, sources=SourceFetcher(endpoint))
         require_change(the_plan, allow_noop)
         _log_warnings(the_plan)
         target = output_for(model, base, loaded.name, out)
@@ -300,6 +302,7 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     from .gguf.single_file import check_in_place, is_gguf_file
     from .plan import PlanOptions, require_change
     from .plan import plan as make_plan
+    from .remote.sources import SourceFetcher
 
     options = PlanOptions.of(options, **given, in_place=True)
     if options.executor != "local":
@@ -314,7 +317,7 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     with lock_directory(Path(model), exclusive=True):
         prepare_directory(Path(model))
         base = open_local(model)
-        the_plan = make_plan(loaded, base, options=options, endpoint=endpoint)
+        the_plan = make_plan(loaded, base, options=options, sources=SourceFetcher(endpoint))
         require_change(the_plan, allow_noop)
         _log_warnings(the_plan)
         return apply_locked(the_plan, base, progress=progress, base_model=base_model)

@@ -28,12 +28,12 @@ from dataclasses import fields
 from pathlib import Path
 
 from . import saved_plan_checks as checks
-from .changes import changes_json
 from .errors import InputError, PlanError
-from .file_task import TaskKind
 from .fsops import read_capped, replace_file
 from .model.model_dir import ModelDir
-from .plan import FilePlan, Plan, PlanOptions, check_unchanged
+from .plan.build import check_unchanged
+from .plan.changes import changes_json
+from .plan.types import FilePlan, Plan, PlanOptions, TaskKind
 from .saved_plan_checks import Checker
 from .units import human_bytes
 
@@ -184,7 +184,7 @@ def _check_devices(files: tuple[FilePlan, ...], options: PlanOptions, bad: Check
              if f.shard_task is not None and f.shard_task.kind is TaskKind.SAFETENSORS}
     if not tasks:
         return
-    from .tensors.planning import check_device
+    from .plan.tensors import check_device
 
     device = check_device(options.device)
     for path, task_device in tasks.items():

@@ -11,12 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .changes import grouped
 from .errors import InputError
+from .integrity.change_log import grouped
 from .model.model_dir import MANIFEST_NAME, STATE_DIR, ModelDir
 from .model.safetensors_io import DTYPE_BITS, OutputTensor, tensor_nbytes
 from .names import name_problem
-from .plan import Action, FilePlan, PlanOptions
+from .plan.changes import Change, with_one_recipe_line_key
+from .plan.types import Action, FilePlan, PlanOptions
 from .tensors.tasks import ShardTask, TensorJob, TensorSource
 
 _RECIPE_NAME = re.compile(r"[a-z0-9][a-z0-9._+-]{0,299}\Z")     # names of several join by '+'
@@ -42,8 +43,9 @@ class RecordedRecipe:
 
 
 @dataclass(frozen=True)
-class RecordedChange:
-    """A change-log record of a saved plan, as the plan's JSON wrote it."""
+class RecordedChange(Change):
+    """A change-log record of a saved plan, as the plan's JSON wrote it (a recipe location under
+    an older key read as ``recipe_line``)."""
 
     data: Mapping[str, Any]
 
@@ -138,7 +140,7 @@ def changes(value, bad: Checker) -> tuple:
         grouped(entries)            # the manifest's grouping must accept every record
     except Exception as exc:       # noqa: BLE001 (any failure is a malformed record)
         bad(f"the change log is malformed ({type(exc).__name__})")
-    return tuple(RecordedChange(e) for e in entries)
+    return tuple(RecordedChange(with_one_recipe_line_key(e)) for e in entries)
 
 
 def file(entry, fingerprint: dict, model: ModelDir, bad: Checker) -> FilePlan:

@@ -1,4 +1,4 @@
-"""The change log's records (``patcher.changes``): each kind's JSON, keys in order, is pinned
+"""The change log's records (``patcher.plan.changes``): each kind's JSON, keys in order, is pinned
 here, because the plan's ``--json`` and the provenance manifest's bytes come from it."""
 
 from __future__ import annotations
@@ -8,7 +8,9 @@ import json
 
 import pytest
 
-from patcher.changes import (
+from patcher.integrity.canonical_json import canonical_json
+from patcher.integrity.change_log import grouped
+from patcher.plan.changes import (
     ABSENT,
     ContentSource,
     FileAdded,
@@ -21,9 +23,7 @@ from patcher.changes import (
     TensorDropped,
     TensorRenamed,
     changes_json,
-    grouped,
 )
-from patcher.integrity.canonical_json import canonical_json
 
 B = {"dtype": "F8_E4M3", "shape": [4, 4]}
 A = {"dtype": "BF16", "shape": [4, 4]}
@@ -89,11 +89,11 @@ PINNED_LATER = [
     (ContentSource("t.jinja", {"resolved": "hf://o/n@c/t.jinja", "sha256": "ab", "size": 5},
                    "r:6:7", endpoint="http://127.0.0.1:1"),
      '{"kind": "content_source", "target": "t.jinja", "resolved": "hf://o/n@c/t.jinja", '
-     '"sha256": "ab", "size": 5, "loc": "r:6:7", "endpoint": "http://127.0.0.1:1"}'),
+     '"sha256": "ab", "size": 5, "recipe_line": "r:6:7", "endpoint": "http://127.0.0.1:1"}'),
     (ContentSource("config.json /x", {"resolved": "a local file", "sha256": "cd", "size": 1},
                    "r:8:9"),
      '{"kind": "content_source", "target": "config.json /x", "resolved": "a local file", '
-     '"sha256": "cd", "size": 1, "loc": "r:8:9"}'),
+     '"sha256": "cd", "size": 1, "recipe_line": "r:8:9"}'),
 ]
 
 

@@ -12,7 +12,7 @@ import pytest
 from patcher import api
 from patcher.errors import InputError
 from patcher.integrity.manifest import read_manifest
-from patcher.plan import PlanOptions
+from patcher.plan.types import PlanOptions
 
 
 def test_options_are_frozen_and_a_dict_of_the_same_names_gives_the_same_plan(kimi_dir):
@@ -62,7 +62,7 @@ def test_tensor_planning_runs_with_the_collector_paused(deepseek_fp8_dir, monkey
     would only rescan them (4.3 of 22.6 s at 497k tensors). Enabled again afterwards."""
     import gc
 
-    from patcher.tensors import planning
+    from patcher.plan import tensors as planning
 
     seen = []
     real = planning.plan_tensor_ops
@@ -105,3 +105,41 @@ def test_the_executor_reads_its_settings_from_the_plan_only(kimi_dir, tmp_path):
                        options=PlanOptions(link="copy", jobs=1))
     assert result.link_method == "copy" and result.bytes_linked == 0
     assert read_manifest(tmp_path / "v").options["link"] == "copy"
+
+
+def test_a_plan_reads_from_contents_only_through_the_sources_it_is_given(kimi_dir, tmp_path):
+    """``plan()`` reaches no hub by itself: ``from:`` contents come through its ``sources``
+    (the API hands it a ``SourceFetcher``); given none, a recipe that reads one is refused in
+    one line. The content's record names its recipe line under ``recipe_line``."""
+    from patcher.model.model_dir import ModelDir
+    from patcher.plan import plan
+
+    head = "modelpatch: 1\nname: r\ndescription: d\nfiles:\n  - add: note.txt\n"
+    hub = tmp_path / "hub.yaml"
+    hub.write_text(head + "    from: hf://alice/base@main/note.txt\n")
+    model = ModelDir.open(kimi_dir)
+    with pytest.raises(InputError, match="given no source fetcher"):
+        plan(api.load(hub), model)
+    (tmp_path / "note.txt").write_text("hello\n")
+    local = tmp_path / "local.yaml"
+    local.write_text(head + "    from: ./note.txt\n")
+    the_plan = plan(api.load(local), model)
+    source = next(c.to_json() for c in the_plan.changes if c.kind == "content_source")
+    assert source["recipe_line"].startswith(f"{local}:") and "loc" not in source
+
+
+def test_the_plan_types_name_what_they_hold():
+    """A file's task, the link estimate and the change log are typed (their contracts in
+    ``plan.types`` and ``plan.changes``), never ``Any``; every record is a ``Change``."""
+    import typing
+
+    from patcher.plan import changes, types
+
+    hints = {**typing.get_type_hints(types.FilePlan), **typing.get_type_hints(types.Plan)}
+    assert hints["shard_task"] == typing.Optional[types.FileTask]
+    assert hints["link"] == typing.Optional[types.LinkEstimate]
+    assert hints["changes"] == tuple[changes.Change, ...]
+    records = [v for v in vars(changes).values() if isinstance(v, type)
+               and v.__module__ == changes.__name__ and v is not changes.Change
+               and hasattr(v, "to_json")]
+    assert records and all(issubclass(r, changes.Change) for r in records)

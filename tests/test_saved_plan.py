@@ -310,3 +310,25 @@ def test_a_plan_whose_tasks_run_elsewhere_than_its_options_say_is_refused(model,
     assert result.stderr.splitlines()[-1].endswith(
         "runs on device 'cuda:3', not on the plan's device 'cpu'"), result.stderr
     assert not (tmp_path / "v").exists()
+
+
+def test_a_saved_plan_with_the_older_recipe_line_keys_records_the_one_key(model, tmp_path):
+    """Plans saved before the change log had one key for a recipe location (``recipe_loc`` on
+    JSON edits, ``loc`` on content sources) still apply, and the variant's change log names
+    the recipe line as every record does now: ``recipe_line``."""
+    recipe = tmp_path / "c.yaml"
+    recipe.write_text("modelpatch: 1\nname: c\ndescription: x\nconfig:\n  config.json:\n"
+                      "    - set: /use_cache\n      value: false\n")
+    path = tmp_path / "plan.json"
+    doc = _saved(recipe, model, path)
+    edit = next(c for c in doc["changes"] if c["kind"] == "set")
+    assert "recipe_line" in edit and "recipe_loc" not in edit
+    doc["changes"] = [{("recipe_loc" if k == "recipe_line" else k): v for k, v in c.items()}
+                      for c in doc["changes"]]
+    _rewrite(path, doc)
+    result = run("apply", path, "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    byproducts = read_manifest(tmp_path / "out").statement["predicate"]["runDetails"]["byproducts"]
+    recorded = next(b for b in byproducts if "changes" in b.get("annotations", {}))
+    entries = recorded["annotations"]["changes"]
+    assert entries == [edit]

@@ -153,7 +153,7 @@ allow_noop_option = click.option(
 
 
 def _show_plan(the_plan, as_json: bool, allow_noop: bool) -> None:
-    from ..plan import require_change
+    from ..plan.build import require_change
     from .render import render_plan
 
     data = the_plan.to_json()
@@ -192,7 +192,7 @@ def plan(recipe: tuple[str, ...], model: str, as_json: bool, device: str,
     --dry-run). MODEL may be hf://ORG/NAME[@REV]: planned from its JSON files and safetensors
     headers alone; or one .gguf file."""
     from .. import api
-    from ..plan import PlanOptions
+    from ..plan.types import PlanOptions
 
     options = PlanOptions.of(link=link_mode(link, force_copy), device=device,
                              max_shard_size=max_shard_size, params=_set_values(set_values))
@@ -267,7 +267,7 @@ def apply(ctx, recipe, model, out, in_place, dry_run, force, link, force_copy, j
                            conflicting=in_place or out or dry_run or max_shard_size)
         return
     from ..model_ref import ModelRef
-    from ..plan import PlanOptions
+    from ..plan.types import PlanOptions
 
     options = PlanOptions.of(in_place=in_place, link=link_mode(link, force_copy), jobs=jobs,
                              device=device, max_shard_size=max_shard_size,
@@ -382,7 +382,7 @@ def revert(directory, out, force, all_patches, ignore_changes, jobs, as_json, ex
         echo(f"reverted {', '.join(result.reverted)}: {result.output}")
 
 
-from ..doctor.command import doctor  # noqa: E402  (its own module; click only)
+from .doctor_command import doctor  # noqa: E402  (its own module; click only)
 from .hub_commands import hub, publish, pull  # noqa: E402
 from .recipe_commands import recipes  # noqa: E402
 from .sign_commands import sign  # noqa: E402

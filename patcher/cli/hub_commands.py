@@ -143,8 +143,8 @@ def hub_serve(root, host, port, init):
 def apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, base_model,
                       params, conflicting) -> None:
     """``apply RECIPE hf://... --publish REPO_ID``: a config-only variant made on the hub."""
-    from ..hub.client.remote_apply import apply_and_publish as run
     from ..model_ref import is_hub
+    from ..remote.apply import apply_and_publish as run
 
     if not is_hub(model):
         raise click.UsageError("--publish needs MODEL as hf://ORG/NAME[@REV]; for a local "

@@ -1,4 +1,5 @@
-"""``doctor --fix``: apply the fixing recipes of the findings, then diagnose the result.
+"""``doctor --fix``: which recipes fix a report's findings, with which params. The command
+(``patcher.cli.doctor_command``) applies them through the API, then diagnoses the result:
 
 One recipe: one ``apply`` (a hash-verified variant). Several: ``api.apply_stacked``, the first
 applied out of place and the rest stacked on the variant in place, each a revertible patch with
@@ -12,16 +13,10 @@ at the commit diagnosed (the command passes ``hf://ORG/NAME@COMMIT``).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
-
-from ..model_ref import ModelRef
 
 if TYPE_CHECKING:
     from .report import DoctorReport
-
-#: ``doctor --fix`` writes ``<model>-doctor`` unless ``-o`` names the output.
-OUTPUT_SUFFIX = "doctor"
 
 
 def fixing_recipes(report: DoctorReport) -> list[str]:
@@ -57,46 +52,3 @@ def fixing_params(report: DoctorReport) -> dict[str, dict]:
                                  where=f.source)
             params.setdefault(f.fix.recipe, dict(f.fix.params))
     return params
-
-
-def apply_fixes(model: str, recipes: list[str], *, out: str | None, in_place: bool,
-                endpoint: str | None, progress: bool, force: bool = False,
-                params: dict[str, dict] | None = None, sign=None, link: str = "auto") -> Path:
-    """Apply ``recipes`` (with ``params``: recipe -> its params) to ``model``; returns the
-    directory that holds the result: ``out``, else ``default_output``. ``sign`` (a loaded
-    signer): the fixed variant is committed with its ``model.sig``. ``link``: how the variant
-    carries the base's unchanged files (as ``apply --link``)."""
-    params = params or {}
-    from .. import api
-
-    local, ref = model, ModelRef.parse(model)
-    if ref.is_hub:
-        from ..cli.progress import resolve_with_meter
-
-        local = str(resolve_with_meter(ref, endpoint, quiet=not progress))
-        if out is None and not in_place:
-            out = f"{ref.name}-{OUTPUT_SUFFIX}"
-    if in_place:
-        applied = 0
-        try:
-            for recipe in recipes:
-                api.apply_in_place(recipe, local, params=params.get(recipe))
-                applied += 1
-        except BaseException:
-            for _ in range(applied):            # nothing half-fixed: undo the earlier fixes
-                api.revert(local)
-            raise
-        return Path(local)
-    return api.apply_stacked(recipes, local, out=out or default_output(local), force=force,
-                             params=params, sign=sign, link=link)
-
-
-def default_output(model: str) -> Path:
-    """``<model>-doctor`` beside the model (``DIR/NAME-doctor`` for ``DIR/NAME.gguf``; in the
-    current directory for a Hugging Face cache snapshot), however many recipes fix it."""
-    from ..execute.engine import default_output as beside_directory
-    from ..gguf.single_file import default_output as beside_file
-
-    if model.endswith(".gguf"):
-        return beside_file(model, OUTPUT_SUFFIX)
-    return beside_directory(Path(model), OUTPUT_SUFFIX)

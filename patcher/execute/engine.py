@@ -28,7 +28,8 @@ from ..integrity.patch_record import (
 from ..integrity.shared_inodes import remember_variant
 from ..model import header_cache
 from ..model.model_dir import MANIFEST_NAME, SIGNATURE_NAME, STATE_DIR, ModelDir
-from ..plan import Action, Plan, check_unchanged
+from ..plan.build import check_unchanged
+from ..plan.types import Action, Plan
 from .executors import executing
 from .locking import lock_directory, lock_new_path
 from .output_dir import (

@@ -32,7 +32,8 @@ from ..gguf.header_inplace import header_rewrites, is_header_rewrite
 from ..gguf.header_inplace import stage_apply as stage_header_rewrites
 from ..integrity.patch_record import PATCHES_DIR, RECORD_NAME, encode_record
 from ..model.model_dir import MANIFEST_NAME, SIGNATURE_NAME, STATE_DIR, ModelDir
-from ..plan import Action, Plan, check_unchanged
+from ..plan.build import check_unchanged
+from ..plan.types import Action, Plan
 from .engine import ApplyResult
 from .journal import Journal, recover, roll_back, switch
 from .locking import lock_directory

@@ -112,7 +112,7 @@ def predict(base_file: Path | None, output: Path, mode: str) -> LinkPrediction:
 
 def predict_for_plan(plan, output: Path, mode: str):
     """``plan`` with its ``link`` prediction for writing the variant at ``output``."""
-    from ..plan import Action
+    from ..plan.types import Action
 
     carried = plan.by_action(Action.LINK)
     originals = [f for f in plan.files if f.source and f.action is not Action.LINK]

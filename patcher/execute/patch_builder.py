@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Callable
 
 from .. import faults
-from ..changes import changes_json
 from ..errors import OperationFailed
 from ..fsops import make_parents, write_file
 from ..gguf.header_inplace import is_header_rewrite
@@ -24,7 +23,8 @@ from ..integrity.manifest import build_statement, read_manifest, write_manifest
 from ..integrity.patch_record import BaseFile, PatchRecord, next_sequence
 from ..model.base_identity import identify
 from ..model.model_dir import MANIFEST_NAME, SIGNATURE_NAME, ModelDir
-from ..plan import Action, Plan
+from ..plan.changes import changes_json
+from ..plan.types import Action, Plan
 
 log = logging.getLogger("modelpatch")
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GGUFFormatError
-from . import gguf_constants
+from ..gguf_py import gguf_constants
 
 MAX_HEADER_BYTES = 256 << 20       # metadata + tensor infos; real ones (vocab, merges) take ~20 MiB
 MAX_KEY_BYTES = 65535

@@ -29,9 +29,9 @@ from pathlib import Path
 
 from .. import faults
 from ..errors import OperationFailed
-from ..file_task import TaskKind
 from ..fsops import make_parents, write_file
 from ..model.model_dir import STATE_DIR
+from ..tensors.tasks import TaskKind
 
 HEADERS_DIR = "headers"
 """Under a patch directory: the base's header bytes of each file rewritten in place."""

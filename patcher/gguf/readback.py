@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 
 from ..errors import OperationFailed
-from . import require_gguf
+from ..gguf_py import require_gguf
 
 
 def written_layout(header_size: int, copies) -> list[tuple[str, int, int]]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import OperationFailed
-from ..file_task import TaskKind
+from ..tensors.tasks import TaskKind
 from .readback import start_layout_check, written_layout
 
 

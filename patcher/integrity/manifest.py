@@ -27,9 +27,9 @@ It is an in-toto Statement v1 whose predicate is SLSA Provenance v1 (docs/archit
 
 SLSA requires every byproduct to be a ResourceDescriptor (one of uri, digest or content), so the
 change log travels as the ``changes`` annotation of one descriptor rather than as bare entries.
-The log records tensor changes per rule (``patcher.changes.grouped``: kind, recipe line, dtypes,
-count, digest of the sorted names), so the manifest grows with files and rules, not tensors;
-manifests written before that list every tensor, and read the same way.
+The log records tensor changes per rule (``patcher.integrity.change_log.grouped``: kind, recipe
+line, dtypes, count, digest of the sorted names), so the manifest grows with files and rules, not
+tensors; manifests written before that list every tensor, and read the same way.
 
 Subjects and base files exclude the manifest itself and everything under ``.modelpatch/``.
 The file is canonical JSON (sorted keys, indent 2, UTF-8, final newline), written atomically,
@@ -184,7 +184,7 @@ def build_statement(*, subjects: Mapping[Any, tuple[str, int]],
         recipe: ``{"name", "sha256", "text"}`` (extra keys are kept).
         options: the apply options that shaped the output (JSON values).
         changes: the change log, plain JSON dicts; tensor changes are recorded per rule
-            (``patcher.changes.grouped``), everything else as given.
+            (``patcher.integrity.change_log.grouped``), everything else as given.
         started, finished: aware datetimes, epoch seconds or ISO strings; written as RFC 3339 UTC.
         base_statement: when the base is itself a variant, its :class:`Manifest` (preferred: the
             link then records the sha256 of its file as read) or its statement dict (the link
@@ -260,7 +260,7 @@ def _base_provenance_link(base_statement: dict | Manifest) -> tuple[dict, dict]:
 def _changes_byproduct(changes: list[dict]) -> dict:
     """The change log as a ResourceDescriptor: digest of its canonical JSON, entries as the
     ``changes`` annotation."""
-    from ..changes import grouped  # writing only: reading a manifest does not need it
+    from .change_log import grouped  # writing only: reading a manifest does not need it
 
     changes, data = encode_array(grouped(changes))
     changes_sha = hashlib.sha256(data).hexdigest()

@@ -8,8 +8,8 @@
 What the schema takes from the code, so that a change there changes it too:
 
 - the keys each section, condition, operation and action accepts, and those it needs
-  (``load.TOP_KEYS``, ``sections.CONFIG_KEYS``, ``config.arrays.ARRAY_KEYS``,
-  ``tensor_ops.schema.ACTION_KEYS``, ``gguf.recipe_section.META_KEYS``...);
+  (``load.TOP_KEYS``, ``sections.CONFIG_KEYS``, ``config_arrays.ARRAY_KEYS``,
+  ``tensor_ops.schema.ACTION_KEYS``, ``gguf_section.META_KEYS``...);
 - the names: quantization schemes and the layouts each writes (``tensors.schemes.SCHEMES``
   through ``tensor_ops.schema``), dtype spellings (``tensor_ops.dtype_names``), module groups,
   parameter types, RFC 6902 operations, scale modes and dtypes;
@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import json
 
-from ..config import arrays
-from ..gguf import recipe_section as gguf_section
 from ..units import SIZE_UNITS
 from . import checks, load, sections
+from . import config_arrays as arrays
+from . import gguf_section as gguf_section
 from .json_schema_parts import (
     BOOLEAN,
     any_case,
@@ -120,7 +120,7 @@ def _gguf() -> dict:
                     rename=rename)
     items = {"requires": guard, "metadata": metadata, "tensors": tensor}
     return strict(g.SECTION_KEYS, "gguf", description="GGUF edits "
-                  "(patcher.gguf.recipe_section): requires, metadata set/drop/rename, tensors "
+                  "(patcher.recipe.gguf_section): requires, metadata set/drop/rename, tensors "
                   "select+drop/rename, strip_nextn.",
                   **{k: {"type": "array", "items": item} for k, item in items.items()})
 

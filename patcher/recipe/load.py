@@ -11,7 +11,7 @@ A recipe is a YAML document (see ``recipes/sm120-fp16-kv.yaml``, and the JSON Sc
     config: {file.json: [op, ...]}
     files: [{drop: name} | {add: name, content: text}, ...]
     tensors: [{select: {...}, <action>: ...}, ...]
-    output: {max_shard_size: 5GB} # reshard the variant (see patcher.tensors.resharding)
+    output: {max_shard_size: 5GB} # reshard the variant (see patcher.plan.resharding)
 
 ``load_recipe`` checks everything it can without a model and reports every problem at once, each
 as ``recipe.yaml:LINE:COL: message``. The typed result is defined in ``patcher.recipe.schema``.
@@ -184,7 +184,7 @@ def _top_level(v: rc.Validator, root: Any) -> dict[str, Any]:
     tensors = tuple(t for t in (
         parse_tensor_op(v, node, pos) for node, pos in v.items(root, "tensors")) if t is not None)
     _cross_check(v, root, config, files)
-    from ..gguf.recipe_section import parse_section
+    from .gguf_section import parse_section
 
     return dict(format_version=version, name=name, description=description, requires=requires,
                 config=config, files=files, tensors=tensors, output=_output(v, root),

@@ -303,7 +303,7 @@ class Recipe:
     path: Path | None = None
     output: OutputLayout | None = None
     gguf: Any = None
-    """A ``patcher.gguf.recipe_section.GGUFSection``, or None."""
+    """A ``patcher.recipe.gguf_section.GGUFSection``, or None."""
     params: tuple[Param, ...] = ()
     includes: tuple[Include, ...] = ()
     # Set by ``recipe.bind.bind_recipe``: the parameter values used, and the recipes combined

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config.arrays import parse_array_op
 from . import checks as rc
+from .config_arrays import parse_array_op
 from .schema import (
     PATCH_OP_OPERAND,
     AddFile,

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..changes import ABSENT, ContentSource
 from ..errors import InputError
 from ..recipe.sources import MAX_SOURCE_BYTES, Source
 
@@ -104,25 +102,3 @@ def _read_local(path: Path, text: str) -> bytes:
                          f"{MAX_SOURCE_BYTES >> 20} MiB") from None
     except OSError as exc:
         raise InputError(f"from: {text!r}: cannot read {path}: {exc.strerror or exc}") from None
-
-
-def shown_endpoint(endpoint: str | None) -> str | None:
-    """The endpoint as the manifest may record it: credentials in the URL removed."""
-    return None if endpoint is None else re.sub(r"//[^/?#]*@", "//", endpoint)
-
-
-def source_changes(recipe, endpoint: str | None) -> list[ContentSource]:
-    """One ``content_source`` change-log record per op of the bound ``recipe`` whose content
-    came from elsewhere: what it fills, where it came from (resolved) and its sha256. The
-    manifest keeps them, so the variant says which bytes it was made from."""
-    targets = [(op.path, op, op.source) for op in recipe.files if getattr(op, "source", None)]
-    targets += [(f"{file} {op.path}", op, op.source) for file, ops in recipe.config.items()
-                for op in ops if getattr(op, "source", None)]
-    targets += [(f"GGUF {op.key}", op, op.content_source)
-                for op in (recipe.gguf.metadata if recipe.gguf is not None else ())
-                if op.content_source]
-    shown = shown_endpoint(endpoint or os.environ.get("HF_ENDPOINT") or None)
-    return [ContentSource(target, dict(source), op.loc,
-                          endpoint=shown if shown and str(source.get("resolved", ""))
-                          .startswith("hf://") else ABSENT)
-            for target, op, source in targets]

@@ -1,6 +1,7 @@
-"""Tensor work: planning a recipe's ``tensors:`` section, resharding, quantization schemes and
-their kernels (``quant/``), shard tasks, the virtual tensor view (``view``), the compute of one
-output tensor, and the shard writer with its pipeline (``writing/``).
+"""Tensor work: quantization schemes and their kernels (``quant/``), shard tasks and the kinds
+of file tasks (``tasks``), the compute of one output tensor, and the shard writer with its
+pipeline (``writing/``). The planning of a recipe's ``tensors:`` section is ``patcher.plan``'s.
 
-May import ``errors``, ``faults``, ``plan``, ``config``, ``model``, ``recipe`` and ``integrity``
-(hashing while writing); never ``execute`` or ``hub``."""
+May import what its row of docs/architecture.md §4 says (tests/test_architecture.py holds it
+there): ``config``, ``model`` and ``integrity`` (hashing while writing); never ``plan``,
+``recipe`` or ``gguf``."""

@@ -157,7 +157,7 @@ def _quantize(job: TensorJob, read_inputs, cache: dict, device: str) -> torch.Te
     """The weight job (role ``weight``) leaves the other outputs (its scales) in ``cache`` for
     the jobs that follow it in the same shard; a scale job that finds none (run alone, or on
     another worker) computes them again. The sources after the weight are the other members of
-    its fused group (``tensors.fused_groups``), read for their magnitude only."""
+    its fused group (``plan.fused_groups``), read for their magnitude only."""
     key, role = job.inputs[0].name, job.param("role")
     kept = cache.get(key)
     if role != "weight" and kept is not None and role in kept:

@@ -81,7 +81,7 @@ def _matrix(weight: _Tensor, dtype: str) -> tuple[int, int]:
 class QuantScheme:
     """One scheme. ``name`` is what recipes write (``dequantize: {scheme: NAME}``);
     ``layouts`` are the checkpoint layouts it quantizes to (none: dequantize only);
-    ``fused_scale``: its per-tensor scale is one per vLLM fused layer (``tensors.fused_groups``):
+    ``fused_scale``: its per-tensor scale is one per vLLM fused layer (``plan.fused_groups``):
     quantizing gives the members of a group the scale of their largest magnitude, passed to
     ``quantize`` as ``amax``;
     ``global_divides``: its second scale divides instead of multiplying (for the overflow bound

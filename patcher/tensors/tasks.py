@@ -7,11 +7,21 @@ so a worker process, or another machine with the same paths, needs nothing else)
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from ..config.jsonfile import dump_json_document, load_json_document
-from ..file_task import FileTask, TaskKind  # noqa: F401  (the contract these tasks keep)
 from ..model.safetensors_io import OutputTensor, encode_header
+
+
+class TaskKind(str, enum.Enum):
+    """What a plan's ``rewrite-shard`` task writes, so that no executor asks its type. Defined
+    beside the writers (``ShardTask`` here, ``patcher.gguf.task.GGUFTask``), below the plan,
+    whose ``FileTask`` contract (``patcher.plan.types``) names it."""
+
+    SAFETENSORS = "safetensors"     # a ShardTask: tensors laid out by the shard writer
+    GGUF = "gguf"                   # a gguf.task.GGUFTask: a whole GGUF file, written by itself
+    GGUF_HEADER = "gguf-header"     # a GGUFTask rewriting only the header, in place
 
 
 @dataclass(frozen=True)
@@ -96,3 +106,25 @@ def index_document(before: bytes, where: str, weight_map: dict[str, str], total:
     value["metadata"] = metadata
     value["weight_map"] = dict(sorted(weight_map.items()))
     return dump_json_document(value, document.style)
+
+
+def single_source_in_order(task: ShardTask) -> str | None:
+    """The one file ``task`` reads, if the first source of each job comes in ascending,
+    non-overlapping ranges (so a ``SourceDigest`` can follow along); else None.
+
+    A job's other sources (a weight's scales) may lie anywhere in that file: safetensors writes
+    tensors grouped by dtype, so a checkpoint's float32 scales sit far from their float8 or
+    uint8 weights (before them, in every file ``save_file`` wrote). They are fed with
+    ``ahead=False``: never a reason to read a gap."""
+    path, end = None, 0
+    for job in task.jobs:
+        for i, src in enumerate(job.inputs):
+            if path is None:
+                path = src.path
+            if src.path != path:
+                return None
+            if i == 0:
+                if src.offset < end:
+                    return None
+                end = src.offset + src.nbytes
+    return path

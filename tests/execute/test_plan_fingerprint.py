@@ -53,12 +53,12 @@ def test_out_of_place_refuses_a_plan_whose_base_gained_or_lost_a_file(kimi_dir, 
 
 def test_an_unchanged_directory_is_applied_and_in_place_plans_once(kimi_dir, tmp_path,
                                                                    monkeypatch):
-    import patcher.plan
+    import patcher.plan.build
 
     root = copy_tree(kimi_dir, tmp_path / "m")
     calls = []
-    real = patcher.plan.bind_recipe       # called once per plan() whoever imported plan()
-    monkeypatch.setattr(patcher.plan, "bind_recipe",
+    real = patcher.plan.build.bind_recipe       # called once per plan() whoever imported plan()
+    monkeypatch.setattr(patcher.plan.build, "bind_recipe",
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     api.apply_in_place("sm120-fp16-kv", root)
     assert len(calls) == 1

@@ -132,7 +132,7 @@ def _check_edit(tmp_path: Path, alignment, case: str, in_place: bool) -> None:
 
 def test_a_header_padded_past_its_alignment_is_refused_before_commit(tmp_path, monkeypatch):
     """The read-back catches a writer whose data does not start where readers look for it."""
-    from patcher.gguf import plan as gguf_plan
+    from patcher.plan import gguf as gguf_plan
 
     base = _model(tmp_path / "model", None)
     before = base.read_bytes()
@@ -150,8 +150,8 @@ def test_a_header_padded_past_its_alignment_is_refused_before_commit(tmp_path, m
 
 def test_verify_finds_a_file_readers_read_differently(tmp_path, monkeypatch):
     """Digests of a wrongly laid-out file agree with themselves; verify reads the layout too."""
-    from patcher.gguf import plan as gguf_plan
     from patcher.gguf import task as gguf_task
+    from patcher.plan import gguf as gguf_plan
 
     base = _model(tmp_path / "model", None)
     encode = gguf_plan.encode_header

@@ -173,7 +173,7 @@ def test_reading_a_header_does_not_import_numpy_and_gguf_shares_its_constants(tm
 
     path = write_tiny(tmp_path / "m.gguf")
     code = ("import sys\nfrom patcher.gguf.format import read_header\n"
-            "from patcher.gguf import gguf_constants, require_gguf\n"
+            "from patcher.gguf_py import gguf_constants, require_gguf\n"
             f"header = read_header({str(path)!r})\n"
             "assert 'numpy' not in sys.modules and 'gguf' not in sys.modules, sorted(sys.modules)\n"
             "c = gguf_constants()\ng = require_gguf()\n"

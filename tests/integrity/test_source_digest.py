@@ -15,9 +15,9 @@ from fs_snapshot import copy_tree, diff, snapshot
 
 from patcher import api
 from patcher.integrity.digests.digest_cache import KnownDigests
-from patcher.integrity.digests.source_digest import SourceDigest, single_source_in_order
+from patcher.integrity.digests.source_digest import SourceDigest
 from patcher.model.model_dir import ModelDir
-from patcher.tensors.tasks import ShardTask, TensorJob, TensorSource
+from patcher.tensors.tasks import ShardTask, TensorJob, TensorSource, single_source_in_order
 
 KV_SHARDS = {"model-00002-of-00004.safetensors", "model-00003-of-00004.safetensors"}
 

@@ -969,7 +969,7 @@ def test_builtin_recipe_points_editors_at_the_schema():
 
 def test_recipe_modules_do_not_import_torch():
     code = ("import sys\n"
-            "import patcher.recipe.load, patcher.config.ops, patcher.config.jsonfile\n"
+            "import patcher.recipe.load, patcher.recipe.config_ops, patcher.config.jsonfile\n"
             "import patcher.recipe.guards\n"
             "patcher.recipe.load.load_recipe(patcher.recipe.load.resolve_recipe('sm120-fp16-kv'))\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n")

@@ -155,8 +155,8 @@ def test_a_catastrophic_pattern_over_273k_names_is_refused_in_one_line(monkeypat
     from hostile_helpers import deadline
 
     from patcher.errors import PlanError
+    from patcher.plan.tensor_view import select
     from patcher.recipe import regex_bound
-    from patcher.tensors.view import select
 
     recipe = load_recipe((HEAD + "tensors:\n  - select: {regex: '%s'}\n    drop: true\n"
                           % SLOW).encode(), source_name="r.yaml")
@@ -253,10 +253,10 @@ def test_a_model_ignore_pattern_draws_on_the_plan_budget(monkeypatch):
     checks the quantization it still declares: a catastrophic one (0.2 s a name, matched from the
     start as compressed-tensors does) is refused in one line by the plan budget, and a
     nested-too-deeply one is no pattern (no RecursionError)."""
-    from patcher.changes import TensorConverted
     from patcher.errors import PlanError
+    from patcher.plan.changes import TensorConverted
+    from patcher.plan.quant_consistency import quantization_warnings
     from patcher.recipe import regex_bound
-    from patcher.tensors.quant_consistency import quantization_warnings
 
     monkeypatch.setattr(regex_bound, "PROJECT_AFTER_SECONDS", 0.2)
     names = [n.replace("gate_proj.weight", "gate_proj.x.weight") for n in _expert_names(300)]
@@ -319,7 +319,7 @@ def test_copy_and_split_within_the_budget_plan_and_name_their_source(tmp_path):
 def test_the_copy_budget_refuses_before_the_op_makes_its_tensors(tmp_path, monkeypatch):
     """A split with 117 parts over a model is refused from its counts, before it builds 117
     views of every selected tensor."""
-    from patcher.tensors import planning
+    from patcher.plan import tensors as planning
 
     built = []
     monkeypatch.setitem(planning._HANDLERS, "split", lambda *args: built.append(args))
@@ -336,9 +336,9 @@ def test_copying_every_tensor_of_a_large_model_is_planned_in_linear_time():
     from hostile_helpers import deadline
 
     from patcher.model.safetensors_io import OutputTensor
-    from patcher.tensors import planning
+    from patcher.plan import tensors as planning
+    from patcher.plan.tensor_view import VirtualTensor
     from patcher.tensors.tasks import TensorJob, TensorSource
-    from patcher.tensors.view import VirtualTensor
 
     names = [f"model.layers.{i // 1000}.mlp.experts.{i % 1000}.w" for i in range(100_000)]
     view = {}

@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 
 from patcher import api
-from patcher.changes import changes_json
 from patcher.cli import main
 from patcher.errors import GuardRefused, InputError, PlanError, RecipeError
+from patcher.plan.changes import changes_json
 from patcher.recipe.load import load_recipe
 
 HEAD = "modelpatch: 1\nname: t\ndescription: d\n"

@@ -14,10 +14,10 @@ from hub_fixtures import TOKENS, configure_hf_client, running_hub
 from remote_fixtures import store_model
 
 from patcher import api
-from patcher.changes import changes_json
 from patcher.cli import main
 from patcher.errors import InputError, PlanError, RecipeError
 from patcher.integrity.manifest import read_manifest
+from patcher.plan.changes import changes_json
 from patcher.recipe.load import load_recipe
 
 HEAD = "modelpatch: 1\nname: t\ndescription: d\n"

@@ -1,4 +1,4 @@
-"""vLLM's fused layers share one per-tensor scale (``tensors.fused_groups``): which weights form
+"""vLLM's fused layers share one per-tensor scale (``plan.fused_groups``): which weights form
 a group, and an FP8 per-tensor quantization whose members sit in different shards."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import torch
 from tensor_helpers import assert_bits_equal, read_tensors, write_model, write_recipe
 
 from patcher import api
-from patcher.tensors.fused_groups import fused_peers
+from patcher.plan.fused_groups import fused_peers
 
 
 def test_groups_follow_vllms_packed_modules():

@@ -22,8 +22,8 @@ from tensor_helpers import (
 from patcher import api
 from patcher.errors import PlanError, RecipeError
 from patcher.model.safetensors_io import read_header
+from patcher.plan.resharding import parse_shard_size
 from patcher.recipe.load import load_recipe
-from patcher.tensors.resharding import parse_shard_size
 
 CONFIG_ONLY = "modelpatch: 1\nname: c\ndescription: x\nconfig:\n  config.json:\n" \
               "    - set: /use_cache\n      value: false\n"
@@ -219,7 +219,7 @@ def test_bad_cli_size_is_a_usage_error(kimi_dir):
 
 
 def test_too_many_shards_is_refused(kimi_dir, monkeypatch):
-    import patcher.tensors.resharding as resharding
+    import patcher.plan.resharding as resharding
 
     monkeypatch.setattr(resharding, "MAX_SHARDS", 100)      # kimi has 276 tensors
     with pytest.raises(PlanError, match="276 shards .at most 100."):

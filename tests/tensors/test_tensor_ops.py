@@ -44,10 +44,11 @@ from tensor_helpers import (
 )
 
 from patcher import api
-from patcher.changes import TENSOR_KINDS, changes_json, grouped
 from patcher.cli import main
 from patcher.errors import PlanError
+from patcher.integrity.change_log import TENSOR_KINDS, grouped
 from patcher.integrity.manifest import read_manifest
+from patcher.plan.changes import changes_json
 
 KV_SUFFIXES = ("k_proj.k_scale", "v_proj.v_scale", "self_attn.k_scale", "self_attn.v_scale")
 

@@ -23,12 +23,12 @@ from tensor_helpers import (
 )
 
 from patcher import api
-from patcher.changes import TensorConverted
 from patcher.cli import main
 from patcher.cli.render import render_tensor_changes
 from patcher.errors import PlanError
+from patcher.plan.changes import TensorConverted
+from patcher.plan.quant_consistency import module_skipped, quantization_warnings
 from patcher.tensors.quant import NonFiniteInput, quantize_fp8_block, quantize_fp8_per_tensor
-from patcher.tensors.quant_consistency import module_skipped, quantization_warnings
 
 
 @pytest.fixture(autouse=True)

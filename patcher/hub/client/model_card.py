@@ -24,9 +24,9 @@ import json
 import re
 from typing import Any
 
-from ...changes import TENSOR_GROUP
 from ...display import printable
 from ...errors import InputError
+from ...integrity.change_log import TENSOR_GROUP
 from ...integrity.manifest import CHANGES_BYPRODUCT, Manifest
 
 CARD_NAME = "README.md"

@@ -23,30 +23,7 @@ import os
 import threading
 
 from ...errors import OperationFailed
-from ...tensors.tasks import ShardTask
 from .hashing import CHUNK_SIZE, HashResult
-
-
-def single_source_in_order(task: ShardTask) -> str | None:
-    """The one file ``task`` reads, if the first source of each job comes in ascending,
-    non-overlapping ranges (so a ``SourceDigest`` can follow along); else None.
-
-    A job's other sources (a weight's scales) may lie anywhere in that file: safetensors writes
-    tensors grouped by dtype, so a checkpoint's float32 scales sit far from their float8 or
-    uint8 weights (before them, in every file ``save_file`` wrote). They are fed with
-    ``ahead=False``: never a reason to read a gap."""
-    path, end = None, 0
-    for job in task.jobs:
-        for i, src in enumerate(job.inputs):
-            if path is None:
-                path = src.path
-            if src.path != path:
-                return None
-            if i == 0:
-                if src.offset < end:
-                    return None
-                end = src.offset + src.nbytes
-    return path
 
 
 class SourceDigest:

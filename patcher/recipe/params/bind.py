@@ -221,7 +221,7 @@ def _merge(top: Recipe, parts: list[tuple[Recipe, dict]]) -> Recipe:
                         "sha256": p.sha256, "text": p.text, "params": values}
                        for p, values in parts)
     own = {} if top.source == "<command line>" else parts[-1][1]
-    from ...gguf.recipe_section import merge_sections
+    from ..gguf_section import merge_sections
 
     return replace(top, requires=tuple(c for p, _ in parts for c in p.requires), config=config,
                    gguf=merge_sections([p.gguf for p, _ in parts]),

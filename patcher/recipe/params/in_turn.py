@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ...config.jsonfile import parse_json
-from ...config.ops import apply_config_ops
+from ..config_ops import apply_config_ops
 from ..schema import Recipe
 
 ReadJson = Callable[[str], Any]

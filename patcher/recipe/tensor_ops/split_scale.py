@@ -1,6 +1,6 @@
 """Tensor actions ``split``, ``scale`` and ``refuse``: their
 validation into the dataclasses of ``tensor_ops.schema``. Planning is in
-``patcher.tensors.scale_planning``, the arithmetic in ``patcher.tensors.scale_math``.
+``patcher.plan.scales``, the arithmetic in ``patcher.tensors.scale_math``.
 
 ::
 

@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ...errors import OperationFailed, ShardStopped
-from ...file_task import TaskKind
 from ...integrity.digests.hash_writer import HashingWriter, hash_while_copying
 from ...integrity.digests.hashing import HashResult
-from ...integrity.digests.source_digest import SourceDigest, single_source_in_order
-from ..tasks import ShardTask, TensorJob
+from ...integrity.digests.source_digest import SourceDigest
+from ..tasks import ShardTask, TaskKind, TensorJob, single_source_in_order
 from .shard_pipeline import Pipeline, read_ahead
 from .thread_budget import apply_threads
 

@@ -24,7 +24,7 @@ def quantize_fp8_per_tensor(w: torch.Tensor, *, device: str = "cpu",
         w: the weight, any float dtype and shape.
         device: where the arithmetic runs. The results are on the CPU.
         amax: the magnitude the scale is computed from instead of ``max |w|``: the largest of a
-            fused group's weights (``tensors.fused_groups``), at least ``max |w|``.
+            fused group's weights (``plan.fused_groups``), at least ``max |w|``.
 
     Returns:
         ``(fp8, scale)``: float8_e4m3fn tensor shaped like ``w`` and a 0-dim float32 scale

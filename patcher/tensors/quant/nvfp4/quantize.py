@@ -41,7 +41,7 @@ def quantize_nvfp4(w: torch.Tensor, layout: str = "modelopt", *, device: str = "
         layout: ``"modelopt"`` or ``"compressed-tensors"``.
         device: where the arithmetic runs. The results are on the CPU.
         amax: the magnitude the global scale is computed from instead of ``max |w|``: the
-            largest of a fused group's weights (``tensors.fused_groups``), at least ``max |w|``.
+            largest of a fused group's weights (``plan.fused_groups``), at least ``max |w|``.
 
     Returns:
         ``{"weight": uint8, "weight_scale": float8_e4m3fn, "weight_scale_2": float32 0-dim}``

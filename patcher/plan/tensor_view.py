@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..changes import FileDropped
 from ..errors import GuardRefused, PlanError
 from ..model.model_dir import INDEX_NAME, ModelDir
 from ..model.safetensors_io import OutputTensor, tensor_nbytes
-from ..plan import Action, FilePlan
 from ..recipe.regex_bound import per_name
-from .tasks import ShardTask, TensorJob, TensorSource, index_document
+from ..tensors.tasks import ShardTask, TensorJob, TensorSource, index_document
+from .changes import FileDropped
+from .types import Action, FilePlan
 
 
 @dataclass(frozen=True)

@@ -14,18 +14,18 @@ import re
 from collections import Counter
 from dataclasses import replace
 
-from ..changes import GgufMetadata, TensorDropped, TensorRenamed
-from ..changes import layout as change_layout
 from ..errors import GuardRefused, PlanError
-from ..plan import Action, FilePlan
+from ..gguf.files import SPLIT_TENSORS, GGUFModel, gguf_models
+from ..gguf.format import ARRAY, STRING, KeyValue, TensorInfo, encode_header, encode_value, layout
+from ..gguf.header_inplace import refusal
+from ..gguf.readback import check_header
+from ..gguf.task import GGUFTask
+from ..recipe.gguf_section import GGUFSection, TensorOp
 from ..recipe.regex_bound import per_name
-from .files import SPLIT_TENSORS, GGUFModel, gguf_models
-from .format import ARRAY, STRING, KeyValue, TensorInfo, encode_header, encode_value, layout
-from .header_inplace import refusal
-from .metadata import apply_meta_op, arch_key, check_rope_known, describe
-from .readback import check_header
-from .recipe_section import GGUFSection, TensorOp
-from .task import GGUFTask
+from .changes import GgufMetadata, TensorDropped, TensorRenamed
+from .changes import layout as change_layout
+from .gguf_metadata import apply_meta_op, arch_key, check_rope_known, describe
+from .types import Action, FilePlan
 
 _BLOCK = re.compile(r"blk\.(\d+)\.")
 
@@ -70,7 +70,7 @@ def _plan_model(recipe, section: GGUFSection, model, gm: GGUFModel, changes,
     for op in section.tensors:
         _tensor_op(op, gm, kept, renamed, block_count.value if block_count else None, changes)
     if max_shard_size:
-        from .reshard import reshard
+        from .gguf_reshard import reshard
 
         plans = reshard(model, gm, first_kv, kept, renamed, max_shard_size, changes,
                         tuple(f"rename {old} -> {new}" for old, new in renamed.items()),
@@ -281,7 +281,7 @@ def _size_label(gm, kv, kept, changes, meta_lines, loc) -> None:
     old = kv.get(key)
     if old is None or old.vtype != STRING:
         return
-    from . import require_gguf
+    from ..gguf_py import require_gguf
 
     label = require_gguf().utility.size_label
     before = label(*_parameter_counts(t for h in gm.headers for t in h.tensors.values()))

@@ -7,20 +7,15 @@ executor (``engine.py``) carries out exactly this, and ``modelpatch plan`` print
 
 from __future__ import annotations
 
-import enum
 import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
-from . import collector
-from .changes import ChangeRecord, FileAdded, FileDropped, changes_json
-from .config.jsonfile import dump_json_document, load_json_document, unified_diff
-from .config.ops import apply_config_ops
-from .errors import NothingToChange, PlanError
-from .file_task import FileTask, TaskKind
-from .model.model_dir import (
+from .. import collector
+from ..config.jsonfile import dump_json_document, load_json_document, unified_diff
+from ..errors import InputError, NothingToChange, PlanError
+from ..model.model_dir import (
     INDEX_NAME,
     MANIFEST_NAME,
     SIGNATURE_NAME,
@@ -28,121 +23,40 @@ from .model.model_dir import (
     fingerprint,
     read_fingerprint,
 )
-from .plan_options import PlanOptions
-from .recipe.load import Recipe
-from .recipe.params.bind import bind_recipe
-from .recipe.regex_bound import plan_wide
+from ..recipe.config_ops import apply_config_ops
+from ..recipe.load import Recipe
+from ..recipe.params.bind import bind_recipe
+from ..recipe.regex_bound import plan_wide
+from .changes import ABSENT, ConfigEdit, ContentSource, FileAdded, FileDropped
+from .types import Action, FilePlan, Plan, PlanOptions
 
 
-class LinkEstimate(Protocol):
-    """How an out-of-place apply will carry the base's files (``execute.linking``)."""
+class Sources(Protocol):
+    """Where a recipe's ``from:`` contents are read (``patcher.remote.sources.SourceFetcher``,
+    which the API and the remote apply, ``remote.apply``, hand to ``plan``): each source
+    fetched once, ``endpoint`` the hub of its ``hf://`` sources (None: ``$HF_ENDPOINT``, then
+    huggingface.co)."""
 
-    method: str
-    carried_bytes: int
+    endpoint: str | None
 
-    def to_json(self) -> dict: ...
-
-
-class Action(str, enum.Enum):
-    LINK = "link"
-    WRITE_JSON = "write-json"
-    REWRITE_SHARD = "rewrite-shard"
-    DROP = "drop"
-    ADD = "add"
+    def fetch(self, source: Any) -> Any: ...
 
 
-@dataclass(frozen=True)
-class FilePlan:
-    """What happens to one file. ``path`` is the output path (the base path for drops)."""
+class NoSources:
+    """The ``Sources`` of a plan given none: a recipe that reads a ``from:`` is refused."""
 
-    path: str
-    action: Action
-    source: str | None = None          # base relpath the output comes from
-    size_before: int | None = None
-    size_after: int | None = None
-    content: bytes | None = None       # WRITE_JSON and ADD
-    diff: str | None = None
-    shard_task: FileTask | None = None   # REWRITE_SHARD: what writes the file
+    endpoint = None
 
-
-@dataclass(frozen=True)
-class Plan:
-    """Pure data describing an apply. Nothing here has touched the disk."""
-
-    recipe: Recipe
-    base: Path
-    files: tuple[FilePlan, ...]
-    changes: tuple[ChangeRecord, ...]   # patcher.changes records and config.ops.Change
-    warnings: tuple[str, ...] = ()
-    options: PlanOptions = field(default_factory=PlanOptions)
-    link: LinkEstimate | None = None
-    """A ``linking.LinkPrediction`` for an out-of-place apply (``linking.predict_for_plan``)."""
-    transfer: dict | None = None
-    """For a model read from a hub (``hf://``): what reading it transferred."""
-    fingerprint: dict | None = None
-    """What the plan read of the base directory (``model_dir.fingerprint``): the executors
-    refuse the plan if the directory has changed since (``check_unchanged``)."""
-    base_subset: bool = False
-    """The base is some files of its directory (a ``.gguf`` file as MODEL): only those count for
-    ``check_unchanged``; others may come and go beside them (the variant's own output)."""
-
-    def by_action(self, action: Action) -> list[FilePlan]:
-        return [f for f in self.files if f.action is action]
-
-    @property
-    def bytes_unchanged(self) -> int:
-        """Bytes of the base files the variant keeps unchanged (linked or copied)."""
-        return sum(f.size_after or 0 for f in self.by_action(Action.LINK))
-
-    @property
-    def bytes_written(self) -> int:
-        return sum(len(f.shard_task.header)
-                   if f.shard_task is not None and f.shard_task.kind is TaskKind.GGUF_HEADER
-                   else f.size_after or 0 for f in self.files
-                   if f.action in (Action.WRITE_JSON, Action.ADD, Action.REWRITE_SHARD))
-
-    @property
-    def changed(self) -> bool:
-        return any(f.action is not Action.LINK for f in self.files)
-
-    def to_json(self) -> dict:
-        return {
-            "recipe": self.recipe.identity(),
-            "base": str(self.base),
-            "files": [_file_json(f) for f in self.files],
-            "changes": changes_json(self.changes),
-            "warnings": list(self.warnings),
-            "bytes": self._bytes_json(),
-            **({"link": self.link.to_json()} if self.link is not None else {}),
-        }
-
-    def _bytes_json(self) -> dict:
-        """``unchanged``: the base files kept as they are; of those and of the originals kept
-        for revert, ``linked`` share storage with the base (reflink or hardlink) and ``copied``
-        are copied, as predicted for the output (an in-place patch neither links nor copies)."""
-        link = self.link
-        carried = link.carried_bytes if link is not None else 0
-        copied = carried if link is not None and link.method == "copy" else 0
-        return {"unchanged": self.bytes_unchanged, "linked": carried - copied, "copied": copied,
-                "written": self.bytes_written}
-
-
-def _file_json(f: FilePlan) -> dict:
-    out = {"path": f.path, "action": f.action.value, "source": f.source,
-           "size_before": f.size_before, "size_after": f.size_after}
-    if f.diff:
-        out["diff"] = f.diff
-    if f.shard_task is not None:
-        out["tensors"] = f.shard_task.summary()
-    return out
+    def fetch(self, source: Any) -> Any:
+        raise InputError(f"from: {source.text!r}: this plan was given no source fetcher "
+                         f"(patcher.remote.sources.SourceFetcher)")
 
 
 def plan(recipe: Recipe, model: ModelDir, *,
          options: PlanOptions | Mapping[str, Any] | None = None,
-         endpoint: str | None = None) -> Plan:
-    """Compute the plan for applying ``recipe`` to ``model``. ``from:`` sources on a hub are
-    fetched from ``endpoint`` (default ``$HF_ENDPOINT``, then huggingface.co), once: the plan
-    holds their bytes.
+         sources: Sources | None = None) -> Plan:
+    """Compute the plan for applying ``recipe`` to ``model``. ``from:`` contents are read
+    through ``sources``, once: the plan holds their bytes.
 
     Raises:
         GuardRefused: a ``requires`` guard does not hold (nothing is planned).
@@ -150,15 +64,13 @@ def plan(recipe: Recipe, model: ModelDir, *,
             its patterns overrun the plan's regex budget (``recipe.regex_bound``).
     """
     with plan_wide():
-        return _plan(recipe, model, PlanOptions.of(options), endpoint)
+        return _plan(recipe, model, PlanOptions.of(options), sources or NoSources())
 
 
-def _plan(recipe: Recipe, model: ModelDir, options: PlanOptions, endpoint: str | None) -> Plan:
-    from .remote.sources import SourceFetcher, source_changes
-
+def _plan(recipe: Recipe, model: ModelDir, options: PlanOptions, sources: Sources) -> Plan:
     recipe = bind_recipe(recipe, model.json, dict(options.params) if options.params else None,
-                         SourceFetcher(endpoint))
-    changes: list = list(source_changes(recipe, endpoint))
+                         sources)
+    changes: list = list(source_changes(recipe, sources.endpoint))
     warnings: list[str] = list(model.warnings)
     replaced: dict[str, FilePlan] = {}
     for name, ops in recipe.config.items():
@@ -168,14 +80,14 @@ def _plan(recipe: Recipe, model: ModelDir, options: PlanOptions, endpoint: str |
     replaced.update(_plan_file_ops(recipe, model, changes))
     max_shard_size = options.max_shard_size or recipe.max_shard_size
     if recipe.gguf is not None:
-        from .gguf.plan import plan_gguf
+        from .gguf import plan_gguf
 
         replaced.update(plan_gguf(recipe, model, changes, max_shard_size,
                                   in_place=options.in_place))
         if not model.shards:
             max_shard_size = None       # it resharded the GGUF; no safetensors to reshard
     if recipe.tensors or max_shard_size:
-        from .tensors.planning import plan_tensor_ops
+        from .tensors import plan_tensor_ops
 
         # Several objects per tensor, all kept in the plan: collections would only rescan
         # them (4.3 of 22.6 s planning nvfp4-to-bf16 at 497k tensors).
@@ -190,6 +102,28 @@ def _plan(recipe: Recipe, model: ModelDir, options: PlanOptions, endpoint: str |
     return Plan(recipe=recipe, base=model.root, files=tuple(files), changes=tuple(changes),
                 warnings=tuple(warnings), options=options, fingerprint=fingerprint(model.files),
                 base_subset=model.subset)
+
+
+def shown_endpoint(endpoint: str | None) -> str | None:
+    """The endpoint as the manifest may record it: credentials in the URL removed."""
+    return None if endpoint is None else re.sub(r"//[^/?#]*@", "//", endpoint)
+
+
+def source_changes(recipe: Recipe, endpoint: str | None) -> list[ContentSource]:
+    """One ``content_source`` change-log record per op of the bound ``recipe`` whose content
+    came from elsewhere: what it fills, where it came from (resolved) and its sha256. The
+    manifest keeps them, so the variant says which bytes it was made from."""
+    targets = [(op.path, op, op.source) for op in recipe.files if getattr(op, "source", None)]
+    targets += [(f"{file} {op.path}", op, op.source) for file, ops in recipe.config.items()
+                for op in ops if getattr(op, "source", None)]
+    targets += [(f"GGUF {op.key}", op, op.content_source)
+                for op in (recipe.gguf.metadata if recipe.gguf is not None else ())
+                if op.content_source]
+    shown = shown_endpoint(endpoint or os.environ.get("HF_ENDPOINT") or None)
+    return [ContentSource(target, dict(source), op.loc,
+                          endpoint=shown if shown and str(source.get("resolved", ""))
+                          .startswith("hf://") else ABSENT)
+            for target, op, source in targets]
 
 
 def check_unchanged(the_plan: Plan) -> None:
@@ -237,7 +171,8 @@ def _plan_json_file(model: ModelDir, name: str, ops: list, changes: list,
                         where=ops[0].loc)
     before = model.read_bytes(name)
     document = load_json_document(before, str(model.root / name))
-    new_value, file_changes = apply_config_ops(document.value, ops, file=name)
+    new_value, edits = apply_config_ops(document.value, ops, file=name)
+    file_changes = [ConfigEdit.of(e) for e in edits]
     if not file_changes:
         return None
     after = dump_json_document(new_value, document.style)
@@ -305,8 +240,7 @@ def _check_added_file(name: str, content: bytes, loc: str) -> None:
         raise PlanError(f"files: add cannot write {name}: shards and the shard index are made by "
                         f"the tensors: operations", where=loc)
     if name.endswith(".json"):
-        from .config.jsonfile import parse_json
-        from .errors import InputError
+        from ..config.jsonfile import parse_json
 
         try:
             parse_json(content, name, constants=False)
@@ -317,7 +251,7 @@ def _check_added_file(name: str, content: bytes, loc: str) -> None:
 
 def _quantization_warnings(model: ModelDir, replaced: dict[str, FilePlan],
                            dtypes: dict[str, str], changes: list) -> list[str]:
-    from .tensors.quant_consistency import final_json, quantization_warnings
+    from .quant_consistency import final_json, quantization_warnings
 
     def final(name: str):
         fp = replaced.get(name)
@@ -328,4 +262,4 @@ def _quantization_warnings(model: ModelDir, replaced: dict[str, FilePlan],
                                  changes)
 
 
-__all__ = ["Action", "FilePlan", "Plan", "PlanOptions", "plan", "require_change", "INDEX_NAME"]
+__all__ = ["NoSources", "Sources", "check_unchanged", "plan", "require_change"]

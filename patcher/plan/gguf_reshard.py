@@ -16,12 +16,12 @@ Kept tensors' bytes are copied unchanged, in the model's order.
 
 from __future__ import annotations
 
-from ..changes import GgufResharded
 from ..errors import PlanError
-from ..plan import Action, FilePlan
-from .files import SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS, GGUFModel
-from .format import KeyValue, encode_value
-from .plan import build_task
+from ..gguf.files import SPLIT_COUNT, SPLIT_NO, SPLIT_TENSORS, GGUFModel
+from ..gguf.format import KeyValue, encode_value
+from .changes import GgufResharded
+from .gguf import build_task
+from .types import Action, FilePlan
 
 SHARD_NAME = "{}-{:05d}-of-{:05d}.gguf"
 DEFAULT_ALIGNMENT = 32            # GGUF_DEFAULT_ALIGNMENT

@@ -21,11 +21,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from ..config.json_pointer import join_pointer, json_equal, resolve
 from ..errors import PlanError
-from ..recipe import checks as rc
-from ..recipe.regex_bound import per_name
-from ..recipe.schema import ArrayOp
-from .json_pointer import join_pointer, json_equal, resolve
+from . import checks as rc
+from .regex_bound import per_name
+from .schema import ArrayOp
 
 ARRAY_KEYS = {"each": ("each", "match", "replace", "remove", "in", "missing_ok", "allow_empty",
                        "in_step"),
@@ -42,7 +42,7 @@ IN_STEP = {("config.json", "/quantization_config/ignore"):
 def parse_array_op(v: rc.Validator, node: Any, action: str, file: str | None,
                    pos: rc.Pos) -> list[tuple[str, ArrayOp]]:
     """[(file, op)]: the op, and its in-step counterpart when asked."""
-    from ..recipe.tensor_ops.parse import check_regex
+    from .tensor_ops.parse import check_regex
 
     v.check_keys(node, ARRAY_KEYS[action], f"'{action}' operation")
     path = v.pointer(node, action, allow_root=False)
@@ -111,7 +111,7 @@ def parse_array_op(v: rc.Validator, node: Any, action: str, file: str | None,
 
 def apply_array_op(state, op: ArrayOp, scope: str) -> None:
     """Apply ``op`` inside ``scope`` of ``state.doc`` (a config_ops._State)."""
-    from .ops import Change
+    from .config_ops import JsonEdit  # config_ops imports this module when an array op runs
 
     pointer = join_pointer(scope, op.path)
     before = resolve(state.doc, pointer)
@@ -132,7 +132,7 @@ def apply_array_op(state, op: ArrayOp, scope: str) -> None:
     if after == before:
         return
     state.patch({"op": "replace", "path": pointer, "value": after}, op.loc)
-    state.add_change(Change(state.file, pointer, "set", before, after, op.loc))
+    state.add_change(JsonEdit(state.file, pointer, "set", before, after, op.loc))
 
 
 def _matched(op: ArrayOp, before: list) -> tuple[list, int]:

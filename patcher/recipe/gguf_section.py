@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InputError
-from ..recipe import checks as rc
-from ..recipe.tensor_ops.parse import check_regex, check_replacement
+from . import checks as rc
+from .tensor_ops.parse import check_regex, check_replacement
 
 TYPES = {"uint8": 0, "int8": 1, "uint16": 2, "int16": 3, "uint32": 4, "int32": 5,
          "float32": 6, "bool": 7, "string": 8, "uint64": 10, "int64": 11, "float64": 12}
@@ -208,7 +208,7 @@ def _meta(v: rc.Validator, node: Any, pos) -> MetaOp | None:
         if value is rc.INVALID:
             return None
     elif sources[0] == "from":
-        from ..recipe.sources import parse_from
+        from .sources import parse_from
 
         found = parse_from(v, node, pos)
         pointer = v.pointer(node, "path") if "path" in node else None
@@ -240,7 +240,7 @@ def _check_rope_value(v: rc.Validator, node: Any, key: str, value: Any) -> None:
 
 
 def rope_types() -> tuple[str, ...]:
-    from . import gguf_constants
+    from ..gguf_py import gguf_constants
 
     return tuple(t.value for t in gguf_constants().RopeScalingType)
 

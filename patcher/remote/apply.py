@@ -21,16 +21,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import HubError, InputError
-from ...execute.patch_builder import claimed_signature, manifest_statement
-from ...integrity.manifest import read_manifest, write_manifest
-from ...model.model_dir import MANIFEST_NAME, SIGNATURE_NAME
-from ...names import checked_digest, checked_name
-from ...plan import Action, PlanOptions, require_change
-from .connection import check_repo_id, client, hub_call
-from .model_card import CARD_NAME, ORIGINAL_README, render_card
-from .publish import commit_variant, existing_card
-from .server_copies import BaseSource, TransferPlan
+from ..errors import HubError, InputError
+from ..execute.patch_builder import claimed_signature, manifest_statement
+from ..hub.client.connection import check_repo_id, client, hub_call
+from ..hub.client.model_card import CARD_NAME, ORIGINAL_README, render_card
+from ..hub.client.publish import commit_variant, existing_card
+from ..hub.client.server_copies import BaseSource, TransferPlan
+from ..integrity.manifest import read_manifest, write_manifest
+from ..model.model_dir import MANIFEST_NAME, SIGNATURE_NAME
+from ..names import checked_digest, checked_name
+from ..plan.build import require_change
+from ..plan.types import Action, PlanOptions
 
 log = logging.getLogger("modelpatch")
 
@@ -49,16 +50,17 @@ def apply_and_publish(recipe, url: str, repo_id: str, *, endpoint: str | None = 
                       message: str | None = None, base_model: str | None = None,
                       allow_noop: bool = False,
                       params: dict | None = None) -> RemotePublishResult:
-    from ...plan import plan as make_plan
-    from ...recipe.load import load_recipes
-    from ...remote.model import RemoteModel
+    from ..plan.build import plan as make_plan
+    from ..recipe.load import load_recipes
+    from .model import RemoteModel
+    from .sources import SourceFetcher
 
     check_repo_id(repo_id)
     loaded = load_recipes(recipe)
     model = RemoteModel.open(url, endpoint=endpoint)
     # config only (refused below otherwise): nothing is computed here, so no jobs or device
     options = PlanOptions.of({"device": None}, params=params)
-    the_plan = make_plan(loaded, model, options=options, endpoint=endpoint)
+    the_plan = make_plan(loaded, model, options=options, sources=SourceFetcher(endpoint))
     rewrites = [fp.path for fp in the_plan.files if fp.action is Action.REWRITE_SHARD]
     if rewrites:
         raise InputError(f"recipe {loaded.name!r} rewrites {len(rewrites)} shards "

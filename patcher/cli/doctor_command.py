@@ -1,12 +1,14 @@
-"""The ``modelpatch doctor`` command (registered on the main group by ``patcher.cli``)."""
+"""The ``modelpatch doctor`` command (registered on the main group by ``patcher.cli``), and
+``--fix``'s application of the fixing recipes through the API."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
-from ..cli.options import (
+from .options import (
     endpoint_option,
     force_option,
     json_option,
@@ -16,7 +18,7 @@ from ..cli.options import (
 )
 
 if TYPE_CHECKING:
-    from .report import DoctorReport
+    from ..doctor.report import DoctorReport
 
 
 @click.command()
@@ -50,11 +52,11 @@ def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in
     from dataclasses import replace
 
     from .. import api
-    from ..cli.output import echo, echo_json
+    from ..doctor.diagnose import render
+    from ..doctor.fix import fixing_params, fixing_recipes, nothing_to_fix
+    from ..doctor.report import FixOutcome
     from ..model_ref import ModelRef
-    from .diagnose import render
-    from .fix import apply_fixes, fixing_params, fixing_recipes, nothing_to_fix
-    from .report import FixOutcome
+    from .output import echo, echo_json
 
     if (out or in_place or force or link or force_copy) and not fix:
         raise click.UsageError("-o/--output, --in-place, --force, --link and --copy go with "
@@ -105,3 +107,51 @@ def _diagnosed(model: str, report: DoctorReport) -> str:
     from ..remote.model import command_words
 
     return command_words(report.remote)[0]
+
+
+#: ``doctor --fix`` writes ``<model>-doctor`` unless ``-o`` names the output.
+OUTPUT_SUFFIX = "doctor"
+
+
+def apply_fixes(model: str, recipes: list[str], *, out: str | None, in_place: bool,
+                endpoint: str | None, progress: bool, force: bool = False,
+                params: dict[str, dict] | None = None, sign=None, link: str = "auto") -> Path:
+    """Apply ``recipes`` (with ``params``: recipe -> its params) to ``model``; returns the
+    directory that holds the result: ``out``, else ``default_output``. ``sign`` (a loaded
+    signer): the fixed variant is committed with its ``model.sig``. ``link``: how the variant
+    carries the base's unchanged files (as ``apply --link``)."""
+    params = params or {}
+    from .. import api
+    from ..model_ref import ModelRef
+
+    local, ref = model, ModelRef.parse(model)
+    if ref.is_hub:
+        from .progress import resolve_with_meter
+
+        local = str(resolve_with_meter(ref, endpoint, quiet=not progress))
+        if out is None and not in_place:
+            out = f"{ref.name}-{OUTPUT_SUFFIX}"
+    if in_place:
+        applied = 0
+        try:
+            for recipe in recipes:
+                api.apply_in_place(recipe, local, params=params.get(recipe))
+                applied += 1
+        except BaseException:
+            for _ in range(applied):            # nothing half-fixed: undo the earlier fixes
+                api.revert(local)
+            raise
+        return Path(local)
+    return api.apply_stacked(recipes, local, out=out or default_output(local), force=force,
+                             params=params, sign=sign, link=link)
+
+
+def default_output(model: str) -> Path:
+    """``<model>-doctor`` beside the model (``DIR/NAME-doctor`` for ``DIR/NAME.gguf``; in the
+    current directory for a Hugging Face cache snapshot), however many recipes fix it."""
+    from ..execute.engine import default_output as beside_directory
+    from ..gguf.single_file import default_output as beside_file
+
+    if model.endswith(".gguf"):
+        return beside_file(model, OUTPUT_SUFFIX)
+    return beside_directory(Path(model), OUTPUT_SUFFIX)

@@ -1,5 +1,5 @@
 """Planning of the ``split`` and ``scale`` tensor actions over the virtual view of
-``patcher.tensors.planning`` (no data read; the values are checked when they are computed, in
+``patcher.plan.tensors`` (no data read; the values are checked when they are computed, in
 ``patcher.tensors.scale_math``)."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import math
 import re
 from dataclasses import replace
 
-from ..changes import TensorAdded, TensorConverted, TensorDropped, layout
 from ..errors import GuardRefused, PlanError
 from ..model.safetensors_io import OutputTensor
 from ..recipe.regex_bound import per_name
 from ..recipe.tensor_ops.split_scale import SCALE_DTYPES
-from .tasks import TensorJob, TensorSource
+from ..tensors.tasks import TensorJob, TensorSource
+from .changes import TensorAdded, TensorConverted, TensorDropped, layout
 
 
 def plan_split(view: dict, names: list[str], op, changes: list) -> None:

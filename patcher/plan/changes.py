@@ -1,17 +1,23 @@
-"""The change log of a plan: one typed record per kind of change.
+"""The change log of a plan: one typed record per kind of change, each a ``Change``.
 
-``Plan.changes`` holds these records (and the JSON edits of ``patcher.config.ops.Change``); the
-plan's ``--json``, the text plan and the provenance manifest read ``to_json()``, whose keys and
-their order are the change log's format (docs/architecture.md §3): the manifest's bytes come from
-it. A field left at ``ABSENT`` is not written; ``None`` is written as ``null``.
-
-The standard library only: every package may import it.
+``Plan.changes`` holds these records; the plan's ``--json``, the text plan and the provenance
+manifest read ``to_json()``, whose keys and their order are the change log's format
+(docs/architecture.md §3): the manifest's bytes come from it (grouped per rule by
+``patcher.integrity.change_log``). A field left at ``ABSENT`` is not written; ``None`` is written
+as ``null``. A record made by a recipe line names it under one key, ``recipe_line``
+(``file:line:col``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Union
+from typing import Any
+
+RECIPE_LINE = "recipe_line"
+"""The one key of a change record that names the recipe line which made it."""
+
+OLD_RECIPE_LINE_KEYS = ("recipe_loc", "loc")
+"""What saved plans written before the key was one called it (JSON edits, content sources)."""
 
 
 class _Absent:
@@ -27,13 +33,30 @@ def _present(**items: Any) -> dict[str, Any]:
     return {k: v for k, v in items.items() if v is not ABSENT}
 
 
+@dataclass(frozen=True)
+class Change:
+    """One entry of a plan's change log. Every record has a ``kind`` (a class attribute, or
+    the edit of a ``ConfigEdit``) and writes itself with ``to_json()``."""
+
+    def to_json(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+def with_one_recipe_line_key(entry: dict[str, Any]) -> dict[str, Any]:
+    """``entry`` (a change record's JSON) with an older spelling of ``recipe_line`` renamed in
+    its place (same position, so the manifest's bytes match a record written today)."""
+    if not any(k in entry for k in OLD_RECIPE_LINE_KEYS) or RECIPE_LINE in entry:
+        return entry
+    return {RECIPE_LINE if k in OLD_RECIPE_LINE_KEYS else k: v for k, v in entry.items()}
+
+
 def layout(dtype: str, shape) -> dict[str, Any]:
     """A tensor's ``{"dtype", "shape"}`` as change records show it."""
     return {"dtype": dtype, "shape": list(shape)}
 
 
 @dataclass(frozen=True)
-class FileDropped:
+class FileDropped(Change):
     """A file of the base left out of the output: by ``files: drop`` (``size``), or a shard with
     no tensors left (``reason``)."""
 
@@ -47,7 +70,7 @@ class FileDropped:
 
 
 @dataclass(frozen=True)
-class FileAdded:
+class FileAdded(Change):
     """A file written by ``files: add`` (``replaced``: a base file of that name was replaced;
     ``source``: where ``from:`` read it, as its keys)."""
 
@@ -63,7 +86,7 @@ class FileAdded:
 
 
 @dataclass(frozen=True)
-class TensorDropped:
+class TensorDropped(Change):
     """A tensor left out of the output (``companion_of``/``reason``: dropped with the tensor a
     dequantization consumed it for). ``dtype``/``shape`` repeat ``before`` for safetensors."""
 
@@ -85,7 +108,7 @@ class TensorDropped:
 
 
 @dataclass(frozen=True)
-class TensorRenamed:
+class TensorRenamed(Change):
     tensor: str
     to: str
     shard: str
@@ -100,7 +123,7 @@ class TensorRenamed:
 
 
 @dataclass(frozen=True)
-class TensorConverted:
+class TensorConverted(Change):
     """A tensor cast, dequantized (``removed``: the companions it consumed; ``to``: its new name)
     or quantized (``added``: the companions written beside it); ``how`` says which."""
 
@@ -122,7 +145,7 @@ class TensorConverted:
 
 
 @dataclass(frozen=True)
-class TensorAdded:
+class TensorAdded(Change):
     """A new tensor: a ``copy_of`` another, a part ``split_from`` one, or a ``companion_of`` a
     quantized one (its scale)."""
 
@@ -144,7 +167,7 @@ class TensorAdded:
 
 
 @dataclass(frozen=True)
-class Resharded:
+class Resharded(Change):
     max_shard_size: int
     shards_before: int
     shards_after: int
@@ -156,7 +179,7 @@ class Resharded:
 
 
 @dataclass(frozen=True)
-class GgufResharded:
+class GgufResharded(Change):
     """A GGUF model's files rewritten into another split layout (``--max-shard-size``)."""
 
     max_shard_size: int
@@ -170,7 +193,7 @@ class GgufResharded:
 
 
 @dataclass(frozen=True)
-class GgufMetadata:
+class GgufMetadata(Change):
     """A GGUF metadata key dropped, renamed (``to``) or set (``before`` may be null; ``type``: the
     GGUF value type of a key the recipe sets)."""
 
@@ -189,7 +212,7 @@ class GgufMetadata:
 
 
 @dataclass(frozen=True)
-class ContentSource:
+class ContentSource(Change):
     """Content that a ``from:`` brought in from elsewhere (a hub file, another model, a local
     file): what it fills (``target``: a file, or ``FILE POINTER``), the resolved source's keys
     (``resolved``, ``sha256``, ``size`` ...), the recipe line, and the hub's endpoint when it
@@ -197,101 +220,49 @@ class ContentSource:
 
     target: str
     source: dict[str, Any]
-    loc: str
+    recipe_line: str
     endpoint: str = ABSENT
     kind = "content_source"
 
     def to_json(self) -> dict[str, Any]:
-        return _present(kind=self.kind, target=self.target, **self.source, loc=self.loc,
-                        endpoint=self.endpoint)
+        return _present(kind=self.kind, target=self.target, **self.source,
+                        recipe_line=self.recipe_line, endpoint=self.endpoint)
 
 
-Change = Union[FileDropped, FileAdded, TensorDropped, TensorRenamed, TensorConverted, TensorAdded,
-               Resharded, GgufResharded, GgufMetadata, ContentSource]
-"""Every record but the JSON edits (``patcher.config.ops.Change``), which have ``to_json`` too."""
+@dataclass(frozen=True)
+class ConfigEdit(Change):
+    """One effective edit of a JSON file (``patcher.plan.config_ops``).
 
+    ``kind``: ``removed`` (``before`` is the removed value), ``set`` (``existed`` tells whether
+    ``path`` had a value, then in ``before``), ``renamed`` / ``copied`` (from ``from_path`` to
+    ``path``), ``test`` (an RFC 6902 test that passed; ``before == after``). ``recipe_line`` is
+    the recipe line of the op. Values are plain JSON.
+    """
 
-class ChangeRecord(Protocol):
-    """One entry of a plan's change log: a record here, a ``config.ops.Change``, or one read
-    back from a saved plan."""
+    file: str
+    path: str
+    kind: str
+    before: Any
+    after: Any
+    recipe_line: str
+    from_path: str | None = None
+    existed: bool = True
 
-    def to_json(self) -> dict[str, Any]: ...
+    @classmethod
+    def of(cls, edit: Any) -> ConfigEdit:
+        """The record of a ``patcher.recipe.config_ops.JsonEdit``."""
+        return cls(edit.file, edit.path, edit.kind, edit.before, edit.after, edit.recipe_line,
+                   edit.from_path, edit.existed)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"file": self.file, "kind": self.kind, "path": self.path}
+        if self.from_path is not None:
+            out["from"] = self.from_path
+        out.update(before=self.before, after=self.after, existed=self.existed,
+                   recipe_line=self.recipe_line)
+        return out
 
 
 def changes_json(changes) -> list[dict[str, Any]]:
     """The change log as the plan's JSON and the manifest write it."""
     return [c.to_json() for c in changes]
-
-
-# -- the manifest's change log: per rule, not per tensor ---------------------------------------
-
-TENSOR_KINDS = ("tensor_converted", "tensor_dropped", "tensor_renamed", "tensor_added")
-TENSOR_GROUP = "tensor_group"
-GROUP_EXAMPLES = 3
-"""Names a group shows (the first in sorted order); the rest are in its digest."""
-
-# the fields that make two tensor changes "the same change": what happened, by which recipe line,
-# how, and the dtypes before and after; names, shards and shapes vary within a group
-_GROUP_FIELDS = ("how", "reason", "recipe_line")
-
-
-def _dtype(side: Any) -> Any:
-    return side.get("dtype") if isinstance(side, dict) else None
-
-
-def _group_key(entry: dict[str, Any]) -> tuple:
-    return (entry["kind"], *(entry.get(f) for f in _GROUP_FIELDS),
-            _dtype(entry.get("before")), _dtype(entry.get("after")),
-            "companion" if "companion_of" in entry else None)
-
-
-def _member(entry: dict[str, Any]) -> str:
-    """A tensor's line in its group's digest: its name, and where a rename or a conversion sent
-    it, that name too (``name<TAB>to``)."""
-    return entry["tensor"] + (f"\t{entry['to']}" if isinstance(entry.get("to"), str) else "")
-
-
-def members_sha256(entries: list[dict[str, Any]]) -> str:
-    """The digest a ``tensor_group`` records: sha256 of its members' lines, sorted, each ending
-    in a newline (UTF-8)."""
-    import hashlib
-
-    lines = sorted(_member(e) for e in entries)
-    return hashlib.sha256("".join(f"{line}\n" for line in lines).encode(
-        "utf-8", "surrogatepass")).hexdigest()
-
-
-def grouped(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The change log as a provenance manifest records it: config, file and GGUF edits as they
-    are, tensor changes one record per rule (``tensor_group``: the change's kind, recipe line,
-    ``how``, dtypes before and after, the tensor count, the digest of the sorted names
-    (``members_sha256``) and the first few names). Its size grows with the recipe's rules and the
-    files, never with the tensors: Kimi-K2.5's 273k tensors are a handful of groups. The plan
-    keeps every tensor (``plan --json``). Groups stand where their first tensor stood."""
-    groups: dict[tuple, list[dict[str, Any]]] = {}
-    out: list[Any] = []
-    for entry in entries:
-        if entry.get("kind") not in TENSOR_KINDS:
-            out.append(entry)
-            continue
-        key = _group_key(entry)
-        if key not in groups:
-            groups[key] = []
-            out.append(key)
-        groups[key].append(entry)
-    return [_group(item, groups[item]) if isinstance(item, tuple) else item for item in out]
-
-
-def _group(key: tuple, members: list[dict[str, Any]]) -> dict[str, Any]:
-    kind, *fields = key
-    how, reason, recipe_line, before, after, companion = fields
-    record = _present(kind=TENSOR_GROUP, change=kind,
-                      how=how if how is not None else ABSENT,
-                      reason=reason if reason is not None else ABSENT,
-                      companions=True if companion else ABSENT,
-                      before_dtype=before, after_dtype=after,
-                      recipe_line=recipe_line if recipe_line is not None else ABSENT)
-    record["count"] = len(members)
-    record["members_sha256"] = members_sha256(members)
-    record["examples"] = sorted(e["tensor"] for e in members)[:GROUP_EXAMPLES]
-    return record

@@ -24,8 +24,9 @@ from patcher.config.jsonfile import (
     load_json_document,
     parse_json,
 )
-from patcher.config.ops import Change, apply_config_ops, unified_diff
 from patcher.errors import PlanError
+from patcher.plan.changes import ConfigEdit
+from patcher.recipe.config_ops import JsonEdit, apply_config_ops, unified_diff
 from patcher.recipe.load import load_recipe, resolve_recipe
 
 HEAD = "modelpatch: 1\nname: t\ndescription: d\nconfig:\n  config.json:\n"
@@ -76,15 +77,15 @@ def test_drop_in_scopes_records_each_removal():
     assert KIMI == before  # pure: the input is untouched
     assert "kv_cache_scheme" not in new["quantization_config"]
     assert "kv_cache_scheme" not in new["text_config"]["quantization_config"]
-    assert [c.to_json() for c in changes] == [
+    assert [ConfigEdit.of(c).to_json() for c in changes] == [
         {"file": "config.json", "kind": "removed",
          "path": "/quantization_config/kv_cache_scheme",
          "before": {"dynamic": False, "num_bits": 8, "type": "float"}, "after": None,
-         "existed": True, "recipe_loc": "recipe.yaml:6:7"},
+         "existed": True, "recipe_line": "recipe.yaml:6:7"},
         {"file": "config.json", "kind": "removed",
          "path": "/text_config/quantization_config/kv_cache_scheme",
          "before": {"num_bits": 8, "type": "float"}, "after": None, "existed": True,
-         "recipe_loc": "recipe.yaml:6:7"},
+         "recipe_line": "recipe.yaml:6:7"},
     ]
 
 
@@ -152,7 +153,7 @@ def test_set_creates_parents_and_replaces():
           value: null
         """)
     assert new == {"a": 2, "foo": {"bar": {"baz": {"x": [1, 2]}}}, "b": None}
-    assert [(c.kind, c.path, c.before, c.after, c.existed, c.loc) for c in changes] == [
+    assert [(c.kind, c.path, c.before, c.after, c.existed, c.recipe_line) for c in changes] == [
         ("set", "/foo/bar/baz", None, {"x": [1, 2]}, False, "recipe.yaml:6:7"),
         ("set", "/a", 1, 2, True, "recipe.yaml:8:7"),
         # the second set /a is a no-op and records nothing
@@ -193,7 +194,7 @@ def test_rename_keeps_the_key_position():
     doc = {"a": 1, "old_key": {"x": 1}, "z": 2}
     new, changes = apply(doc, "- rename: /old_key\n  to: /new_key\n")
     assert list(new) == ["a", "new_key", "z"] and new["new_key"] == {"x": 1}
-    assert changes == [Change("config.json", "/new_key", "renamed", {"x": 1}, {"x": 1},
+    assert changes == [JsonEdit("config.json", "/new_key", "renamed", {"x": 1}, {"x": 1},
                               "recipe.yaml:6:7", from_path="/old_key")]
 
 
@@ -257,8 +258,8 @@ def test_every_rfc6902_op():
         ("removed", "/l/0", None, 1, None, True),
         ("test", "/l", None, [9, 2, 3], [9, 2, 3], True),
     ]
-    assert [c.loc for c in changes] == [f"recipe.yaml:{line}:7" for line in range(6, 15)]
-    json.dumps([c.to_json() for c in changes])  # serializable
+    assert [c.recipe_line for c in changes] == [f"recipe.yaml:{line}:7" for line in range(6, 15)]
+    json.dumps([ConfigEdit.of(c).to_json() for c in changes])  # serializable
 
 
 def test_rfc6902_ops_in_scopes():

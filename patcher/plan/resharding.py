@@ -13,13 +13,13 @@ not part of the new layout are dropped (and kept as revert data like every repla
 
 from __future__ import annotations
 
-from ..changes import Resharded
 from ..errors import PlanError
 from ..model.model_dir import INDEX_NAME, ModelDir
 from ..model.safetensors_io import tensor_nbytes
-from ..plan import Action, FilePlan
+from ..tensors.tasks import ShardTask, index_document
 from ..units import parse_shard_size  # noqa: F401  (re-exported)
-from .tasks import ShardTask, index_document
+from .changes import Resharded
+from .types import Action, FilePlan
 
 FILENAME_PATTERN = "model{suffix}.safetensors"
 MAX_SHARDS = 99999      # the width of transformers' shard numbering

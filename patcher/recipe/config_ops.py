@@ -1,7 +1,8 @@
-"""Recipe ``config:`` operations on parsed JSON documents.
+"""Recipe ``config:`` operations carried out on parsed JSON documents (the plan, and the binding
+of recipes in turn, run them).
 
 ``apply_config_ops`` is pure: it copies the document, applies the ops in recipe order, and
-returns the new document with one ``Change`` per effective edit. Every edit is carried out as an
+returns the new document with one ``JsonEdit`` per effective edit. Every edit is carried out as an
 RFC 6902 operation through the ``jsonpatch`` library; the friendly ops translate as
 
     drop   -> remove          (a missing path fails unless missing_ok: true)
@@ -31,9 +32,7 @@ from typing import Any, Sequence
 import jsonpatch
 import jsonpointer
 
-from ..errors import PlanError
-from ..recipe.schema import ArrayOp, ConfigOp, DropOp, PatchOp, RenameOp, SetOp
-from .json_pointer import (
+from ..config.json_pointer import (
     MISSING,
     deepest_existing,
     join_pointer,
@@ -44,21 +43,24 @@ from .json_pointer import (
     resolve,
     split_pointer,
 )
-from .jsonfile import unified_diff  # re-exported: the plan renders config changes with it
+from ..config.jsonfile import unified_diff  # re-exported: the plan renders config changes with it
+from ..errors import PlanError
+from .schema import ArrayOp, ConfigOp, DropOp, PatchOp, RenameOp, SetOp
 
-__all__ = ["Change", "apply_config_ops", "unified_diff", "CHANGE_KINDS"]
+__all__ = ["JsonEdit", "apply_config_ops", "unified_diff", "EDIT_KINDS"]
 
-CHANGE_KINDS = ("removed", "set", "renamed", "copied", "test")
+EDIT_KINDS = ("removed", "set", "renamed", "copied", "test")
 
 
 @dataclass(frozen=True)
-class Change:
-    """One effective edit of a JSON file.
+class JsonEdit:
+    """One effective edit of a JSON file, as the plan's change log records it
+    (``patcher.plan.changes.ConfigEdit``).
 
     ``kind``: ``removed`` (``before`` is the removed value), ``set`` (``existed`` tells whether
     ``path`` had a value, then in ``before``), ``renamed`` / ``copied`` (from ``from_path`` to
-    ``path``), ``test`` (an RFC 6902 test that passed; ``before == after``). ``loc`` is the recipe
-    line of the op. Values are plain JSON.
+    ``path``), ``test`` (an RFC 6902 test that passed; ``before == after``). ``recipe_line`` is
+    the recipe line of the op. Values are plain JSON.
     """
 
     file: str
@@ -66,21 +68,13 @@ class Change:
     kind: str
     before: Any
     after: Any
-    loc: str
+    recipe_line: str
     from_path: str | None = None
     existed: bool = True
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"file": self.file, "kind": self.kind, "path": self.path}
-        if self.from_path is not None:
-            out["from"] = self.from_path
-        out.update(before=self.before, after=self.after, existed=self.existed,
-                   recipe_loc=self.loc)
-        return out
-
 
 def apply_config_ops(doc: Any, ops: Sequence[ConfigOp], *,
-                     file: str) -> tuple[Any, list[Change]]:
+                     file: str) -> tuple[Any, list[JsonEdit]]:
     """Apply ``ops`` to a copy of ``doc``.
 
     Args:
@@ -149,7 +143,7 @@ class _State:
     def __init__(self, doc: Any, file: str):
         self.doc = doc
         self.file = file
-        self.changes: list[Change] = []
+        self.changes: list[JsonEdit] = []
 
     def patch(self, operation: dict[str, Any], loc: str) -> None:
         """Apply one RFC 6902 operation in place, turning library errors into PlanErrors."""
@@ -181,7 +175,7 @@ class _State:
                         f"{split_pointer(pointer)[len(split_pointer(found))]!r})")
         return str(exc)
 
-    def add_change(self, change: Change) -> None:
+    def add_change(self, change: JsonEdit) -> None:
         self.changes.append(_plain(change))
 
 
@@ -194,17 +188,17 @@ def _show(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _plain(change: Change) -> Change:
+def _plain(change: JsonEdit) -> JsonEdit:
     """Detach the change's values from the document (later ops may modify it)."""
-    return Change(change.file, change.path, change.kind, copy.deepcopy(change.before),
-                  copy.deepcopy(change.after), change.loc, change.from_path, change.existed)
+    return JsonEdit(change.file, change.path, change.kind, copy.deepcopy(change.before),
+                  copy.deepcopy(change.after), change.recipe_line, change.from_path, change.existed)
 
 
 def _drop(state: _State, op: DropOp, scope: str) -> None:
     pointer = join_pointer(scope, op.path)
     before = resolve(state.doc, pointer)
     state.patch({"op": "remove", "path": pointer}, op.loc)
-    state.add_change(Change(state.file, pointer, "removed", before, None, op.loc))
+    state.add_change(JsonEdit(state.file, pointer, "removed", before, None, op.loc))
 
 
 def _set(state: _State, op: SetOp, scope: str) -> None:
@@ -228,7 +222,7 @@ def _set(state: _State, op: SetOp, scope: str) -> None:
                             f"{json_type(value)}, not an object", where=op.loc)
     operation = "replace" if before is not MISSING else "add"
     state.patch({"op": operation, "path": pointer, "value": copy.deepcopy(op.value)}, op.loc)
-    state.add_change(Change(state.file, pointer, "set", None if before is MISSING else before,
+    state.add_change(JsonEdit(state.file, pointer, "set", None if before is MISSING else before,
                             op.value, op.loc, existed=before is not MISSING))
 
 
@@ -253,7 +247,7 @@ def _rename(state: _State, op: RenameOp, scope: str) -> None:
                  for k in order]
         container.clear()
         container.update(items)
-    state.add_change(Change(state.file, target, "renamed", value, value, op.loc,
+    state.add_change(JsonEdit(state.file, target, "renamed", value, value, op.loc,
                             from_path=source))
 
 
@@ -269,24 +263,24 @@ def _patch(state: _State, op: PatchOp, scope: str) -> None:
         operation["value"] = copy.deepcopy(operation["value"])
     state.patch(operation, op.loc)
     if op.op == "test":
-        change = Change(state.file, pointer, "test", before, before, op.loc)
+        change = JsonEdit(state.file, pointer, "test", before, before, op.loc)
     elif op.op == "remove":
-        change = Change(state.file, pointer, "removed", before, None, op.loc)
+        change = JsonEdit(state.file, pointer, "removed", before, None, op.loc)
     elif op.op in ("move", "copy"):
-        change = Change(state.file, pointer, "renamed" if op.op == "move" else "copied", moved,
+        change = JsonEdit(state.file, pointer, "renamed" if op.op == "move" else "copied", moved,
                         moved, op.loc, from_path=source,
                         existed=before is not MISSING and not into_array)
     else:  # add, replace; an add into an array inserts
         existed = before is not MISSING and not (op.op == "add" and into_array)
         if existed and json_equal(before, op.value):
             return
-        change = Change(state.file, pointer, "set", before if existed else None, op.value,
+        change = JsonEdit(state.file, pointer, "set", before if existed else None, op.value,
                         op.loc, existed=existed)
     state.add_change(change)
 
 
 def _array(state: _State, op: ArrayOp, scope: str) -> None:
-    from .arrays import apply_array_op
+    from .config_arrays import apply_array_op
 
     apply_array_op(state, op, scope)
 

@@ -12,8 +12,8 @@ import json
 import re
 from typing import Any, Mapping
 
-from ..changes import ABSENT, TensorConverted
 from ..recipe.regex_bound import per_name
+from .changes import ABSENT, TensorConverted
 
 QUANTIZED_DTYPES = {"F8_E4M3", "F8_E5M2", "F4"}
 

@@ -13,25 +13,25 @@ import re
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from ..changes import TensorAdded, TensorConverted, TensorDropped, TensorRenamed
-from ..changes import layout as change_layout
 from ..errors import CompanionError, GuardRefused, InputError, NotThisScheme, PlanError
 from ..model.model_dir import ModelDir
 from ..model.safetensors_io import OutputTensor
-from ..plan import FilePlan
 from ..recipe.regex_bound import per_name
-from ..units import human_bytes
-from .fused_groups import fused_peers
-from .scale_planning import plan_refuse, plan_scale, plan_split
-from .schemes import (
+from ..tensors.schemes import (
     Fp8Block,
     QuantScheme,
     config_weight_block,
     find_scheme,
     scheme_named,
 )
-from .tasks import TensorJob, TensorSource
-from .view import VirtualTensor, initial_view, refuse_unless_equal, select, shard_plans
+from ..tensors.tasks import TensorJob, TensorSource
+from ..units import human_bytes
+from .changes import TensorAdded, TensorConverted, TensorDropped, TensorRenamed
+from .changes import layout as change_layout
+from .fused_groups import fused_peers
+from .scales import plan_refuse, plan_scale, plan_split
+from .tensor_view import VirtualTensor, initial_view, refuse_unless_equal, select, shard_plans
+from .types import FilePlan
 
 FLOAT_DTYPES = {"F16", "BF16", "F32", "F64"}
 

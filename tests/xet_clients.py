@@ -75,3 +75,75 @@ def run_client(endpoint: str, ops: list[list[Any]], home: Path, *, xet: bool = T
     report = json.loads(lines[-1][len("RESULT "):])
     assert report["xet_disabled"] is (not xet)
     return report["results"]
+
+
+# -- a hand-built client: the CAS API driven request by request ---------------------------------
+
+
+def call(endpoint: str, method: str, path: str, *, token: str | None = None, body: bytes = b"",
+         headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP request to the hub (``path`` may be a full URL); status, headers, body."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    url = urlsplit(path if "://" in path else endpoint + path)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+    try:
+        conn.putrequest(method, url.path + (f"?{url.query}" if url.query else ""))
+        for name, value in {**(headers or {}),
+                            **({"Authorization": f"Bearer {token}"} if token else {})}.items():
+            conn.putheader(name, value)
+        conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+def xet_token(endpoint: str, repo: str, hub_token: str | None, write: bool = False) -> str:
+    status, _, body = call(endpoint, "GET", f"/api/models/{repo}/xet-"
+                           f"{'write' if write else 'read'}-token/main", token=hub_token)
+    assert status == 200, body
+    return json.loads(body)["accessToken"]
+
+
+def built_upload(data: bytes) -> dict[str, Any]:
+    """``data`` as a client would send it: its chunks, one xorb, a shard of one file."""
+    import hashlib
+
+    from patcher.hub.xet import chunking, hashing, shard, xorb
+
+    chunks = chunking.chunk_bytes(data)
+    hashes = [hashing.chunk_hash(c) for c in chunks]
+    pairs = [(h, len(c)) for h, c in zip(hashes, chunks)]
+    xorb_raw = hashing.xorb_hash(pairs)
+    info = shard.FileInfo(hashing.file_hash(pairs),
+                          (shard.FileTerm(xorb_raw, len(data), 0, len(chunks)),),
+                          (hashing.verification_hash(hashes),),
+                          hashing.hex_to_hash(hashlib.sha256(data).hexdigest()))
+    return {"chunks": chunks, "hashes": hashes, "xorb": xorb.serialize_xorb(chunks),
+            "xorb_hex": hashing.hash_to_hex(xorb_raw), "info": info,
+            "file_hex": hashing.hash_to_hex(info.file_hash),
+            "shard": shard.serialize_shard(shard.Shard([info], [])),
+            "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def rebuild(endpoint: str, answer: dict[str, Any]) -> bytes:
+    """The bytes a reconstruction answer (v1 or v2) describes, fetched from its URLs."""
+    from patcher.hub.xet import xorb
+
+    chunks: dict[tuple[str, int], bytes] = {}
+    for xorb_hex, entries in (answer.get("xorbs") or answer.get("fetch_info")).items():
+        for entry in entries:
+            ranges = entry.get("ranges") or [{"chunks": entry["range"],
+                                              "bytes": entry["url_range"]}]
+            for r in ranges:
+                status, _, data = call(endpoint, "GET", entry["url"], headers={
+                    "Range": f"bytes={r['bytes']['start']}-{r['bytes']['end']}"})
+                assert status == 206, data
+                for i, (_, raw) in enumerate(xorb.iter_xorb(data, 1 << 20)):
+                    chunks[(xorb_hex, r["chunks"]["start"] + i)] = raw
+    out = b"".join(chunks[(t["hash"], i)] for t in answer["terms"]
+                   for i in range(t["range"]["start"], t["range"]["end"]))
+    return out[answer["offset_into_first_range"]:]

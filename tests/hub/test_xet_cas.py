@@ -129,6 +129,9 @@ def test_xorb_uploads_are_checked_and_capped(xhub, monkeypatch):
     status, _, answer = call(ep, "POST", f"/cas/v1/xorbs/default/{built['xorb_hex']}",
                              token=token, body=built["xorb"])
     assert status == 413 and "larger than 1000 bytes" in _error(answer)
+    monkeypatch.setattr(routes_cas, "MAX_SHARD_BODY", 100)
+    status, _, answer = call(ep, "POST", "/cas/v1/shards", token=token, body=built["shard"])
+    assert status == 413 and "larger than 100 bytes" in _error(answer)
     monkeypatch.undo()
     _upload(xhub, "alice/private", "write-alice", built)
     # uploading it again needs the same bytes, not just the name

@@ -285,3 +285,23 @@ def test_random_shards_and_xorbs_never_get_a_5xx(xhub):
         status, _, answer = call(ep, "POST", path, token=token, body=body)
         assert status < 500, answer
     assert call(ep, "POST", "/cas/v1/shards", token=token, body=os.urandom(5000))[0] == 400
+
+
+def test_the_lfs_batch_offers_the_xet_transfer_to_clients_that_ask(xhub):
+    lfs = "/alice/private.git/info/lfs/objects/batch"
+    objects = [{"oid": "a" * 64, "size": 3}]
+    for transfers, ref, expected in ((["basic", "multipart"], None, "basic"),
+                                     (["basic", "xet"], {"name": "main"}, "xet"),
+                                     (["xet"], 5, "xet")):
+        body = {"operation": "upload", "transfers": transfers, "objects": objects, "ref": ref}
+        status, _, answer = call(xhub.endpoint, "POST", lfs, token="write-alice",
+                                 body=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+        doc = json.loads(answer)
+        assert (status, doc["transfer"]) == (200, expected)
+        href = doc["objects"][0]["actions"]["upload"]["href"]
+        if expected == "xet":
+            assert href == f"{xhub.endpoint}/api/models/alice/private/xet-write-token/main"
+            assert call(xhub.endpoint, "GET", href, token="write-alice")[0] == 200
+        else:
+            assert "/info/lfs/objects/upload/" in href

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from ...errors import XetFormatError
-from ..request_errors import BadRequest, Forbidden, HubRequestError, RepoNotFound
+from ..request_errors import BadRequest, Forbidden, NotFound, RepoNotFound
 from ..store.records import RepoMeta
 from ..store.xet_ingest import register_file
 from ..store.xet_store import checked_hex
@@ -46,10 +46,6 @@ MAX_SHARD_RECORDS = MAX_SHARD_BODY // shard.ENTRY_SIZE
 MAX_FILE_SIZE = 1 << 40                 # one file a shard registers: 1 TiB
 MAX_DEDUPE_XORBS = 8                    # xorbs one dedupe answer describes
 DEDUPE_ANSWER_TTL_S = 7 * 24 * 3600
-
-
-class NotFound(HubRequestError):
-    status = 404
 
 
 def _grant_repo(hub: Hub, grant: XetGrant) -> RepoMeta:

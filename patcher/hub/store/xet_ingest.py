@@ -12,8 +12,10 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ...errors import XetFormatError
@@ -152,8 +154,12 @@ def xetify_blob(store: Any, sha256: str) -> str | None:
     return file_hex
 
 
+_background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xetify")
+
+
 def xetify_in_background(store: Any, sha256: str) -> None:
-    """``xetify_blob`` in a daemon thread, at most once at a time per blob."""
+    """``xetify_blob`` on the hub's one background worker (so that many large blobs never take
+    every core at once), at most once at a time per blob."""
     with _xetify_lock:
         if sha256 in _xetify_running:
             return
@@ -163,13 +169,12 @@ def xetify_in_background(store: Any, sha256: str) -> None:
         try:
             xetify_blob(store, sha256)
         except Exception:  # noqa: BLE001 - a later request retries; the blob itself is intact
-            import logging
             logging.getLogger("modelpatch.hub").exception("chunking blob %s failed", sha256)
         finally:
             with _xetify_lock:
                 _xetify_running.discard(sha256)
 
-    threading.Thread(target=run, name=f"xetify-{sha256[:12]}", daemon=True).start()
+    _background.submit(run)
 
 
 # LFS blobs up to this size are chunked when first asked for; larger ones in the background (the
@@ -177,13 +182,14 @@ def xetify_in_background(store: Any, sha256: str) -> None:
 XETIFY_INLINE_MAX = 16 * 1024 * 1024
 
 
-def ensure_xet_hash(store: Any, meta: Any, sha256: str, size: int) -> str | None:
+def ensure_xet_hash(store: Any, meta: Any, sha256: str, size: int,
+                    inline_max: int = XETIFY_INLINE_MAX) -> str | None:
     """The Xet file hash of the LFS object ``sha256`` of repo ``meta``, chunking the blob now
-    (small) or in the background (large) when it has none yet; its xorbs are recorded as used
-    by the repo (for the repo's dedupe answers)."""
+    (up to ``inline_max`` bytes) or in the background when it has none yet; its xorbs are
+    recorded as used by the repo (for the repo's dedupe answers)."""
     found = store.xet.xet_hash_of(sha256)
     if found is None:
-        if size > XETIFY_INLINE_MAX:
+        if size > inline_max:
             xetify_in_background(store, sha256)
             return None
         found = xetify_blob(store, sha256)

@@ -3,8 +3,9 @@
 - ``register_file``: a file of an uploaded shard. Every term must name a stored xorb the uploader
   may use, its chunk range must exist and unpack to the term's size, its verification hash (when
   given) must match, the chunks' hashes must give the file's Xet hash, and the file rebuilt from
-  the chunks must have the sha256 the shard states. The rebuilt file is kept as the LFS blob of
-  that sha256, so plain HTTP downloads, LFS copies and commits read it as any uploaded blob.
+  the chunks must have the sha256 the shard states. It is then the LFS object of that sha256,
+  kept only as xorbs: plain HTTP downloads rebuild it (``XetStore.iter_file``), and commits and
+  LFS copies see it through ``Store.blob_size``.
 - ``xetify_blob``: an LFS blob given a Xet hash: chunked here, packed into xorbs (LZ4), recorded,
   so that Xet clients can download (and deduplicate against) what was uploaded over LFS.
 """
@@ -66,7 +67,7 @@ def sha256_matches(claimed: bytes, digest: str) -> bool:
 
 def register_file(store: Any, info: FileInfo, usable: Callable[[str], bool],
                   max_size: int) -> tuple[str, str, set[str]]:
-    """Check one file of an uploaded shard and make it the LFS blob of its sha256. Returns the
+    """Check one file of an uploaded shard and make it the LFS object of its sha256. Returns the
     file's Xet hash, its sha256 and the xorbs it uses. ``store`` is the hub's ``Store``."""
     xet: XetStore = store.xet
     file_hex = hashing.hash_to_hex(info.file_hash)
@@ -75,14 +76,13 @@ def register_file(store: Any, info: FileInfo, usable: Callable[[str], bool],
                              f"at most {max_size}")
     terms = _verified_terms(xet, info, file_hex, usable)
     known = xet.file_record(file_hex)
-    if known is not None and store.blob_size(known["sha256"]) == known["size"]:
-        digest = known["sha256"]
+    if known is not None:
+        digest = known["sha256"]          # checked when it was first registered
     else:
-        with store.blob_writer() as writer:
-            for xorb_hex, start, end, _ in terms:
-                for chunk in xet.read_chunks(xorb_hex, start, end):
-                    writer.write(chunk)
-            digest = writer.commit()
+        sha = hashlib.sha256()
+        for chunk in xet.iter_file({"terms": terms}, 0, max(info.size - 1, 0)):
+            sha.update(chunk)
+        digest = sha.hexdigest()
     if info.sha256 is not None and not sha256_matches(info.sha256, digest):
         raise XetFormatError(f"file {file_hex}: its content has sha256 {digest}, not the "
                              f"{hashing.hash_to_hex(info.sha256)} the shard states")

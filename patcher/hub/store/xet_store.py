@@ -217,6 +217,31 @@ class XetStore:
             return None
         return found
 
+    def iter_file(self, record: dict[str, Any], first: int, last: int,
+                  batch_bytes: int = 8 * 1024 * 1024) -> Iterator[bytes]:
+        """Bytes ``first..last`` (inclusive) of a file, rebuilt from its xorbs a batch of chunks
+        (about ``batch_bytes``) at a time."""
+        pos = 0
+        for xorb_hex, start, end, size in record["terms"]:
+            if pos + size <= first:
+                pos += size
+                continue
+            records = self.xorb_chunks(xorb_hex)
+            i = start
+            while i < end and pos <= last:
+                j, got = i, 0
+                while j < end and (got == 0 or got + records[j].size <= batch_bytes):
+                    got += records[j].size
+                    j += 1
+                data = b"".join(self.read_chunks(xorb_hex, i, j))
+                lo, hi = max(first - pos, 0), min(last - pos + 1, len(data))
+                if lo < hi:
+                    yield data[lo:hi]
+                pos += len(data)
+                i = j
+            if pos > last:
+                return
+
     def file_xorbs(self, file_hex: str) -> set[str]:
         record = self.file_record(file_hex)
         return {term[0] for term in record["terms"]} if record else set()

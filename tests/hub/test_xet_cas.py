@@ -316,3 +316,34 @@ def test_the_lfs_batch_offers_the_xet_transfer_to_clients_that_ask(xhub):
             assert call(xhub.endpoint, "GET", href, token="write-alice")[0] == 200
         else:
             assert "/info/lfs/objects/upload/" in href
+
+
+def test_a_dedupe_answer_names_the_other_xorbs_of_the_same_file(xhub):
+    import hashlib
+
+    from patcher.hub.xet import chunking, xorb
+
+    ep, data = xhub.endpoint, _data(11, 400_000)
+    chunks = chunking.chunk_bytes(data)
+    hashes = [hashing.chunk_hash(c) for c in chunks]
+    halves = [(0, len(chunks) // 2), (len(chunks) // 2, len(chunks))]
+    token = xet_token(ep, "alice/private", "write-alice", write=True)
+    terms, verification, xorb_hexes = [], [], []
+    for lo, hi in halves:
+        raw = hashing.xorb_hash([(h, len(c)) for h, c in zip(hashes[lo:hi], chunks[lo:hi])])
+        xorb_hexes.append(hashing.hash_to_hex(raw))
+        assert call(ep, "POST", f"/cas/v1/xorbs/default/{xorb_hexes[-1]}", token=token,
+                    body=xorb.serialize_xorb(chunks[lo:hi]))[0] == 200
+        terms.append(shard.FileTerm(raw, sum(map(len, chunks[lo:hi])), 0, hi - lo))
+        verification.append(hashing.verification_hash(hashes[lo:hi]))
+    info = shard.FileInfo(hashing.file_hash([(h, len(c)) for h, c in zip(hashes, chunks)]),
+                          tuple(terms), tuple(verification),
+                          hashing.hex_to_hash(hashlib.sha256(data).hexdigest()))
+    assert call(ep, "POST", "/cas/v1/shards", token=token,
+                body=shard.serialize_shard(shard.Shard([info], [])))[0] == 200
+    path = f"/cas/v1/chunks/default/{hashing.hash_to_hex(hashes[0])}"
+    status, _, body = call(ep, "GET", path, token=xet_token(ep, "alice/public", "read-alice"))
+    assert status == 200
+    assert sorted(hashing.hash_to_hex(x.xorb_hash) for x in shard.parse_shard(body).xorbs) == \
+        sorted(xorb_hexes)
+    assert call(ep, "GET", path, token=xet_token(ep, "bob/secret", "write-bob"))[0] == 404

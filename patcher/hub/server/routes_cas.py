@@ -44,7 +44,7 @@ MAX_XORB_CHUNKS = 65_536
 MAX_SHARD_BODY = 64 * 1024 * 1024
 MAX_SHARD_RECORDS = MAX_SHARD_BODY // shard.ENTRY_SIZE
 MAX_FILE_SIZE = 1 << 40                 # one file a shard registers: 1 TiB
-MAX_DEDUPE_XORBS = 8                    # xorbs one dedupe answer describes
+MAX_DEDUPE_XORBS = 32                   # xorbs one dedupe answer describes (~1.5 MiB)
 DEDUPE_ANSWER_TTL_S = 7 * 24 * 3600
 
 
@@ -162,6 +162,14 @@ def _dedupe_shard(hub: Hub, grant: XetGrant, chunk_hex: str) -> bytes | None:
     found = [x for x in xet.chunk_xorbs(chunk_hex) if usable_xorb(hub, grant, x)]
     if not found:
         return None
+    # the other xorbs of the files these belong to: a client re-uploading a changed file finds
+    # all of its unchanged chunks in one answer (those without an indexed chunk too)
+    for xorb_hex in list(found):
+        for other in xet.sibling_xorbs(xorb_hex, MAX_DEDUPE_XORBS):
+            if len(found) >= MAX_DEDUPE_XORBS:
+                break
+            if other not in found and usable_xorb(hub, grant, other):
+                found.append(other)
     key = secrets.token_bytes(hashing.HASH_SIZE)
     xorbs = []
     for xorb_hex in found[:MAX_DEDUPE_XORBS]:

@@ -75,7 +75,8 @@ def collect_garbage(store: Any, grace_s: float = DEFAULT_GRACE_S,
             size = path.stat().st_size
             path.unlink()       # first: a xorb without its index is never read
             path.with_name(xorb_hex + ".idx").unlink(missing_ok=True)
-            shutil.rmtree(xet.root / "xorb-repos" / xorb_hex[:2] / xorb_hex, ignore_errors=True)
+            for section in ("xorb-repos", "xorb-files"):
+                shutil.rmtree(xet.root / section / xorb_hex[:2] / xorb_hex, ignore_errors=True)
             report.xorbs_removed += 1
             report.bytes_freed += size
             report.removed.append(xorb_hex)

@@ -93,6 +93,7 @@ def register_file(store: Any, info: FileInfo, usable: Callable[[str], bool],
             xet.index_chunk(hashing.hash_to_hex(first), terms[0][0])
     if xet.xet_hash_of(digest) is None:
         xet.set_xet_hash(digest, file_hex)
+    xet.link_file(file_hex, {t[0] for t in terms})
     return file_hex, digest, {t[0] for t in terms}
 
 
@@ -151,6 +152,7 @@ def xetify_blob(store: Any, sha256: str) -> str | None:
         if pairs and not dedupe_eligible(pairs[0][0]):   # eligible ones are indexed already
             xet.index_chunk(hashing.hash_to_hex(pairs[0][0]), terms[0][0])
         xet.set_xet_hash(sha256, file_hex)
+        xet.link_file(file_hex, {t[0] for t in terms})
     return file_hex
 
 

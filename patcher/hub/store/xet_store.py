@@ -6,6 +6,8 @@
     sha256/ab/<sha256>            the Xet file hash of an LFS object (text)
     chunks/ab/<chunk hash>/<xorb> global dedupe index: xorbs holding an eligible chunk
     xorb-repos/ab/<xorb>/<key>    the repos a xorb was uploaded to or is used by (access checks)
+    xorb-files/ab/<xorb>/<file>   the files a xorb holds chunks of (dedupe answers name their
+                                  other xorbs too)
     gc.lock                       flock: shared while files register, exclusive while gc sweeps
 
 Names are Xet hash strings (64 lowercase hex digits, checked here before any path is built).
@@ -57,7 +59,7 @@ class XetStore:
     def __init__(self, root: Path, tmp: Path):
         self.root = Path(root)
         self.tmp = tmp
-        for sub in ("xorbs", "files", "sha256", "chunks", "xorb-repos"):
+        for sub in ("xorbs", "files", "sha256", "chunks", "xorb-repos", "xorb-files"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._indexes: dict[str, list[ChunkRecord]] = {}
 
@@ -168,6 +170,26 @@ class XetStore:
             for marker in folder.iterdir():
                 kind, _, rest = marker.read_text().partition("\n")
                 out.append((kind, rest.strip()))
+        return out
+
+    def link_file(self, file_hex: str, xorbs: set[str]) -> None:
+        """Record that file ``file_hex`` is made of chunks of ``xorbs``."""
+        for xorb_hex in xorbs:
+            folder = self._path("xorb-files", xorb_hex)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / checked_hex(file_hex)).touch()
+
+    def sibling_xorbs(self, xorb_hex: str, limit: int) -> list[str]:
+        """Other xorbs of the files ``xorb_hex`` holds chunks of (at most ``limit``)."""
+        out: list[str] = []
+        with contextlib.suppress(FileNotFoundError):
+            for entry in sorted(self._path("xorb-files", xorb_hex).iterdir()):
+                for other in sorted(self.file_xorbs(entry.name) if hashing.is_hash_hex(
+                        entry.name) else ()):
+                    if other != xorb_hex and other not in out and self.has_xorb(other):
+                        out.append(other)
+                        if len(out) >= limit:
+                            return out
         return out
 
     # -- global dedupe index ---------------------------------------------------------------

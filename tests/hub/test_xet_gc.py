@@ -79,8 +79,20 @@ def test_gc_keeps_what_any_repo_uses_and_reclaims_the_rest(tmp_path, monkeypatch
         reader = xet_token(hub.endpoint, "alice/b", "read-alice")
         assert call(hub.endpoint, "GET", f"/cas/v2/reconstructions/{built['file_hex']}",
                     token=reader)[0] == 200
+        # a file uploaded over LFS: its xorbs are indexes of its blob; gc drops them, not it
+        api.create_repo("alice/lfs", private=True)
+        lfs_data = _data(4)
+        api.upload_file(path_or_fileobj=lfs_data, path_in_repo="l.bin", repo_id="alice/lfs")
+        import hashlib
+        lfs_sha = hashlib.sha256(lfs_data).hexdigest()
+        lfs_xorbs = store.xet.file_xorbs(store.xet.xet_hash_of(lfs_sha))
+        assert lfs_xorbs and all(store.xet.has_xorb(x) for x in lfs_xorbs)
+        _age(hub.root, 7200)
+        api.delete_repo("alice/lfs")
         api.delete_repo("alice/b")
-        assert collect_garbage(store, grace_s=3600).xorbs_removed == 1
+        assert collect_garbage(store, grace_s=3600).xorbs_removed == 1 + len(lfs_xorbs)
+        assert not any(store.xet.has_xorb(x) for x in lfs_xorbs)
+        assert store.blob_path(lfs_sha).exists()
         assert not store.xet.has_xorb(built["xorb_hex"])
         result = CliRunner().invoke(main, ["hub", "gc", "--root", str(hub.root), "--json"])
         assert result.exit_code == 0, result.output

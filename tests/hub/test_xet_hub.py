@@ -93,6 +93,10 @@ def test_files_cross_modes(xhub, tmp_path, caplog):
     ], home, xet=False)
     assert all("ok" in r for r in up), up
     assert any("/info/lfs/objects/batch" in m for m in _requests(caplog))
+    # its xorbs are made from the blob: an index each, no second copy of the bytes
+    xorbs = xhub.root / "xet" / "xorbs"
+    assert list(xorbs.rglob("*.src")) and not [p for p in xorbs.rglob("*") if p.is_file()
+                                               and p.suffix not in (".idx", ".src")]
     caplog.clear()
     down = run_client(xhub.endpoint, [
         ["download", "read-alice", "alice/lfs", "model.safetensors", str(tmp_path / "c1")],

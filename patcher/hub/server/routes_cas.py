@@ -19,6 +19,7 @@ one line; bodies are capped (413)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import time
@@ -102,7 +103,8 @@ def _store_xorb(hub: Hub, meta: RepoMeta, xorb_hex: str, body: bytes) -> bool:
             actual = hashing.hash_to_hex(records_hash(parse_xorb(body, MAX_XORB_CHUNKS)))
             if actual != xorb_hex:
                 raise XetFormatError(f"the xorb's chunks hash to {actual}, not {xorb_hex}")
-            os.utime(xet.xorb_path(xorb_hex))      # fresh again for gc's grace period
+            with contextlib.suppress(FileNotFoundError):   # fresh again for gc's grace period
+                os.utime(xet.xorb_path(xorb_hex))
             inserted = False
         else:
             inserted = xet.put_xorb(xorb_hex, body, MAX_XORB_CHUNKS)
@@ -253,10 +255,8 @@ async def read_xorb(hub: Hub, request: Request, p: dict[str, str]) -> Response:
 
 def _read_range(hub: Hub, xorb_hex: str, lo: int, hi: int) -> bytes:
     try:
-        with open(hub.store.xet.xorb_path(xorb_hex), "rb") as f:
-            f.seek(lo)
-            data = f.read(hi - lo + 1)
-    except FileNotFoundError:
+        data = hub.store.xet.read_xorb(xorb_hex, lo, hi)
+    except (FileNotFoundError, XetFormatError):
         raise NotFound(f"xorb {xorb_hex} not found") from None
     if len(data) != hi - lo + 1:
         raise NotFound(f"xorb {xorb_hex} is shorter than the range")

@@ -88,7 +88,7 @@ class Store(BlobStore):
         super().__init__(blobs=self.root / "blobs" / "sha256", tmp=session)
         self.repos = self.root / "repos"
         self.repos.mkdir(parents=True, exist_ok=True)
-        self.xet = XetStore(self.root / "xet", tmp=session)
+        self.xet = XetStore(self.root / "xet", tmp=session, blobs=self.blobs)
         self._commits: dict[str, Commit] = {}  # commit id -> record; ids are content hashes
 
     def clean_tmp(self) -> int:

@@ -6,8 +6,9 @@
   the chunks must have the sha256 the shard states. It is then the LFS object of that sha256,
   kept only as xorbs: plain HTTP downloads rebuild it (``XetStore.iter_file``), and commits and
   LFS copies see it through ``Store.blob_size``.
-- ``xetify_blob``: an LFS blob given a Xet hash: chunked here, packed into xorbs (LZ4), recorded,
-  so that Xet clients can download (and deduplicate against) what was uploaded over LFS.
+- ``xetify_blob``: an LFS blob given a Xet hash: chunked here and recorded as xorbs made from the
+  blob itself (an index per xorb, no second copy of the bytes), so that Xet clients can download
+  (and deduplicate against) what was uploaded over LFS.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ...errors import XetFormatError
 from ..xet import hashing
 from ..xet.chunking import iter_chunks
 from ..xet.shard import FileInfo
-from ..xet.xorb import HEADER_SIZE, ChunkRecord, encode_chunk, records_hash
+from ..xet.xorb import HEADER_SIZE, ChunkRecord, records_hash
 from .xet_store import XetStore, dedupe_eligible
 
 # server-built xorbs stay under the protocol's 64 MiB with room for the chunk headers
@@ -97,23 +98,21 @@ def register_file(store: Any, info: FileInfo, usable: Callable[[str], bool],
     return file_hex, digest, {t[0] for t in terms}
 
 
-def _packed(chunks: Iterable[bytes]) -> Iterator[tuple[bytes, list[ChunkRecord]]]:
-    """Chunks packed into xorbs of about XORB_RAW_TARGET raw bytes: (bytes, records)."""
-    parts: list[bytes] = []
+def _blob_xorbs(chunks: Iterable[bytes]) -> Iterator[tuple[int, list[ChunkRecord]]]:
+    """Chunks grouped into xorbs of about XORB_RAW_TARGET raw bytes: (the blob offset of the
+    xorb's first chunk, records laid out as uncompressed chunks with their headers)."""
     records: list[ChunkRecord] = []
-    offset = raw = 0
+    base = offset = raw = 0
     for chunk in chunks:
-        encoded = encode_chunk(chunk)
-        records.append(ChunkRecord(offset, len(encoded) - HEADER_SIZE, len(chunk),
-                                   hashing.chunk_hash(chunk)))
-        parts.append(encoded)
-        offset += len(encoded)
+        records.append(ChunkRecord(offset, len(chunk), len(chunk), hashing.chunk_hash(chunk)))
+        offset += HEADER_SIZE + len(chunk)
         raw += len(chunk)
         if raw >= XORB_RAW_TARGET:
-            yield b"".join(parts), records
-            parts, records, offset, raw = [], [], 0, 0
+            yield base, records
+            base += raw
+            records, offset, raw = [], 0, 0
     if records:
-        yield b"".join(parts), records
+        yield base, records
 
 
 def xetify_blob(store: Any, sha256: str) -> str | None:
@@ -138,10 +137,10 @@ def xetify_blob(store: Any, sha256: str) -> str | None:
                     digest.update(chunk)
                     yield chunk
 
-            for data, records in _packed(counted(iter_chunks(f))):
+            for base, records in _blob_xorbs(counted(iter_chunks(f))):
                 xorb_hex = hashing.hash_to_hex(records_hash(records))
                 if not xet.has_xorb(xorb_hex):
-                    xet.store_xorb(xorb_hex, data, records)
+                    xet.store_blob_xorb(xorb_hex, sha256, base, records)
                 terms.append([xorb_hex, 0, len(records), sum(r.size for r in records)])
                 pairs += [(r.hash, r.size) for r in records]
         if digest.hexdigest() != sha256:

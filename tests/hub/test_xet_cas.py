@@ -347,3 +347,23 @@ def test_a_dedupe_answer_names_the_other_xorbs_of_the_same_file(xhub):
     assert sorted(hashing.hash_to_hex(x.xorb_hash) for x in shard.parse_shard(body).xorbs) == \
         sorted(xorb_hexes)
     assert call(ep, "GET", path, token=xet_token(ep, "bob/secret", "write-bob"))[0] == 404
+
+
+def test_the_streaming_shard_upload_ends_in_a_result_or_an_error_event(xhub, monkeypatch):
+    ep, built = xhub.endpoint, built_upload(_data(12))
+    token = xet_token(ep, "alice/private", "write-alice", write=True)
+    call(ep, "POST", f"/cas/v1/xorbs/default/{built['xorb_hex']}", token=token,
+         body=built["xorb"])
+    bad = _shard_with(built, sha256=b"\x01" * 32)
+    status, headers, body = call(ep, "POST", "/cas/v2/shards", token=token, body=bad)
+    events = [json.loads(line) for line in body.splitlines()]
+    assert status == 200 and headers["content-type"].startswith("application/x-ndjson")
+    assert events[0]["type"] == "validating" and events[-1]["type"] == "error"
+    assert "sha256" in events[-1]["message"] and "\n" not in events[-1]["message"]
+    monkeypatch.setattr(routes_cas, "SHARD_HEARTBEAT_S", 0.001)
+    status, _, body = call(ep, "POST", "/cas/v2/shards", token=token, body=built["shard"])
+    events = [json.loads(line) for line in body.splitlines()]
+    assert events[-1] == {"type": "result", "result": 1}
+    assert call(ep, "POST", "/cas/v2/shards", body=built["shard"])[0] == 401
+    assert call(ep, "POST", "/cas/v2/shards", token=xet_token(ep, "alice/private", "read-alice"),
+                body=built["shard"])[0] == 403

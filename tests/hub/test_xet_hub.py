@@ -72,7 +72,7 @@ def test_stock_xet_client_round_trip_copy_and_auth(xhub, tmp_path, caplog):
     assert [r.get("status") for r in results[7:]] == [401, 404, 403, 403], results[7:]
     log = _requests(caplog)
     # uploaded and downloaded through the CAS API, never through LFS
-    assert any("POST /cas/v1/shards 200" in m for m in log)
+    assert any("POST /cas/v2/shards 200" in m for m in log)      # the streaming registration
     assert any("/cas/v2/reconstructions/" in m and " 200 " in m for m in log)
     assert not any("/info/lfs/objects" in m for m in log)
     # the hub keeps the file under its Xet hash, the one hf_xet computed, as xorbs only

@@ -3,6 +3,7 @@
     POST /cas/v1/xorbs/default/{xorb}            upload a xorb (write token)
     HEAD /cas/v1/xorbs/default/{xorb}            does the hub hold it (for this token)?
     POST /cas/v1/shards                          register the files of a shard (write token)
+    POST /cas/v2/shards                          the same, progress streamed as NDJSON
     GET  /cas/v1/chunks/default[-merkledb]/{chunk}  global dedupe: a shard of xorbs holding it
     HEAD /cas/v1/files/{file}                    a file's size
     GET  /cas/v1/reconstructions/{file}          how to rebuild a file (or a Range of it)
@@ -19,17 +20,21 @@ one line; bodies are capped (413)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
+import logging
 import os
 import secrets
 import time
-from typing import Any
+from typing import Any, AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from ...display import printable
 from ...errors import XetFormatError
-from ..request_errors import BadRequest, Forbidden, NotFound, RepoNotFound
+from ..request_errors import BadRequest, Forbidden, HubRequestError, NotFound, RepoNotFound
 from ..store.records import RepoMeta
 from ..store.xet_ingest import register_file
 from ..store.xet_store import checked_hex
@@ -47,6 +52,9 @@ MAX_SHARD_RECORDS = MAX_SHARD_BODY // shard.ENTRY_SIZE
 MAX_FILE_SIZE = 1 << 40                 # one file a shard registers: 1 TiB
 MAX_DEDUPE_XORBS = 32                   # xorbs one dedupe answer describes (~1.5 MiB)
 DEDUPE_ANSWER_TTL_S = 7 * 24 * 3600
+SHARD_HEARTBEAT_S = 5
+
+log = logging.getLogger("modelpatch.hub")
 
 
 def _grant_repo(hub: Hub, grant: XetGrant) -> RepoMeta:
@@ -129,6 +137,37 @@ async def upload_shard(hub: Hub, request: Request, p: dict[str, str]) -> Respons
     body = await read_body(request, MAX_SHARD_BODY)
     await in_thread(_register_shard, hub, grant, meta, body)
     return JSONResponse({"result": 1})
+
+
+async def upload_shard_stream(hub: Hub, request: Request, p: dict[str, str]) -> Response:
+    """``POST /cas/v2/shards``: the same registration, its progress streamed as NDJSON events
+    (a heartbeat every few seconds while a large file is rebuilt and hashed), ending in a
+    ``result`` or an ``error`` event. Bad tokens and bodies are refused before the stream."""
+    grant = request_grant(hub, request, write=True)
+    meta = _grant_repo(hub, grant)
+    body = await read_body(request, MAX_SHARD_BODY)
+
+    async def events() -> AsyncIterator[bytes]:
+        task = asyncio.ensure_future(in_thread(_register_shard, hub, grant, meta, body))
+        progress = json.dumps({"type": "validating", "verified": 0, "total": 1}) + "\n"
+        yield progress.encode()
+        while not (await asyncio.wait({task}, timeout=SHARD_HEARTBEAT_S))[0]:
+            yield progress.encode()
+        try:
+            task.result()
+        except HubRequestError as err:
+            yield (json.dumps({"type": "error", "message": printable(err.message)}) + "\n"
+                   ).encode()
+            return
+        except Exception:
+            log.exception("registering a shard failed")
+            yield b'{"type": "error", "message": "internal server error"}\n'
+            return
+        yield b'{"type": "committing", "stage": "syncing"}\n'
+        yield b'{"type": "result", "result": 1}\n'
+
+    return StreamingResponse(events(), media_type="application/x-ndjson",
+                             headers={"Cache-Control": "no-cache"})
 
 
 def _register_shard(hub: Hub, grant: XetGrant, meta: RepoMeta, body: bytes) -> None:

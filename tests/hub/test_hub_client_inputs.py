@@ -104,6 +104,9 @@ def test_hub_serve_refuses_malformed_input_in_one_line(tmp_path):
     for args in (["--root", tmp_path / "missing"], ["--root", tmp_path / "file"],
                  ["--root", tmp_path, "--grace", "-1"], []):
         assert_one_line_error(cli("hub", "gc", *args), 2)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert_one_line_error(cli("hub", "gc", "--root", tmp_path), 2)      # not a hub: untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 # -- help ----------------------------------------------------------------------

@@ -98,7 +98,7 @@ def register_file(store: Any, info: FileInfo, usable: Callable[[str], bool],
     return file_hex, digest, {t[0] for t in terms}
 
 
-def _blob_xorbs(chunks: Iterable[bytes]) -> Iterator[tuple[int, list[ChunkRecord]]]:
+def blob_xorbs(chunks: Iterable[bytes]) -> Iterator[tuple[int, list[ChunkRecord]]]:
     """Chunks grouped into xorbs of about XORB_RAW_TARGET raw bytes: (the blob offset of the
     xorb's first chunk, records laid out as uncompressed chunks with their headers)."""
     records: list[ChunkRecord] = []
@@ -137,7 +137,7 @@ def xetify_blob(store: Any, sha256: str) -> str | None:
                     digest.update(chunk)
                     yield chunk
 
-            for base, records in _blob_xorbs(counted(iter_chunks(f))):
+            for base, records in blob_xorbs(counted(iter_chunks(f))):
                 xorb_hex = hashing.hash_to_hex(records_hash(records))
                 if not xet.has_xorb(xorb_hex):
                     xet.store_blob_xorb(xorb_hex, sha256, base, records)

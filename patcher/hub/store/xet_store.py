@@ -296,6 +296,9 @@ class XetStore:
                 continue
             records = self.xorb_chunks(xorb_hex)
             i = start
+            while i < end and pos + records[i].size <= first:     # wholly before the range
+                pos += records[i].size
+                i += 1
             while i < end and pos <= last:
                 j, got = i, 0
                 while j < end and (got == 0 or got + records[j].size <= batch_bytes):

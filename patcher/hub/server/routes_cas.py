@@ -39,7 +39,7 @@ from ..store.records import RepoMeta
 from ..store.xet_ingest import register_file
 from ..store.xet_store import checked_hex
 from ..xet import hashing, shard
-from ..xet.xorb import MAX_XORB_SIZE
+from ..xet.xorb import MAX_XORB_SIZE, parse_xorb, records_hash
 from .cas_reconstruct import parse_range, reconstruction
 from .web import LIST_BODY_LIMIT, Hub, in_thread, json_list, read_body, read_json
 from .xet_auth import XetGrant, cas_url, request_grant
@@ -107,7 +107,6 @@ def _store_xorb(hub: Hub, meta: RepoMeta, xorb_hex: str, body: bytes) -> bool:
         existed = xet.has_xorb(xorb_hex)
         if existed:
             # the same proof as a first upload: the body must be this xorb
-            from ..xet.xorb import parse_xorb, records_hash
             actual = hashing.hash_to_hex(records_hash(parse_xorb(body, MAX_XORB_CHUNKS)))
             if actual != xorb_hex:
                 raise XetFormatError(f"the xorb's chunks hash to {actual}, not {xorb_hex}")

@@ -116,7 +116,11 @@ def hub() -> None:
 @click.option("--init", is_flag=True,
               help="Create ROOT if it does not exist: a new, empty hub (without it a missing "
                    "ROOT is refused, so a mistyped path never serves an empty hub).")
-def hub_serve(root, host, port, init):
+@click.option("--public-url", default=None, metavar="URL",
+              help="The URL clients reach this hub at (behind a proxy that rewrites the Host): "
+                   "the Xet CAS URL and the upload links it hands out start with it. Default: "
+                   "the URL each request came to.")
+def hub_serve(root, host, port, init, public_url):
     """Serve repositories stored under ROOT until interrupted."""
     import os
     from pathlib import Path
@@ -137,7 +141,42 @@ def hub_serve(root, host, port, init):
     from .. import collector
 
     collector.ONE_COMMAND = False       # a long-running process: never freeze the collector
-    serve(Path(root), host=host, port=port)
+    if public_url is not None and not public_url.startswith(("http://", "https://")):
+        raise click.BadParameter("must start with http:// or https://",
+                                 param_hint="--public-url")
+    serve(Path(root), host=host, port=port, public_url=public_url)
+
+
+@hub.command("gc")
+@click.option("--root", required=True, type=click.Path(file_okay=False, exists=True,
+                                                       path_type=str),
+              help="Storage directory of the hub (as for hub serve).")
+@click.option("--grace", default=3600, show_default=True, type=click.IntRange(0, None),
+              metavar="SECONDS",
+              help="Keep what is younger than this: an upload in progress whose files are not "
+                   "registered yet.")
+@json_option()
+def hub_gc(root, grace, as_json):
+    """Remove the Xet storage (xorbs) no repository of the hub references.
+
+    Safe while the hub serves: files being registered hold the collector off, and anything
+    younger than --grace stays. A xorb any repository still uses is never removed."""
+    from pathlib import Path
+
+    from ..errors import InputError
+    from ..hub.store.storage import Store
+    from ..hub.store.xet_gc import collect_garbage
+
+    if not (Path(root) / "repos").is_dir():     # never lay a new hub out in a mistyped directory
+        raise InputError("not a hub: it has no repos/ directory", where=root,
+                         hint="--root takes the directory hub serve runs on")
+    report = collect_garbage(Store(Path(root)), grace_s=grace)
+    if as_json:
+        emit_json({"xorbs_removed": report.xorbs_removed, "bytes_freed": report.bytes_freed,
+                   "xorbs_kept": report.xorbs_kept, "files_removed": report.files_removed})
+    else:
+        echo(f"removed {report.xorbs_removed} xorbs ({report.bytes_freed} bytes), "
+             f"kept {report.xorbs_kept}")
 
 
 def apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, base_model,

@@ -54,6 +54,14 @@ class GGUFFormatError(InputError):
     """A GGUF file that is not well formed."""
 
 
+class XetFormatError(InputError):
+    """Xet storage bytes (a xorb, a shard, a hash string) that are malformed or inconsistent."""
+
+
+class XetHashFormatError(XetFormatError):
+    """A Xet hash string that is not 64 lowercase hexadecimal digits."""
+
+
 class ShardIndexError(InputError):
     """The shard index (model.safetensors.index.json) disagrees with the shards."""
 

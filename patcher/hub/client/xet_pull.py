@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...errors import HubError, OperationFailed
-from .xet_terms import Fetch, Reconstruction, parse_reconstruction
+from .xet_terms import Fetch, Reconstruction, Term, parse_reconstruction
 
 log = logging.getLogger("modelpatch")
 
@@ -50,14 +50,6 @@ class XetPulled:
     @property
     def file_bytes(self) -> int:
         return sum(self.files.values())
-
-
-@dataclass(frozen=True)
-class LocalChunk:
-    path: Path
-    offset: int
-    size: int
-    hash: bytes
 
 
 class Cas:
@@ -91,7 +83,7 @@ class Cas:
 
     def chunks(self, fetch: Fetch, what: str) -> list[tuple[bytes, bytes]]:
         """``(hash, bytes)`` of the chunks ``fetch`` covers, downloaded, decoded and hashed."""
-        from ..xet.errors import XetFormatError
+        from ...errors import XetFormatError
         from ..xet.xorb import iter_xorb
 
         headers = dict(self._auth, Range=f"bytes={fetch.first}-{fetch.last}")
@@ -142,77 +134,140 @@ def connect(api, repo_id: str, commit: str, pulled: XetPulled) -> Cas | None:
     return Cas(cas, token, pulled)
 
 
-def local_chunks(path: Path) -> list[LocalChunk]:
-    """``path`` cut into its content-defined chunks, each hashed."""
+def xet_file_hash(path: Path) -> str:
+    """The Xet hash of a local file: ``hf_xet``'s hasher where installed (native code), else
+    this package's chunker."""
+    try:
+        import hf_xet
+
+        return hf_xet.hash_files([str(path)])[0].hash
+    except (ImportError, AttributeError):
+        pass
     from ..xet.chunking import iter_chunks
-    from ..xet.hashing import chunk_hash
+    from ..xet.hashing import chunk_hash, file_hash, hash_to_hex
 
-    out, offset = [], 0
     with open(path, "rb") as f:
-        for data in iter_chunks(f):
-            out.append(LocalChunk(path, offset, len(data), chunk_hash(data)))
-            offset += len(data)
-    return out
+        return hash_to_hex(file_hash([(chunk_hash(c), len(c)) for c in iter_chunks(f)]))
 
 
-def file_hash_of(chunks: list[LocalChunk]) -> str:
-    from ..xet.hashing import file_hash, hash_to_hex
+@dataclass
+class _BaseTerm:
+    """A term of the base's reconstruction, where its bytes are in the local base file, and
+    the offsets known so far of its chunks (index -> byte offset in the file)."""
 
-    return hash_to_hex(file_hash([(c.hash, c.size) for c in chunks]))
-
-
-def map_base(recon: Reconstruction, chunks: list[LocalChunk],
-             what: str) -> dict[tuple[str, int], LocalChunk]:
-    """(xorb, chunk index) -> the local chunk the base's reconstruction stores there."""
-    mapped: dict[tuple[str, int], LocalChunk] = {}
-    at = 0
-    for term in recon.terms:
-        run = chunks[at:at + term.end - term.start]
-        at += term.end - term.start
-        if len(run) != term.end - term.start or sum(c.size for c in run) != term.length:
-            raise HubError(f"the hub's Xet reconstruction of {what} does not match its chunks "
-                           f"on this machine", hint="the hub's storage may be corrupted")
-        for index, chunk in enumerate(run, start=term.start):
-            mapped.setdefault((term.xorb, index), chunk)
-    if at != len(chunks):
-        raise HubError(f"the hub's Xet reconstruction of {what} names {at} chunks, the file "
-                       f"has {len(chunks)}", hint="the hub's storage may be corrupted")
-    return mapped
+    start: int
+    end: int
+    offset: int
+    length: int
+    known: dict[int, int]
 
 
-def rebuild(dest: Path, recon: Reconstruction, local: dict[tuple[str, int], LocalChunk],
-            cas: Cas, want: str, what: str, pulled: XetPulled) -> None:
-    """Write the file ``recon`` describes at ``dest`` (new), from local chunks where every chunk
-    of a term is mapped, else from the hub; its chunks must hash to ``want``, its Xet hash.
-    Nothing is left at ``dest`` on any error."""
-    from ..xet.hashing import file_hash, hash_to_hex
+class LocalBase:
+    """A local base file read through the hub's reconstruction of it: which bytes of the file
+    chunk ``i`` of xorb ``X`` is.
 
-    hashes: list[tuple[bytes, int]] = []
+    A term's first and last chunk boundaries are known from the terms' lengths; the others are
+    found when needed by cutting the file's bytes into chunks from the nearest boundary known
+    before them (``patcher.hub.xet.chunking``: the same cuts as the whole file's, since a cut
+    depends only on the bytes since the previous one), so only the bytes around what the
+    variant changed are chunked here."""
+
+    def __init__(self, path: Path, recon: Reconstruction, what: str):
+        self.path, self.what = path, what
+        self.terms: dict[str, list[_BaseTerm]] = {}
+        offset = 0
+        for t in recon.terms:
+            self.terms.setdefault(t.xorb, []).append(
+                _BaseTerm(t.start, t.end, offset, t.length,
+                          {t.start: offset, t.end: offset + t.length}))
+            offset += t.length
+        self._file = open(path, "rb")
+
+    def close(self) -> None:
+        self._file.close()
+
+    def source(self, term: Term) -> int | None:
+        """The offset in the local file of the bytes of ``term`` (a term of the variant), or
+        None when no base term holds all its chunks."""
+        for bt in self.terms.get(term.xorb, ()):
+            if bt.start <= term.start and term.end <= bt.end:
+                first = self._offset(bt, term.start)
+                end = first + term.length
+                if bt.known.setdefault(term.end, end) != end or end > bt.offset + bt.length:
+                    raise HubError(f"the hub's Xet reconstructions of {self.what} and its base "
+                                   f"disagree on the length of chunks {term.start}..{term.end} "
+                                   f"of xorb {term.xorb[:12]}",
+                                   hint="the hub's storage may be corrupted")
+                return first
+        return None
+
+    def _offset(self, bt: _BaseTerm, index: int) -> int:
+        if index in bt.known:
+            return bt.known[index]
+        from ..xet.chunking import iter_chunks
+
+        anchor = max(i for i in bt.known if i < index)
+        at = bt.known[anchor]
+        self._file.seek(at)
+        stream = _Window(self._file, bt.offset + bt.length - at)
+        for i, data in enumerate(iter_chunks(stream, read_size=1 << 20), start=anchor + 1):
+            at += len(data)
+            bt.known.setdefault(i, at)
+            if i == index:
+                return at
+        raise HubError(f"the hub's Xet reconstruction of {self.what}'s base names more chunks "
+                       f"than its bytes on this machine hold", hint="the hub's storage may be "
+                                                                    "corrupted")
+
+    def read(self, offset: int, length: int) -> bytes:
+        self._file.seek(offset)
+        data = self._file.read(length)
+        if len(data) != length:
+            raise OperationFailed(f"{self.path} changed while pull read it", where=self.path)
+        return data
+
+
+class _Window:
+    """The next ``left`` bytes of an open file, as a stream."""
+
+    def __init__(self, f, left: int):
+        self._f, self._left = f, left
+
+    def read(self, n: int) -> bytes:
+        data = self._f.read(min(n, self._left))
+        self._left -= len(data)
+        return data
+
+
+def rebuild(dest: Path, recon: Reconstruction, base: LocalBase, cas: Cas, want: str,
+            what: str, pulled: XetPulled) -> None:
+    """Write the file ``recon`` describes at ``dest`` (new): each term the local base holds
+    from its bytes, any other from the hub (its chunks decoded and hashed); the file written
+    must have the Xet hash ``want``, which hashes every chunk, reused or received. Nothing is
+    left at ``dest`` on any error."""
     fetched: dict[Fetch, list[tuple[bytes, bytes]]] = {}
-    files: dict[Path, object] = {}
     try:
         with open(dest, "xb") as out:
             for term in recon.terms:
-                indices = range(term.start, term.end)
-                if all((term.xorb, i) in local for i in indices):
-                    got = [_local_bytes(local[(term.xorb, i)], files) for i in indices]
-                    pulled.local_bytes += sum(len(data) for _, data in got)
-                else:
-                    fetch = recon.fetch_for(term)
-                    if fetch not in fetched:
-                        fetched.clear()        # one fetch entry in memory at a time
-                        fetched[fetch] = cas.chunks(fetch, what)
-                    got = fetched[fetch][term.start - fetch.start:term.end - fetch.start]
-                    _check_mapped(got, term, local, what)
+                source = base.source(term)
+                if source is not None:
+                    out.write(base.read(source, term.length))
+                    pulled.local_bytes += term.length
+                    continue
+                fetch = recon.fetch_for(term)
+                if fetch not in fetched:
+                    fetched.clear()            # one fetch entry in memory at a time
+                    fetched[fetch] = cas.chunks(fetch, what)
+                got = fetched[fetch][term.start - fetch.start:term.end - fetch.start]
                 if sum(len(data) for _, data in got) != term.length:
                     raise HubError(f"a term of the hub's Xet reconstruction of {what} unpacks "
-                                   f"to another length than it says")
-                for digest, data in got:
+                                   f"to another length than it says",
+                                   hint="the hub's storage may be corrupted")
+                for _, data in got:
                     out.write(data)
-                    hashes.append((digest, len(data)))
             out.flush()
             os.fsync(out.fileno())
-        if hash_to_hex(file_hash(hashes)) != want:
+        if xet_file_hash(dest) != want:
             raise HubError(f"the chunks the hub named for {what} do not hash to its Xet hash",
                            hint="the hub's storage may be corrupted")
     except BaseException:
@@ -221,32 +276,3 @@ def rebuild(dest: Path, recon: Reconstruction, local: dict[tuple[str, int], Loca
         except FileNotFoundError:
             pass
         raise
-    finally:
-        for f in files.values():
-            f.close()
-
-
-def _check_mapped(got, term, local, what: str) -> None:
-    """A downloaded chunk at an index the base's reconstruction mapped to a local chunk must
-    be that chunk."""
-    for i, (digest, _) in enumerate(got, start=term.start):
-        mine = local.get((term.xorb, i))
-        if mine is not None and mine.hash != digest:
-            raise HubError(f"the hub's chunk {i} of xorb {term.xorb[:12]} for {what} is not "
-                           f"the chunk its reconstruction of the base names",
-                           hint="the hub's storage may be corrupted")
-
-
-def _local_bytes(chunk: LocalChunk, files: dict) -> tuple[bytes, bytes]:
-    """A local chunk's bytes, hashed again: the file may have changed since it was chunked."""
-    from ..xet.hashing import chunk_hash
-
-    f = files.get(chunk.path)
-    if f is None:
-        f = files[chunk.path] = open(chunk.path, "rb")
-    f.seek(chunk.offset)
-    data = f.read(chunk.size)
-    digest = chunk_hash(data)
-    if digest != chunk.hash:
-        raise OperationFailed(f"{chunk.path} changed while pull read it", where=chunk.path)
-    return digest, data

@@ -17,7 +17,7 @@ from ...errors import InputError, PatchError
 from ...model.model_dir import MANIFEST_NAME
 from ...names import checked_name
 from .reuse import find_local
-from .xet_pull import XetPulled, connect, file_hash_of, local_chunks, map_base, rebuild
+from .xet_pull import LocalBase, XetPulled, connect, rebuild, xet_file_hash
 
 log = logging.getLogger("modelpatch")
 
@@ -43,20 +43,22 @@ def rebuild_changed(api, repo_id: str, info, staging: Path, missing: list,
         if want is None:
             continue
         size = candidates[rel].size
-        chunks = local_chunks(base_path)
-        base_recon = cas.reconstruction(file_hash_of(chunks), sum(c.size for c in chunks),
+        base_recon = cas.reconstruction(xet_file_hash(base_path), base_path.stat().st_size,
                                         f"the base of {rel}")
         if base_recon is None:
             log.info("pull: the hub holds no Xet data of the local base of %s: downloading it",
                      rel)
             continue
-        local = map_base(base_recon, chunks, f"the base of {rel}")
         recon = cas.reconstruction(want, size, rel)
         if recon is None:
             continue
         dest = staging / checked_name(rel, what="the hub's file listing entry")
         dest.parent.mkdir(parents=True, exist_ok=True)
-        rebuild(dest, recon, local, cas, want, rel, pulled)
+        base = LocalBase(base_path, base_recon, rel)
+        try:
+            rebuild(dest, recon, base, cas, want, rel, pulled)
+        finally:
+            base.close()
         pulled.files[rel] = size
     return pulled
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,11 +190,18 @@ def commit_variant(api, repo_id: str, branch: str, root: Path, names: dict[str, 
     endpoint, a file it cannot duplicate), says so and uploads those files instead. Uploads go
     through Xet when the hub offers it (``plan.xet`` then says what they sent), else over LFS."""
     local = {name: rel for rel, name in names.items()}
+    with uploading(api, repo_id, branch, plan):
+        return _commit(api, repo_id, branch, root, local, plan, extra, message)
+
+
+@contextmanager
+def uploading(api, repo_id: str, branch: str, plan: TransferPlan):
+    """The block's uploads go through Xet when the hub offers it (``plan.xet`` then says what
+    they sent), else over Git LFS (``plan.transport``)."""
     plan.transport = "xet" if xet_offered(api, repo_id, branch, write=True) else "lfs"
     with lfs_only(plan.transport == "lfs"), recording() as sent:
-        oid = _commit(api, repo_id, branch, root, local, plan, extra, message)
+        yield
     plan.xet = sent
-    return oid
 
 
 def _commit(api, repo_id: str, branch: str, root: Path, local: dict[str, str],

@@ -116,7 +116,11 @@ def hub() -> None:
 @click.option("--init", is_flag=True,
               help="Create ROOT if it does not exist: a new, empty hub (without it a missing "
                    "ROOT is refused, so a mistyped path never serves an empty hub).")
-def hub_serve(root, host, port, init):
+@click.option("--public-url", default=None, metavar="URL",
+              help="The URL clients reach this hub at (behind a proxy that rewrites the Host): "
+                   "the Xet CAS URL and the upload links it hands out start with it. Default: "
+                   "the URL each request came to.")
+def hub_serve(root, host, port, init, public_url):
     """Serve repositories stored under ROOT until interrupted."""
     import os
     from pathlib import Path
@@ -137,7 +141,10 @@ def hub_serve(root, host, port, init):
     from .. import collector
 
     collector.ONE_COMMAND = False       # a long-running process: never freeze the collector
-    serve(Path(root), host=host, port=port)
+    if public_url is not None and not public_url.startswith(("http://", "https://")):
+        raise click.BadParameter("must start with http:// or https://",
+                                 param_hint="--public-url")
+    serve(Path(root), host=host, port=port, public_url=public_url)
 
 
 def apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, base_model,

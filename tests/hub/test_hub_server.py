@@ -269,14 +269,22 @@ def test_hf_hub_download_and_snapshot_make_a_standard_cache(hub: RunningHub,
         assert blob.parent == repo_cache / "blobs" and blob.name == expected_blob[name]
         assert blob.read_bytes() == data
 
-    # What hf_hub_download saw in the HEAD answer; nothing that would switch it to Xet.
+    # What hf_hub_download saw in the HEAD answer: the LFS file's real Xet hash and token route
+    # (a client with Xet enabled downloads through the CAS API; this one has it disabled).
+    from patcher.hub.xet import chunking, hashing
+
     url = hf_hub_url(REPO, "model.safetensors", endpoint=hub.endpoint)
     meta = get_hf_file_metadata(url, token=False)
     assert (meta.etag, meta.size, meta.commit_hash) == (sha256(weights), len(weights), head)
-    assert meta.xet_file_data is None
+    chunks = chunking.chunk_bytes(weights)
+    xet_hash = hashing.hash_to_hex(hashing.file_hash([(hashing.chunk_hash(c), len(c))
+                                                      for c in chunks]))
+    assert meta.xet_file_data.file_hash == xet_hash
+    assert meta.xet_file_data.refresh_route == (
+        f"{hub.endpoint}/api/models/{REPO}/xet-read-token/{head}")
     head_resp = get_session().head(url)
     assert head_resp.headers["etag"] == f'"{sha256(weights)}"'
-    assert not [h for h in head_resp.headers if h.lower().startswith("x-xet")]
+    assert head_resp.headers["x-xet-hash"] == xet_hash
 
     ranged = get_session().get(url, headers={"Range": "bytes=100-199"})
     assert ranged.status_code == 206 and ranged.content == weights[100:200]

@@ -1,6 +1,6 @@
 """``modelpatch hub serve``: a self-hosted hub speaking the part of the Hugging Face Hub HTTP API
-that ``huggingface_hub`` uses to create repos, commit (Git LFS ``basic`` transfer), list and
-download files, and manage branches.
+that ``huggingface_hub`` uses to create repos, commit (Xet, or Git LFS ``basic`` transfer), list
+and download files (over Xet or plain HTTP), and manage branches.
 
 Public API: ``create_app(root)`` (a Starlette app) and ``serve(root, host, port)``.
 Storage layout: ``storage.py``; token file format: ``tokens.py``.
@@ -22,7 +22,9 @@ Endpoints (``{type}`` is ``models`` or ``datasets``; ``[datasets/]`` prefixes da
     POST   /[datasets/]{repo}.git/info/lfs/objects/batch
     PUT    /[datasets/]{repo}.git/info/lfs/objects/upload/{oid}/{size}?expires=&sig=
     POST   /[datasets/]{repo}.git/info/lfs/objects/verify
-    GET    /[datasets/]{repo}/resolve/{rev}/{path}   (and HEAD; Range requests)
+    GET    /[datasets/]{repo}/resolve/{rev}/{path}   (and HEAD; Range requests; X-Xet-Hash)
+    GET    /api/{type}/{repo}/xet-read-token/{rev}   GET /api/{type}/{repo}/xet-write-token/{rev}
+    /cas/...                                      the Xet CAS API (routes_cas.py)
 
 Routing works on the raw (still percent-encoded) path, because the client quotes revisions with
 ``safe=""``: a branch ``a/b`` arrives as ``a%2Fb`` and must stay one segment.
@@ -57,7 +59,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from ..request_errors import BadRequest, HubRequestError
 from ..store.storage import Store
-from . import routes_copy, routes_files, routes_repo, routes_upload
+from . import routes_cas, routes_copy, routes_files, routes_repo, routes_upload, xet_auth
 from .tokens import TokenTable
 from .traffic import CountBytes, Traffic
 from .web import Hub, UrlSigner, error_response, new_signing_key
@@ -90,12 +92,20 @@ _ROUTES: list[tuple[frozenset[str], str, Handler]] = [
     ({"POST"}, _API + rf"/preupload/(?P<rev>{_SEG})", routes_upload.preupload),
     ({"POST"}, _API + rf"/commit/(?P<rev>{_SEG})", routes_upload.commit),
     ({"POST"}, _API + r"/lfs-files/duplicate", routes_copy.duplicate),
-    ({"GET", "POST"}, _API + rf"/xet-(?:read|write)-token/(?P<rev>{_SEG})", routes_upload.no_xet),
+    ({"GET", "POST"}, _API + rf"/xet-(?:read|write)-token/(?P<rev>{_SEG})", xet_auth.xet_token),
     ({"POST"}, _GIT + r"/batch", routes_upload.lfs_batch),
     ({"PUT"}, _GIT + rf"/upload/(?P<oid>{_SEG})/(?P<size>{_SEG})", routes_upload.lfs_upload),
     ({"POST"}, _GIT + r"/verify", routes_upload.lfs_verify),
     ({"GET", "HEAD"}, r"/(?:(?P<prefix>datasets)/)?" + _REPO
      + rf"/resolve/(?P<rev>{_SEG})/(?P<path>.+)", routes_files.resolve),
+    ({"POST"}, rf"/cas/v1/xorbs/default/(?P<xorb>{_SEG})", routes_cas.upload_xorb),
+    ({"HEAD"}, rf"/cas/v1/xorbs/default/(?P<xorb>{_SEG})", routes_cas.head_xorb),
+    ({"POST"}, r"/cas/v1/shards", routes_cas.upload_shard),
+    ({"GET"}, rf"/cas/v1/chunks/default(?:-merkledb)?/(?P<chunk>{_SEG})", routes_cas.dedupe_query),
+    ({"HEAD"}, rf"/cas/v1/files/(?P<file>{_SEG})", routes_cas.head_file),
+    ({"GET"}, rf"/cas/v[12]/reconstructions/(?P<file>{_SEG})", routes_cas.get_reconstruction),
+    ({"POST"}, r"/cas/v1/reconstructions", routes_cas.batch_reconstruction),
+    ({"GET"}, rf"/cas/xorbs/(?P<xorb>{_SEG})", routes_cas.read_xorb),
 ]
 _COMPILED = [(methods, re.compile(pattern), handler) for methods, pattern, handler in _ROUTES]
 
@@ -199,9 +209,11 @@ def _signing_key(root: Path) -> bytes:
     raise InputError("cannot create the signing key", where=path)
 
 
-def create_app(root: Path) -> Starlette:
+def create_app(root: Path, public_url: str | None = None) -> Starlette:
     """The hub as a Starlette app serving the repositories stored under ``root`` (created if
-    missing). Raises InputError for an unusable root or a malformed ``tokens.json``."""
+    missing). ``public_url``: the URL clients reach the hub at, for the URLs it hands out
+    (default: the request's own). Raises InputError for an unusable root or a malformed
+    ``tokens.json``."""
     root = Path(root)
     if root.exists() and not root.is_dir():
         raise InputError("hub root is not a directory", where=root)
@@ -221,17 +233,19 @@ def create_app(root: Path) -> Starlette:
         middleware=[Middleware(_AccessLog), Middleware(CountBytes, traffic=traffic)],
     )
     app.state.traffic = traffic
-    app.state.hub = Hub(store=store, tokens=tokens, signer=UrlSigner(key))
+    app.state.hub = Hub(store=store, tokens=tokens, signer=UrlSigner(key),
+                        public_url=public_url.rstrip("/") if public_url else None)
     return app
 
 
 def build_server(root: Path, host: str = "127.0.0.1", port: int = 8080, *,
-                 log_level: str = "info") -> tuple[Any, socket.socket]:
+                 log_level: str = "info",
+                 public_url: str | None = None) -> tuple[Any, socket.socket]:
     """A uvicorn server for the hub and its bound listening socket (``port=0``: a free port,
     read it from ``sock.getsockname()``). Run it with ``server.run(sockets=[sock])``."""
     import uvicorn
 
-    app = create_app(root)
+    app = create_app(root, public_url=public_url)
     try:
         socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:   # not an address, nor a name that resolves
@@ -250,7 +264,8 @@ def build_server(root: Path, host: str = "127.0.0.1", port: int = 8080, *,
     return uvicorn.Server(config), sock
 
 
-def serve(root: Path, host: str = "127.0.0.1", port: int = 8080) -> None:
+def serve(root: Path, host: str = "127.0.0.1", port: int = 8080,
+          public_url: str | None = None) -> None:
     """Serve the hub stored under ``root`` until interrupted (Ctrl-C / SIGTERM)."""
     if not log.handlers:
         handler = logging.StreamHandler(sys.stderr)
@@ -258,7 +273,7 @@ def serve(root: Path, host: str = "127.0.0.1", port: int = 8080) -> None:
         log.addHandler(handler)
         log.setLevel(logging.INFO)
         log.propagate = False
-    server, sock = build_server(root, host, port)
+    server, sock = build_server(root, host, port, public_url=public_url)
     actual_host, actual_port = sock.getsockname()[:2]
     shown = f"[{actual_host}]" if ":" in actual_host else actual_host
     log.info("serving %s at http://%s:%d", Path(root).resolve(), shown, actual_port)

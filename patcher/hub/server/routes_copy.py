@@ -2,9 +2,9 @@
 ``CommitOperationCopy(..., src_repo_id=..., src_repo_type=...)`` of an LFS file:
 
 1. ``POST /api/{type}s/{src}/paths-info/{rev}``: the source file's LFS sha256 and its ``xetHash``
-   (the client refuses to copy a file without one). This hub stores no Xet data: its handle is
-   ``COPY_HANDLE_PREFIX`` + the sha256, which is not a 64-hex Xet hash, so no client takes it for
-   one.
+   (the client refuses to copy a file without one): its real Xet file hash, or, while a large
+   blob is still being chunked, ``COPY_HANDLE_PREFIX`` + the sha256, which is not a 64-hex Xet
+   hash, so no client takes it for one. Either names the file here.
 2. ``POST /api/{type}s/{src}/lfs-files/duplicate`` with
    ``{"target": {"type", "name"}, "files": [{"xetHash", "sha256", "filename"}]}``: the endpoint
    lives on the *source* repo. The token must read the source (a private source it cannot read
@@ -13,8 +13,8 @@
    answer lists ``failed`` objects with their ``error``; the client raises on any.
 3. The commit's ``lfsFile`` line then names the sha256 in the target, as after an upload.
 
-Blobs are content-addressed and shared by all repos, so a duplicate writes only the target's
-empty marker file: no blob bytes are copied.
+Blobs and xorbs are content-addressed and shared by all repos, so a duplicate writes only the
+target's markers (its LFS object, its xorbs' users): no blob or xorb bytes are copied.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ COPY_HANDLE_PREFIX = "modelpatch-lfs-sha256:"
 
 
 def copy_handle(sha256: str) -> str:
-    """The ``xetHash`` this hub gives an LFS file in paths-info: a handle for the duplicate
-    endpoint, never a real Xet hash."""
+    """The ``xetHash`` this hub gives an LFS file in paths-info while the file has no Xet hash
+    yet: a handle for the duplicate endpoint, never mistaken for a real Xet hash."""
     return COPY_HANDLE_PREFIX + sha256
 
 
@@ -72,13 +72,16 @@ def _duplicate_files(store: Store, source: RepoMeta, target: RepoMeta,
             failed.append({"sha256": str(sha), "error": "'sha256' must be 64 lowercase hex digits"})
             continue
         handle = item.get("xetHash")
-        if handle is not None and handle != copy_handle(sha):
-            failed.append({"sha256": sha, "error": "'xetHash' is not this hub's handle for it"})
+        if handle is not None and handle not in (copy_handle(sha), store.xet.xet_hash_of(sha)):
+            failed.append({"sha256": sha, "error": "'xetHash' is not this file's Xet hash"})
         elif sha not in committed or store.blob_size(sha) is None:
             failed.append({"sha256": sha, "error": f"no committed LFS file of {source.id} "
                                                    f"has this sha256"})
         else:
             store.add_lfs_object(target, sha)
+            found = store.xet.xet_hash_of(sha)
+            for xorb_hex in store.xet.file_xorbs(found) if found else ():
+                store.xet.mark_xorb(xorb_hex, target.kind, target.id)
     return failed
 
 

@@ -4,6 +4,8 @@ What ``hf_hub_download`` reads from the HEAD answer (file_download.get_hf_file_m
 ``X-Repo-Commit`` (required), ``X-Linked-Etag`` or ``ETag`` (the cache's blob name: sha256 for LFS
 files, git blob sha1 otherwise), ``X-Linked-Size`` or ``Content-Length``. No redirect is made:
 the file is served from this very URL, streamed from the blob store, with Range support.
+An LFS file also gets ``X-Xet-Hash`` and its token route (``X-Xet-Refresh-Route`` and a
+``Link: <...>; rel="xet-auth"``): with them a Xet client downloads it through the CAS API.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from starlette.responses import FileResponse, Response
 
 from ..request_errors import EntryNotFound, HubRequestError
 from ..store.naming import check_path
+from ..store.xet_ingest import ensure_xet_hash
 from .web import Hub, in_thread
+from .xet_auth import refresh_route
 
 
 class BlobResponse(FileResponse):
@@ -57,6 +61,12 @@ def _blob_response(hub: Hub, request: Request, p: dict[str, str]) -> Response:
     if entry["lfs"]:
         headers["X-Linked-Etag"] = f'"{sha}"'
         headers["X-Linked-Size"] = str(size)
+        xet_hash = ensure_xet_hash(hub.store, meta, sha, size)
+        if xet_hash is not None:    # a Xet client downloads from the CAS API instead
+            route = refresh_route(request, meta.kind, meta.id, commit.id)
+            headers["X-Xet-Hash"] = xet_hash
+            headers["X-Xet-Refresh-Route"] = route
+            headers["Link"] = f'<{route}>; rel="xet-auth"'
     return BlobResponse(blob, headers=headers, stat_result=st,
                         media_type="application/octet-stream",
                         filename=path.rsplit("/", 1)[-1])

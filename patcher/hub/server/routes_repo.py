@@ -16,6 +16,7 @@ from ..store.git_objects import lfs_pointer
 from ..store.naming import DEFAULT_BRANCH, REPO_KINDS, split_repo_id
 from ..store.records import Commit, RepoMeta
 from ..store.storage import Store
+from ..store.xet_ingest import ensure_xet_hash
 from .routes_copy import copy_handle
 from .web import (
     INVALID_CREDENTIALS,
@@ -205,6 +206,7 @@ async def list_tree(hub: Hub, request: Request, p: dict[str, str]) -> Response:
     if cursor < 0:
         raise BadRequest("cursor must not be negative")
     page = entries[cursor:cursor + max(limit, 1)]
+    await in_thread(_with_xet_hashes, page, hub.store)
     if truthy(request.query_params.get("expand")):
         await in_thread(_with_last_commit, page, hub.store, meta, commit)
     headers = {}
@@ -212,6 +214,15 @@ async def list_tree(hub: Hub, request: Request, p: dict[str, str]) -> Response:
         nxt = request.url.include_query_params(cursor=cursor + len(page), limit=limit)
         headers["Link"] = f'<{nxt}>; rel="next"'
     return JSONResponse(page, headers=headers)
+
+
+def _with_xet_hashes(entries: list[dict[str, Any]], store: Store) -> None:
+    """The Xet hash of each LFS file that has one (a Xet client then skips the HEAD call)."""
+    for entry in entries:
+        if "lfs" in entry:
+            found = store.xet.xet_hash_of(entry["lfs"]["oid"])
+            if found is not None:
+                entry["xetHash"] = found
 
 
 def _tree_entries(commit: Commit, p: dict[str, str], recursive: bool) -> list[dict[str, Any]]:
@@ -243,20 +254,23 @@ async def paths_info(hub: Hub, request: Request, p: dict[str, str]) -> Response:
     paths = form.get("paths", [])
     if len(paths) > MAX_INFO_PATHS:
         raise PayloadTooLarge(f"at most {MAX_INFO_PATHS} paths per request")
-    out = await in_thread(_path_entries, commit.tree, paths)
+    out = await in_thread(_path_entries, hub.store, meta, commit.tree, paths)
     if truthy((form.get("expand") or ["false"])[0]):
         await in_thread(_with_last_commit, out, hub.store, meta, commit)
     return JSONResponse(out)
 
 
-def _path_entries(tree: dict[str, dict[str, Any]], paths: list[str]) -> list[dict[str, Any]]:
+def _path_entries(store: Store, meta: RepoMeta, tree: dict[str, dict[str, Any]],
+                  paths: list[str]) -> list[dict[str, Any]]:
     folders = {path.rsplit("/", i)[0] for path in tree for i in range(1, path.count("/") + 1)}
     out: list[dict[str, Any]] = []
     for path in dict.fromkeys(raw.strip("/") for raw in paths):
         if path in tree:
             out.append(file_entry(path, tree[path]))
-            if tree[path]["lfs"]:      # the handle a cross-repo copy names it by (routes_copy)
-                out[-1]["xetHash"] = copy_handle(tree[path]["sha256"])
+            if tree[path]["lfs"]:      # what a cross-repo copy names it by (routes_copy)
+                entry = tree[path]
+                out[-1]["xetHash"] = (ensure_xet_hash(store, meta, entry["sha256"], entry["size"])
+                                      or copy_handle(entry["sha256"]))
         elif path in folders:
             out.append(folder_entry(path, tree))
     return out

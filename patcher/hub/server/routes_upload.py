@@ -9,8 +9,10 @@
 4. ``POST /api/{type}s/{repo}/commit/{rev}``: an NDJSON stream of ``header``, ``file`` (base64
    content), ``lfsFile``, ``deletedFile`` and ``deletedFolder`` lines, applied as one commit.
 
-Xet is never offered: no response carries Xet headers, and the Xet token routes answer an error
-telling the client to set ``HF_HUB_DISABLE_XET=1``.
+With hf_xet installed, huggingface_hub skips steps 2-3: it uploads through the Xet CAS API
+(``routes_cas.py``; a shard's files become LFS objects of the repo) and the commit's ``lfsFile``
+lines then name them exactly as after an LFS upload. An object uploaded over LFS is chunked in the
+background so that Xet clients can download it too (``store/xet_ingest.xetify_blob``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ..request_errors import BadRequest, PayloadTooLarge, RevisionNotFound
 from ..store.commit_ops import Op
 from ..store.git_objects import lfs_entry, regular_entry, upload_mode
 from ..store.naming import SHA256_HEX, check_path
+from ..store.xet_ingest import ensure_xet_hash
 from .web import (
     LIST_BODY_LIMIT,
     Hub,
@@ -166,6 +169,9 @@ async def lfs_upload(hub: Hub, request: Request, p: dict[str, str]) -> Response:
         else:
             writer.abort()
     hub.store.add_lfs_object(meta, oid)
+    # the Xet side of the object (small ones now, large ones in the background), so that a Xet
+    # client downloads it through the CAS API and deduplicates its next upload against it
+    await in_thread(ensure_xet_hash, hub.store, meta, oid, size)
     return JSONResponse({})
 
 
@@ -245,11 +251,6 @@ def _lfs_line(hub: Hub, meta: Any, path: str, value: dict[str, Any]) -> dict[str
     if size is not None and size != stored:
         raise BadRequest(f"{path}: LFS object {oid} has {stored} bytes, not {size}")
     return lfs_entry(oid, stored)
-
-
-async def no_xet(hub: Hub, request: Request, p: dict[str, str]) -> Response:
-    raise BadRequest("this hub does not speak Xet; set HF_HUB_DISABLE_XET=1 in the client so "
-                     "huggingface_hub uploads and downloads over plain HTTP / Git LFS")
 
 
 def decode_content(value: dict[str, Any]) -> bytes:

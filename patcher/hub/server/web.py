@@ -55,6 +55,8 @@ class Hub:
     tokens: TokenTable
     signer: UrlSigner
     upload_url_ttl_s: int = 24 * 3600
+    xet_token_ttl_s: int = 3600
+    public_url: str | None = None       # ``hub serve --public-url``: the URL clients reach
 
     # -- identity and access ---------------------------------------------------------------
 
@@ -134,7 +136,11 @@ def error_response(err: HubRequestError) -> JSONResponse:
 
 
 def base_url(request: Request) -> str:
-    """The URL the client reached us at (no trailing slash): hrefs we return must match it."""
+    """The URL the client reached us at (no trailing slash): hrefs we return must match it.
+    ``hub serve --public-url`` overrides it (a proxy in front that rewrites the Host)."""
+    public = getattr(request.app.state, "hub", None)
+    if public is not None and public.public_url:
+        return public.public_url.rstrip("/")
     return str(request.base_url).rstrip("/")
 
 

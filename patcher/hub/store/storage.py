@@ -29,7 +29,9 @@ commit or ref. Each Store writes under its own ``tmp/session-*`` directory, whic
 exclusive ``flock`` on while it lives: ``clean_tmp`` at start-up removes everything in ``tmp/``
 that no live Store holds, however recent (a crashed upload's staging included), and never the
 files of another server process sharing the root. Blobs are never garbage-collected (deleting a
-repo keeps them).
+repo keeps them); unreferenced xorbs are, by ``modelpatch hub gc`` (``xet_gc.py``).
+
+Xet storage (xorbs, file reconstructions, their indexes) lives under ``xet/``: ``xet_store.py``.
 
 This module holds ``Store``: repos, their lock, refs, commits and LFS markers. The blob store is
 ``blob_store.py``, the records ``records.py``, commit operations ``commit_ops.py``; its small JSON
@@ -69,6 +71,7 @@ from .naming import (
     split_repo_id,
 )
 from .records import Commit, RepoMeta, commit_id_of, utc_timestamp
+from .xet_store import XetStore
 
 
 class Store(BlobStore):
@@ -85,6 +88,7 @@ class Store(BlobStore):
         super().__init__(blobs=self.root / "blobs" / "sha256", tmp=session)
         self.repos = self.root / "repos"
         self.repos.mkdir(parents=True, exist_ok=True)
+        self.xet = XetStore(self.root / "xet", tmp=session)
         self._commits: dict[str, Commit] = {}  # commit id -> record; ids are content hashes
 
     def clean_tmp(self) -> int:

@@ -107,8 +107,6 @@ class _Reader:
 
 def _file_info(head: bytes, reader: _Reader) -> FileInfo:
     flags, count = struct.unpack_from("<2I", head, HASH_SIZE)
-    if count == 0:
-        raise XetFormatError("a shard's file entry has no terms")
     terms = []
     for _ in range(count):
         rec = reader.record("file term")

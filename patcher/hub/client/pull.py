@@ -29,7 +29,7 @@ from ...model.model_dir import MANIFEST_NAME, SIGNATURE_NAME, SKIPPED_DIRS
 from ...names import checked_digest, checked_name
 from ...units import human_bytes, plural
 from .base_repo import check_pulled_base, is_published_base
-from .connection import check_repo_id, client, hub_call, hub_output
+from .connection import check_repo_id, client, hub_call, hub_output, lfs_only, xet_offered
 from .growth import reported_growth
 from .model_card import CARD_NAME, HUB_CARD_COPY, HUB_FILES, ORIGINAL_README
 from .reuse import Reuse, find_local, link_into
@@ -108,8 +108,9 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
                          plural(len(missing), "file"), human_bytes(downloaded))
             if on_total is not None and downloaded:
                 on_total(downloaded)
-            with hub_output(progress), reported_growth(staging, on_progress):
-                if missing:
+            plain = missing and not xet_offered(api, repo_id, info.sha, write=False)
+            with hub_output(progress), reported_growth(staging, on_progress), lfs_only(plain):
+                if missing:         # a hub that names Xet hashes but gives no token: HTTP
                     hub_call("download", repo_id, snapshot_download, repo_id,
                               revision=info.sha, local_dir=staging, endpoint=api.endpoint,
                               token=api.token,

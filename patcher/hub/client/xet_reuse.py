@@ -11,15 +11,19 @@ from the hub first, as untrusted as any answer: it only chooses which local file
 from __future__ import annotations
 
 import logging
+import os
+import re
 from pathlib import Path
 
 from ...errors import InputError, PatchError
+from ...model.base_identity import from_statement
 from ...model.model_dir import MANIFEST_NAME
 from ...names import checked_name
 from .reuse import find_local
 from .xet_pull import LocalBase, XetPulled, connect, rebuild, xet_file_hash
 
 log = logging.getLogger("modelpatch")
+_CACHE_BLOB = re.compile(r"(?:^|/)models--([^/]+?)--([^/]+)/(?:blobs|snapshots)/")
 
 
 def rebuild_changed(api, repo_id: str, info, staging: Path, missing: list,
@@ -34,17 +38,19 @@ def rebuild_changed(api, repo_id: str, info, staging: Path, missing: list,
     cas = connect(api, repo_id, info.sha, pulled)
     if cas is None:
         return pulled
-    bases = _changed_with_local_base(api, repo_id, info.sha, staging, candidates, reuse_dirs)
-    if not bases:
+    found = _changed_with_local_base(api, repo_id, info.sha, staging, candidates, reuse_dirs)
+    if not found:
         return pulled
+    bases, base_model = found
     hashes = _xet_hashes(api, repo_id, info.sha, sorted(bases))
+    stores: dict[str, object] = {repo_id: cas}
     for rel, base_path in sorted(bases.items()):
         want = hashes.get(rel)
         if want is None:
             continue
         size = candidates[rel].size
-        base_recon = cas.reconstruction(xet_file_hash(base_path), base_path.stat().st_size,
-                                        f"the base of {rel}")
+        base_recon = _base_reconstruction(api, stores, base_path, [
+            _cache_repo(base_path), base_model, repo_id], rel, pulled)
         if base_recon is None:
             log.info("pull: the hub holds no Xet data of the local base of %s: downloading it",
                      rel)
@@ -63,10 +69,41 @@ def rebuild_changed(api, repo_id: str, info, staging: Path, missing: list,
     return pulled
 
 
-def _changed_with_local_base(api, repo_id: str, commit: str, staging: Path,
-                             candidates: dict, reuse_dirs: list[Path]) -> dict[str, Path]:
+def _base_reconstruction(api, stores: dict, base_path: Path, repos: list, rel: str,
+                         pulled: XetPulled):
+    """The hub's reconstruction of the local base file, asked (by its Xet hash) with a read
+    token of each repository that may hold it (the hub shows a file only to a token of a
+    repository that has it): the cache repository the file was found in, the manifest's
+    ``base_model``, the variant's own."""
+    file_hash, size = xet_file_hash(base_path), base_path.stat().st_size
+    for repo in dict.fromkeys(r for r in repos if r):
+        if repo not in stores:
+            stores[repo] = connect(api, repo, "main", pulled)
+        if stores[repo] is None:
+            continue
+        recon = stores[repo].reconstruction(file_hash, size, f"the base of {rel}")
+        if recon is not None:
+            return recon
+    return None
+
+
+def _cache_repo(path: Path) -> str | None:
+    """``ORG/NAME`` of the Hugging Face cache repository ``path`` is a blob of, else None."""
+    from ...model_ref import check_repo_id
+
+    match = _CACHE_BLOB.search(os.path.realpath(path).replace(os.sep, "/"))
+    if match is None:
+        return None
+    try:
+        return check_repo_id(f"{match.group(1)}/{match.group(2)}")
+    except InputError:
+        return None
+
+
+def _changed_with_local_base(api, repo_id: str, commit: str, staging: Path, candidates: dict,
+                             reuse_dirs: list[Path]) -> tuple[dict[str, Path], str | None] | None:
     """``{path: local base file}`` for the candidates the manifest says changed and whose base
-    file (same path) is on this machine."""
+    file (same path) is on this machine, and the ``base_model`` the manifest records."""
     from huggingface_hub import hf_hub_download
 
     from ...integrity.manifest import read_manifest
@@ -77,7 +114,7 @@ def _changed_with_local_base(api, repo_id: str, commit: str, staging: Path,
     try:
         manifest = read_manifest(staging)
     except (PatchError, OSError, ValueError):
-        return {}                      # pull's own manifest check says why
+        return None                    # pull's own manifest check says why
     base_shas = {sha for sha, _ in manifest.base_files.values()}
     wanted = {}
     for rel, sibling in candidates.items():
@@ -91,8 +128,9 @@ def _changed_with_local_base(api, repo_id: str, commit: str, staging: Path,
     try:
         found = find_local(wanted, reuse_dirs) if wanted else {}
     except InputError:
-        return {}
-    return {rel: found[sha] for rel, (sha, _) in wanted.items() if sha in found}
+        return None
+    bases = {rel: found[sha] for rel, (sha, _) in wanted.items() if sha in found}
+    return (bases, from_statement(manifest.statement)) if bases else None
 
 
 def _xet_hashes(api, repo_id: str, commit: str, paths: list[str]) -> dict[str, str]:

@@ -4,7 +4,7 @@ huggingface_hub uploads a commit's files through ``hf_xet`` when the hub offers 
 is cut into content-defined chunks, and a chunk the hub already holds (the base's, for a shard
 a recipe rewrote) is referenced, not sent (``hf_xet`` asks the hub's global-dedupe query, then
 dedupes against the shard it answers). ``hf_xet`` counts, per file, the bytes of new chunks and
-the bytes of xorbs and shards it uploaded; huggingface_hub drops those counts, so ``recording``
+the bytes of the chunks that were new; huggingface_hub drops those counts, so ``recording``
 keeps the upload handles of the block and ``XetSent`` sums them for the publish line.
 """
 
@@ -18,18 +18,17 @@ from ...units import human_bytes, plural
 
 @dataclass
 class XetSent:
-    """The files uploaded through Xet: their bytes, the bytes of chunks the hub lacked, and
-    the bytes that went over the wire (xorbs, compressed, and shards)."""
+    """The files uploaded through Xet: their bytes, and the bytes of the chunks the hub lacked,
+    which are all that was sent of them (before compression)."""
 
     files: int = 0
     file_bytes: int = 0
     new_bytes: int = 0
-    wire_bytes: int = 0
 
     def summary(self) -> str:
-        share = f"{100 * self.wire_bytes / self.file_bytes:.1f}%" if self.file_bytes else "0%"
+        share = f"{100 * self.new_bytes / self.file_bytes:.1f}%" if self.file_bytes else "0%"
         return (f"{plural(self.files, 'file')} ({human_bytes(self.file_bytes)}) through Xet: "
-                f"{human_bytes(self.wire_bytes)} sent ({share}), "
+                f"{human_bytes(self.new_bytes)} of new chunks sent ({share}), "
                 f"{human_bytes(max(0, self.file_bytes - self.new_bytes))} already on the hub")
 
 
@@ -54,8 +53,6 @@ def recording():
         sent.files += 1
         sent.file_bytes += int(getattr(metrics, "total_bytes", 0) or 0)
         sent.new_bytes += int(getattr(metrics, "new_bytes", 0) or 0)
-        sent.wire_bytes += int(getattr(metrics, "xorb_bytes_uploaded", 0) or 0) \
-            + int(getattr(metrics, "shard_bytes_uploaded", 0) or 0)
 
 
 def _metrics(handle):

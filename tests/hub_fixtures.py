@@ -45,6 +45,7 @@ class RunningHub:
     root: Path
     tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
     traffic: Any = None          # patcher.hub.traffic.Traffic: body bytes either way
+    state: Any = None            # the app's state: .hub is the server's Hub (store, signer)
 
     def api(self, token: str | bool | None = False):
         """A real ``HfApi`` for this hub; ``token=False`` sends no token."""
@@ -96,7 +97,8 @@ def running_hub(root: Path, tokens: dict[str, dict[str, Any]] | None = None
         time.sleep(0.01)
     try:
         yield RunningHub(endpoint=f"http://127.0.0.1:{port}", root=root, tokens=dict(tokens or {}),
-                         traffic=server.config.app.state.traffic)
+                         traffic=server.config.app.state.traffic,
+                         state=server.config.app.state)
     finally:
         server.should_exit = True
         thread.join(timeout=10)

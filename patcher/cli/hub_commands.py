@@ -147,6 +147,34 @@ def hub_serve(root, host, port, init, public_url):
     serve(Path(root), host=host, port=port, public_url=public_url)
 
 
+@hub.command("gc")
+@click.option("--root", required=True, type=click.Path(file_okay=False, exists=True,
+                                                       path_type=str),
+              help="Storage directory of the hub (as for hub serve).")
+@click.option("--grace", default=3600, show_default=True, type=click.IntRange(0, None),
+              metavar="SECONDS",
+              help="Keep what is younger than this: an upload in progress whose files are not "
+                   "registered yet.")
+@json_option()
+def hub_gc(root, grace, as_json):
+    """Remove the Xet storage (xorbs) no repository of the hub references.
+
+    Safe while the hub serves: files being registered hold the collector off, and anything
+    younger than --grace stays. A xorb any repository still uses is never removed."""
+    from pathlib import Path
+
+    from ..hub.store.storage import Store
+    from ..hub.store.xet_gc import collect_garbage
+
+    report = collect_garbage(Store(Path(root)), grace_s=grace)
+    if as_json:
+        emit_json({"xorbs_removed": report.xorbs_removed, "bytes_freed": report.bytes_freed,
+                   "xorbs_kept": report.xorbs_kept, "files_removed": report.files_removed})
+    else:
+        echo(f"removed {report.xorbs_removed} xorbs ({report.bytes_freed} bytes), "
+             f"kept {report.xorbs_kept}")
+
+
 def apply_and_publish(recipe, model, repo_id, endpoint, as_json, allow_noop, base_model,
                       params, conflicting) -> None:
     """``apply RECIPE hf://... --publish REPO_ID``: a config-only variant made on the hub."""

@@ -43,6 +43,27 @@ def fuzz_settings(n: int):
                                            HealthCheck.function_scoped_fixture])
 
 
+_SAMPLE = os.urandom(20_000) + bytes(20_000)
+_BUILT: dict = {}
+
+
+def _built() -> dict:
+    if not _BUILT:
+        from xet_clients import built_upload
+
+        _BUILT.update(built_upload(_SAMPLE))
+    return _BUILT
+
+
+_XORB_HEX = "{xorb}"
+_FILE_HEX = "{file}"
+
+
+def _mangled(which: bytes, junk: bytes, at: int) -> bytes:
+    data = _built()["xorb" if which == b"XORB" else "shard"]
+    return data[:at] + junk + data[at + len(junk):]
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz-hub")
@@ -53,6 +74,16 @@ def server(tmp_path_factory):
                (("config.json", b"{}"), ("dir/a.txt", b"a" * 100), ("dir/sub/b.bin", b"\0" * 9))]
         store.commit(meta, "main", ops, message="files", description="", author="alice")
     with running_hub(root, TOKENS) as running:
+        from xet_clients import call, xet_token
+
+        built = _built()
+        tokens = {"XET-WRITE": xet_token(running.endpoint, "alice/public", "write-alice", True),
+                  "XET-READ": xet_token(running.endpoint, "alice/private", "write-alice")}
+        call(running.endpoint, "POST", f"/cas/v1/xorbs/default/{built['xorb_hex']}",
+             token=tokens["XET-WRITE"], body=built["xorb"])
+        call(running.endpoint, "POST", "/cas/v1/shards", token=tokens["XET-WRITE"],
+             body=built["shard"])
+        XET_TOKENS.update(tokens)
         host, port = running.endpoint.removeprefix("http://").split(":")
         yield host, int(port)
 
@@ -86,6 +117,13 @@ ROUTES = [
     ("POST", "/{r}.git/info/lfs/objects/verify"), ("GET", "/{r}/resolve/{s}/{s}"),
     ("HEAD", "/{r}/resolve/main/{s}"), ("GET", "/{r}/resolve/main/dir/a.txt"), ("GET", "/{s}"),
     ("GET", "/{s}/{s}/{s}"),
+    # the Xet side: token routes and the CAS API ({x}: a Xet hash, or anything)
+    ("GET", "/api/{k}/{r}/xet-read-token/{s}"), ("GET", "/api/{k}/{r}/xet-write-token/{s}"),
+    ("POST", "/cas/v1/xorbs/default/{x}"), ("HEAD", "/cas/v1/xorbs/default/{x}"),
+    ("POST", "/cas/v1/shards"), ("GET", "/cas/v1/chunks/default/{x}"),
+    ("HEAD", "/cas/v1/files/{x}"), ("GET", "/cas/v1/reconstructions/{x}"),
+    ("GET", "/cas/v2/reconstructions/{x}"), ("POST", "/cas/v1/reconstructions"),
+    ("GET", "/cas/xorbs/{x}"),
 ]
 OTHER_METHODS = st.sampled_from(["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS",
                                  "TRACE", "FOO"])
@@ -99,11 +137,15 @@ def requests(draw) -> tuple[str, str]:
         method = draw(OTHER_METHODS)
     kinds = draw(st.sampled_from(["models", "models", "datasets", "spaces"]))
     out = template.replace("{k}", kinds).replace("{r}", draw(REPO))
+    while "{x}" in out:
+        out = out.replace("{x}", draw(st.one_of(st.sampled_from([_XORB_HEX, _FILE_HEX, "0" * 64]),
+                                                SEGMENT)), 1)
     while "{s}" in out:
         out = out.replace("{s}", draw(SEGMENT), 1)
     query = draw(st.one_of(st.just(""), st.sampled_from(
         ["?recursive=true&expand=true", "?blobs=true", "?cursor=-1", "?cursor=x&limit=0",
-         "?limit=99999999999999999999", "?create_pr=1", "?expires=1&sig=00"]),
+         "?limit=99999999999999999999", "?create_pr=1", "?expires=1&sig=00",
+         "?r=0-10&e=99999999999&s=00", "?r=5-1&e=x&s="]),
         st.text(max_size=20).map(lambda s: "?" + quote(s, safe="=&"))))
     return method, out + query
 
@@ -134,9 +176,13 @@ BODY = st.one_of(
     st.lists(st.text(max_size=12), max_size=6).map(
         lambda xs: "&".join("paths=" + quote(x) for x in xs).encode()),
     st.sampled_from([b"[" * 5000, b"{" * 5000, b'{"a":' * 3000, b"\xff\xfe", b"\0" * 10]),
+    # xorbs and shards, whole or mangled
+    st.tuples(st.sampled_from([b"XORB", b"SHARD"]), st.binary(max_size=8),
+              st.integers(0, 400)).map(lambda t: _mangled(*t)),
 )
 HEADERS = st.fixed_dictionaries({}, optional={
-    "Authorization": st.sampled_from(["Bearer write-alice", "Bearer write-alice",
+    "Authorization": st.sampled_from(["Bearer XET-WRITE", "Bearer XET-READ", "Bearer XET-WRITE",
+                                      "Bearer write-alice", "Bearer write-alice",
                                       "Bearer write-alice", "Bearer hashed", "Bearer nope",
                                       "Bearer " + next(iter(TOKENS.keys() - {"write-alice"})),
                                       "Basic eDp5", "Bearer", "bearer  write-alice "]),
@@ -152,10 +198,19 @@ HEADERS = st.fixed_dictionaries({}, optional={
 # -- the requests --------------------------------------------------------------------------------
 
 
+XET_TOKENS: dict[str, str] = {}
+
+
 def send(server, method: str, path: str, headers: dict[str, str], body: bytes
          ) -> tuple[int, str, bytes]:
     """One request on a fresh connection; the status, content type and body of the complete
-    answer."""
+    answer. ``XET-WRITE`` / ``XET-READ`` in a header or the path stand for the Xet tokens of the
+    module's hub, ``{xorb}`` / ``{file}`` for its xorb and file hashes."""
+    built = _built()
+    for name, token in XET_TOKENS.items():
+        headers = {k: v.replace(name, token) for k, v in headers.items()}
+    path = path.replace("%7Bxorb%7D", built["xorb_hex"]).replace("{xorb}", built["xorb_hex"])
+    path = path.replace("%7Bfile%7D", built["file_hex"]).replace("{file}", built["file_hex"])
     conn = http.client.HTTPConnection(*server, timeout=30)
     try:
         conn.putrequest(method, path, skip_host=False, skip_accept_encoding=True)

@@ -201,6 +201,13 @@ def test_request_bodies_are_capped_per_endpoint(server, method, path, limit):
     ("GET", f"/api/models/{PUBLIC}/tree/main?cursor=-5", b""),
     ("GET", "/no/such/endpoint%20", b""),             # an error header value may not end in a space
     ("PATCH", "/api/whoami-v2", b""),
+    # the CAS API takes Xet tokens only: a hub token is no Xet token
+    ("POST", "/cas/v1/shards", b"HFRepoMetaData"),
+    ("POST", "/cas/v1/xorbs/default/" + "0" * 64, b"\0" * 8),
+    ("GET", "/cas/v2/reconstructions/" + "0" * 64, b""),
+    ("GET", "/cas/v1/chunks/default/" + "0" * 64, b""),
+    ("GET", "/cas/xorbs/" + "0" * 64 + "?r=0-1&e=99999999999&s=00", b""),
+    ("GET", f"/api/models/{PUBLIC}/xet-read-token/%00", b""),
 ])
 def test_malformed_requests_get_4xx(server, method, path, body):
     headers = {"Content-Type": "application/json"} if "paths-info" in path else None

@@ -159,6 +159,15 @@ def test_private_repo_invisible_without_valid_token(hub: RunningHub, tmp_path: P
                         cache_dir=cache)
     with pytest.raises(RepositoryNotFoundError):
         snapshot_download("alice/secret", endpoint=hub.endpoint, token=False, cache_dir=cache)
+    # Its Xet token routes answer as for a repo that does not exist.
+    from xet_clients import call
+
+    for token, status in ((None, 401), ("write-bob", 404)):
+        for kind in ("read", "write"):
+            answers = [call(hub.endpoint, "GET", f"/api/models/alice/{name}/xet-{kind}-token/main",
+                            token=token) for name in ("secret", "nothing")]
+            assert [a[0] for a in answers] == [status, status]
+            assert answers[0][2].replace(b"secret", b"nothing") == answers[1][2]
 
     # A wrong token is refused outright (401), on private and public repos alike.
     with pytest.raises(HfHubHTTPError) as err:

@@ -1,174 +1,150 @@
-"""publish and pull through Xet against the embedded hub, with the real huggingface_hub and
-hf_xet clients: a variant whose shards were rewritten sends only the chunks the hub lacks, pull
-rebuilds it from the local base's chunks, and a hub that refuses Xet is spoken to over LFS."""
-# ruff: noqa: F811
+"""The embedded hub with stock huggingface_hub + hf_xet clients at their DEFAULT settings (Xet on;
+no HF_HUB_DISABLE_XET anywhere in their environment), and in LFS mode (HF_HUB_DISABLE_XET=1),
+each in its own process: create_repo, upload_folder, snapshot_download, hf_hub_download, a
+server-side copy, private repos and every auth case, and files crossing modes (uploaded one way,
+downloaded the other)."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from pathlib import Path
+import os
 
 import pytest
-from hub_fixtures import TOKENS, configure_hf_client, running_hub  # noqa: F401
+from hub_fixtures import TOKENS, running_hub
+from xet_clients import run_client
 
-from patcher import api
+from patcher.hub.xet import chunking, hashing
 
 
-@pytest.fixture(autouse=True)
-def _digest_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MODELPATCH_CACHE_DIR", str(tmp_path / "digest-cache"))
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _xet_hash(data: bytes) -> str:
+    return hashing.hash_to_hex(hashing.file_hash(
+        [(hashing.chunk_hash(c), len(c)) for c in chunking.chunk_bytes(data)]))
 
 
 @pytest.fixture
-def xet_hub(tmp_path, monkeypatch):
-    """The embedded hub, with huggingface_hub free to use Xet (a fresh Xet cache: nothing is
-    deduplicated against an earlier test's uploads on this machine)."""
-    from huggingface_hub import constants
-
-    configure_hf_client(monkeypatch, tmp_path / "hf-home")
-    monkeypatch.delenv("HF_HUB_DISABLE_XET", raising=False)
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", False)
-    monkeypatch.setenv("HF_XET_CACHE", str(tmp_path / "xet-cache"))
-    monkeypatch.setenv("HF_TOKEN", "write-alice")
+def xhub(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="modelpatch.hub")
     with running_hub(tmp_path / "hub", TOKENS) as running:
         yield running
 
 
-def _refuse_xet(monkeypatch) -> None:
-    """The hub's Xet token routes answer as an older hub's do (400: no Xet)."""
-    from patcher.hub.server import app as server_app
-
-    async def no_xet(hub, request, p):
-        from patcher.hub.request_errors import BadRequest
-
-        raise BadRequest("this hub does not speak Xet")
-
-    routes = [(methods, rx, no_xet if "xet-" in rx.pattern else handler)
-              for methods, rx, handler in server_app._COMPILED]
-    monkeypatch.setattr(server_app, "_COMPILED", routes)
+def _requests(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "modelpatch.hub"]
 
 
-def test_a_hub_without_xet_gets_lfs(tmp_path, monkeypatch, caplog):
-    _refuse_xet(monkeypatch)
-    from huggingface_hub import constants
-
-    configure_hf_client(monkeypatch, tmp_path / "hf-home")
-    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", False)
-    monkeypatch.setenv("HF_TOKEN", "write-alice")
-    base, _ = _base_model(tmp_path / "base")
-    variant = api.apply("drop-kv-scales", base, out=tmp_path / "variant").output
-    with running_hub(tmp_path / "hub", TOKENS) as hub, \
-            caplog.at_level(logging.INFO, logger="modelpatch"):
-        result = api.publish(variant, "alice/old-hub", endpoint=hub.endpoint)
-        pulled = api.pull("alice/old-hub", tmp_path / "pulled", endpoint=hub.endpoint)
-    assert result.plan.transport == "lfs" and not result.plan.xet.files
-    assert any("uploaded over Git LFS" in r.getMessage() for r in caplog.records)
-    assert api.verify(pulled.output).ok
-    assert constants.HF_HUB_DISABLE_XET is False          # only for the upload
+def _folder(tmp_path, name: str, size: int, seed: int) -> tuple[object, dict[str, bytes]]:
+    folder = tmp_path / name
+    folder.mkdir()
+    rng = __import__("random").Random(seed)
+    files = {"model.safetensors": rng.randbytes(size // 2) + bytes(size - size // 2),
+             "config.json": b'{"model_type": "tiny"}'}
+    for fname, data in files.items():
+        (folder / fname).write_bytes(data)
+    return folder, files
 
 
-SHARD_MB = 2
+def test_stock_xet_client_round_trip_copy_and_auth(xhub, tmp_path, caplog):
+    folder, files = _folder(tmp_path, "model", 300_000, 1)
+    weights = files["model.safetensors"]
+    cache = str(tmp_path / "cache")
+    results = run_client(xhub.endpoint, [
+        ["create", "write-alice", "alice/private", True],
+        ["upload_folder", "write-alice", "alice/private", str(folder)],
+        ["snapshot", "write-alice", "alice/private", cache],
+        ["download", "read-alice", "alice/private", "model.safetensors", cache + "2"],
+        ["create", "write-alice", "alice/copy", False],
+        ["copy", "write-alice", "alice/private", "model.safetensors", "alice/copy", "w.bin"],
+        ["download", "write-bob", "alice/copy", "w.bin", cache + "3"],
+        # every auth case: no token, another user, a read token writing
+        ["download", None, "alice/private", "model.safetensors", cache + "4"],
+        ["download", "write-bob", "alice/private", "model.safetensors", cache + "5"],
+        ["upload_folder", "read-alice", "alice/private", str(folder)],
+        ["upload_folder", "write-bob", "alice/copy", str(folder)],
+    ], tmp_path / "home")
+    assert all("ok" in r for r in results[:7]), results
+    assert results[2]["ok"] == {name: _sha(data) for name, data in files.items()}
+    assert results[3]["ok"] == _sha(weights) == results[6]["ok"]
+    assert [r.get("status") for r in results[7:]] == [401, 404, 403, 403], results[7:]
+    log = _requests(caplog)
+    # uploaded and downloaded through the CAS API, never through LFS
+    assert any("POST /cas/v1/shards 200" in m for m in log)
+    assert any("/cas/v2/reconstructions/" in m and " 200 " in m for m in log)
+    assert not any("/info/lfs/objects" in m for m in log)
+    # the hub keeps the file under its Xet hash, the one hf_xet computed
+    store = xhub.state.hub.store
+    assert store.xet.xet_hash_of(_sha(weights)) == _xet_hash(weights)
+    assert store.blob_path(_sha(weights)).read_bytes() == weights
 
 
-def _base_model(root: Path) -> tuple[Path, int]:
-    """A two-shard model (each shard 2 MB of distinct random BF16 bytes, and the layer's two
-    FP8 KV-cache scales in the middle of it); returns its directory and shard bytes."""
-    import json
-    import random
-
-    from model_helpers import entry, st_bytes
-
-    root.mkdir()
-    weight_map, shard_bytes, tensor_bytes = {}, 0, 0
-    for i in range(2):
-        name = f"model-0000{i + 1}-of-00002.safetensors"
-        half = SHARD_MB * 1024 * 1024 // 2
-        p = f"model.layers.{i}.self_attn"
-        header, offset, data = {}, 0, b""
-        for tensor, dtype, n in ((f"{p}.k_proj.weight", "BF16", half),
-                                 (f"{p}.k_proj.k_scale", "F32", 4),
-                                 (f"{p}.v_proj.v_scale", "F32", 4),
-                                 (f"{p}.v_proj.weight", "BF16", half)):
-            header[tensor] = entry(dtype, [n // (2 if dtype == "BF16" else 4)] if n > 4 else [],
-                                   offset, offset + n)
-            data += random.Random(f"{i}{tensor}").randbytes(n) if n > 4 else b"\0\0\x80\x3f"
-            offset += n
-            tensor_bytes += n
-            weight_map[tensor] = name
-        (root / name).write_bytes(st_bytes(header, data))
-        shard_bytes += (root / name).stat().st_size
-    (root / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": tensor_bytes}, "weight_map": weight_map}))
-    (root / "config.json").write_text(json.dumps(
-        {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2,
-         "hidden_size": 64, "torch_dtype": "bfloat16"}))
-    return root, shard_bytes
+def test_files_cross_modes(xhub, tmp_path, caplog):
+    """Uploaded over LFS, downloaded over Xet; uploaded over Xet, downloaded over plain HTTP."""
+    lfs_folder, lfs_files = _folder(tmp_path, "via-lfs", 250_000, 2)
+    xet_folder, xet_files = _folder(tmp_path, "via-xet", 250_000, 3)
+    home = tmp_path / "home"
+    up = run_client(xhub.endpoint, [
+        ["create", "write-alice", "alice/lfs", True],
+        ["upload_folder", "write-alice", "alice/lfs", str(lfs_folder)],
+    ], home, xet=False)
+    assert all("ok" in r for r in up), up
+    assert any("/info/lfs/objects/batch" in m for m in _requests(caplog))
+    caplog.clear()
+    down = run_client(xhub.endpoint, [
+        ["download", "read-alice", "alice/lfs", "model.safetensors", str(tmp_path / "c1")],
+        ["create", "write-alice", "alice/xet", True],
+        ["upload_folder", "write-alice", "alice/xet", str(xet_folder)],
+    ], home)
+    assert down[0]["ok"] == _sha(lfs_files["model.safetensors"]), down
+    assert "ok" in down[2], down
+    assert any("/cas/v2/reconstructions/" in m and " 200 " in m for m in _requests(caplog))
+    caplog.clear()
+    plain = run_client(xhub.endpoint, [
+        ["snapshot", "read-alice", "alice/xet", str(tmp_path / "c2")],
+    ], home, xet=False)
+    assert plain[0]["ok"] == {name: _sha(data) for name, data in xet_files.items()}
+    log = _requests(caplog)
+    assert any("GET /alice/xet/resolve/" in m and "model.safetensors 200" in m for m in log)
+    assert not any("/cas/" in m for m in log)
 
 
-@pytest.fixture
-def published(xet_hub, tmp_path):
-    """The base published through Xet, downloaded into the Hugging Face cache (through Xet:
-    huggingface_hub links the snapshot's blobs to its cache-wide shared store), and its
-    drop-kv-scales variant made from that snapshot."""
-    from huggingface_hub import snapshot_download
-
-    base, shard_bytes = _base_model(tmp_path / "base")
-    api.publish(base, "alice/base", base=True, endpoint=xet_hub.endpoint)
-    snapshot = snapshot_download("alice/base", endpoint=xet_hub.endpoint)
-    variant = api.apply("drop-kv-scales", snapshot, out=tmp_path / "variant").output
-    return xet_hub, base, variant, shard_bytes
-
-
-def test_publish_of_rewritten_shards_sends_only_new_chunks(published, caplog):
-    hub, _, variant, shard_bytes = published
-    before = hub.traffic.snapshot()[0]
-    with caplog.at_level(logging.INFO, logger="modelpatch"):
-        result = api.publish(variant, "alice/variant", endpoint=hub.endpoint)
-    sent = hub.traffic.snapshot()[0] - before
-    assert result.plan.transport == "xet"
-    assert result.plan.xet.files >= 2 and result.plan.xet.file_bytes >= shard_bytes - 4096
-    assert sent < shard_bytes // 4, (sent, shard_bytes)        # the shards were not sent
-    assert result.plan.xet.new_bytes < shard_bytes // 4
-    assert any("through Xet:" in r.getMessage() for r in caplog.records)
+def test_xet_dedupes_a_second_upload_against_the_first(xhub, tmp_path, caplog):
+    """The same content uploaded again (another repo, another name) sends no xorb: hf_xet finds
+    its chunks through the global dedupe query, answered from a repo the user can read."""
+    folder, files = _folder(tmp_path, "once", 200_000, 4)
+    again = tmp_path / "again"
+    again.mkdir()
+    (again / "renamed.safetensors").write_bytes(files["model.safetensors"])
+    home = tmp_path / "home"
+    first = run_client(xhub.endpoint, [["create", "write-alice", "alice/one", True],
+                                       ["upload_folder", "write-alice", "alice/one", str(folder)]],
+                       home)
+    assert all("ok" in r for r in first), first
+    uploads = sum("POST /cas/v1/xorbs/" in m for m in _requests(caplog))
+    caplog.clear()
+    second = run_client(xhub.endpoint, [["create", "write-alice", "alice/two", True],
+                                        ["upload_folder", "write-alice", "alice/two", str(again)],
+                                        ["download", "write-alice", "alice/two",
+                                         "renamed.safetensors", str(tmp_path / "c")]],
+                        tmp_path / "home2")
+    assert second[2]["ok"] == _sha(files["model.safetensors"]), second
+    log = _requests(caplog)
+    assert uploads >= 1 and not any("POST /cas/v1/xorbs/" in m for m in log), log
+    assert any("/cas/v1/chunks/" in m and " 200 " in m for m in log)
 
 
-@pytest.mark.parametrize("where", ["cache", "reuse"])
-def test_pull_rebuilds_changed_shards_from_local_chunks(published, tmp_path, monkeypatch,
-                                                        where):
-    from huggingface_hub import constants
-
-    hub, base, variant, shard_bytes = published
-    api.publish(variant, "alice/variant", endpoint=hub.endpoint)
-    reuse = ()
-    if where == "reuse":               # no cache: the base is a directory given with --reuse
-        monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-        reuse = (base,)
-    before = hub.traffic.snapshot()[1]
-    result = api.pull("alice/variant", tmp_path / "pulled", endpoint=hub.endpoint, reuse=reuse)
-    received = hub.traffic.snapshot()[1] - before
-    assert api.verify(result.output).ok
-    assert result.rebuilt_bytes >= shard_bytes - 4096
-    assert result.received_bytes < shard_bytes // 4
-    assert received < shard_bytes // 4, (received, shard_bytes)
-
-
-def test_a_hub_lying_about_chunks_is_refused_and_nothing_is_left(published, tmp_path,
-                                                                 monkeypatch):
-    """A hub whose xorb bytes are other valid chunks: the rebuilt file does not have the
-    variant's Xet hash, pull fails in one line and leaves neither output nor staging."""
-    from patcher.errors import HubError
-    from patcher.hub.client import xet_pull
-
-    hub, _, variant, _ = published
-    api.publish(variant, "alice/variant", endpoint=hub.endpoint)
-    real = xet_pull.Cas.chunks
-
-    def lying(self, fetch, what):
-        return [(digest, bytes(len(data))) for digest, data in real(self, fetch, what)]
-
-    monkeypatch.setattr(xet_pull.Cas, "chunks", lying)
-    with pytest.raises(HubError, match="do not hash to its Xet hash") as err:
-        api.pull("alice/variant", tmp_path / "pulled", endpoint=hub.endpoint)
-    assert "\n" not in str(err.value)
-    assert not (tmp_path / "pulled").exists()
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(("pulled", ".pulled"))] == []
+@pytest.mark.slow
+def test_a_large_file_both_ways(xhub, tmp_path):
+    data = os.urandom(48 * 1024 * 1024)
+    folder = tmp_path / "big"
+    folder.mkdir()
+    (folder / "big.bin").write_bytes(data)
+    results = run_client(xhub.endpoint, [
+        ["create", "write-alice", "alice/big", False],
+        ["upload_folder", "write-alice", "alice/big", str(folder)],
+        ["download", None, "alice/big", "big.bin", str(tmp_path / "c")],
+    ], tmp_path / "home", timeout=600)
+    assert results[2]["ok"] == _sha(data), results

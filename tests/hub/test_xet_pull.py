@@ -1,6 +1,6 @@
 """pull's Xet path on its own (``patcher.hub.client.xet_pull``): a variant file rebuilt from a
 local base's chunks through the hub's reconstructions, with a hub of xorbs in memory that can
-lie. The whole path through the embedded hub is in ``test_xet_hub.py``."""
+lie. The whole path through the embedded hub is in ``test_xet_publish_pull.py``."""
 
 from __future__ import annotations
 

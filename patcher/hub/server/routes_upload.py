@@ -3,7 +3,9 @@
 1. ``POST /api/{type}s/{repo}/preupload/{rev}``: the server decides ``lfs`` or ``regular`` per
    file and returns the oid of the file already at that path (the client skips unchanged files).
 2. ``POST /{repo}.git/info/lfs/objects/batch`` (Git LFS batch API, ``basic`` transfer): for each
-   LFS object not yet in the repo, a signed upload URL and a verify URL.
+   LFS object not yet in the repo, a signed upload URL and a verify URL. A client offering the
+   ``xet`` transfer gets it: each missing object's upload action names the repo's Xet write-token
+   route, and the bytes go through the CAS API.
 3. ``PUT`` the signed URL: the body is streamed to a temp file, hashed, checked against the oid,
    renamed into the blob store. ``POST .../verify`` then confirms it.
 4. ``POST /api/{type}s/{repo}/commit/{rev}``: an NDJSON stream of ``header``, ``file`` (base64
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from typing import Any
+from urllib.parse import quote
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -27,11 +30,12 @@ from starlette.responses import JSONResponse, Response
 from ..request_errors import BadRequest, PayloadTooLarge, RevisionNotFound
 from ..store.commit_ops import Op
 from ..store.git_objects import lfs_entry, regular_entry, upload_mode
-from ..store.naming import SHA256_HEX, check_path
+from ..store.naming import REPO_KINDS, SHA256_HEX, check_path
 from ..store.xet_ingest import ensure_xet_hash
 from .web import (
     LIST_BODY_LIMIT,
     Hub,
+    base_url,
     in_thread,
     json_list,
     ndjson_lines,
@@ -94,14 +98,25 @@ async def lfs_batch(hub: Hub, request: Request, p: dict[str, str]) -> Response:
     if payload.get("operation") != "upload":
         raise BadRequest("only the 'upload' operation is supported (download via /resolve)")
     transfers = payload.get("transfers") or ["basic"]
-    if not isinstance(transfers, list) or "basic" not in transfers:
-        raise BadRequest("only the 'basic' transfer is supported")
+    if not isinstance(transfers, list) or not {"basic", "xet"} & set(map(str, transfers)):
+        raise BadRequest("only the 'xet' and 'basic' transfers are supported")
     if payload.get("hash_algo", "sha256") != "sha256":
         raise BadRequest("only sha256 object ids are supported")
     objects = json_list(payload, "objects")
     base = repo_url(request, kind, repo_id) + ".git/info/lfs/objects"
     out = await in_thread(_lfs_actions, hub, meta, kind, repo_id, objects, base)  # stats
-    return JSONResponse({"transfer": "basic", "objects": out, "hash_algo": "sha256"},
+    transfer = "xet" if "xet" in transfers else "basic"
+    if transfer == "xet":
+        # a Xet client uploads through the CAS API with a token from the write-token route
+        ref = payload.get("ref")
+        name = ref.get("name") if isinstance(ref, dict) else None
+        revision = quote(name if isinstance(name, str) and name else "main", safe="")
+        token_url = f"{base_url(request)}/api/{REPO_KINDS[kind]}/{repo_id}/xet-write-token/" \
+                    f"{revision}"
+        for obj in out:
+            if "actions" in obj:
+                obj["actions"] = {"upload": {"href": token_url}}
+    return JSONResponse({"transfer": transfer, "objects": out, "hash_algo": "sha256"},
                         media_type=LFS_JSON)
 
 

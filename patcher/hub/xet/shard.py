@@ -26,7 +26,10 @@ FLAG_WITH_METADATA_EXT = 1 << 30
 BOOKEND = b"\xff" * HASH_SIZE + bytes(16)
 
 _FOUR_U32 = struct.Struct("<4I")
-_FOOTER = struct.Struct("<3Q48s32s2Q72sQ")
+# version, file info / CAS info offsets, the three lookup tables (offset, entry count), the chunk
+# hash key, created, expiry, 6 reserved u64, stored bytes on disk, materialized and stored bytes,
+# footer offset: 200 bytes
+_FOOTER = struct.Struct("<9Q32s2Q6Q4Q")
 
 
 @dataclass(frozen=True)
@@ -152,13 +155,14 @@ def parse_shard(data: bytes, max_records: int = 1 << 20) -> Shard:
         shard.files.append(_file_info(head, reader))
     while (head := reader.record("xorb header"))[:HASH_SIZE] != b"\xff" * HASH_SIZE:
         shard.xorbs.append(_xorb_info(head, reader))
-    if reader.pos != body_end:
-        raise XetFormatError("the shard has bytes after its sections")
     if footer_size:
         fields = _FOOTER.unpack_from(data, body_end)
-        if fields[0] != FOOTER_VERSION:
-            raise XetFormatError(f"shard footer version {fields[0]}")
-        shard.footer = ShardFooter(fields[4], fields[5], fields[6])
+        if fields[0] != FOOTER_VERSION or fields[-1] != body_end:
+            raise XetFormatError(f"shard footer version {fields[0]} at {fields[-1]}")
+        # the lookup tables between the sections and the footer are derived data: skipped
+        shard.footer = ShardFooter(fields[9], fields[10], fields[11])
+    elif reader.pos != body_end:
+        raise XetFormatError("the shard has bytes after its sections")
     return shard
 
 
@@ -196,8 +200,39 @@ def serialize_shard(shard: Shard) -> bytes:
     if shard.footer is None:
         return head + sections
     xorbs_at = HEADER_SIZE + ENTRY_SIZE * (len(file_records) + 1)
-    footer_at = HEADER_SIZE + len(sections)
-    footer = _FOOTER.pack(FOOTER_VERSION, HEADER_SIZE, xorbs_at, bytes(48),
-                          shard.footer.hmac_key, shard.footer.created, shard.footer.expiry,
-                          bytes(72), footer_at)
-    return head + sections + footer
+    tables, counts = _lookup_tables(shard)
+    lookups_at = HEADER_SIZE + len(sections)
+    offsets, pos = [], lookups_at
+    for table in tables:
+        offsets.append(pos)
+        pos += len(table)
+    footer = _FOOTER.pack(
+        FOOTER_VERSION, HEADER_SIZE, xorbs_at,
+        offsets[0], counts[0], offsets[1], counts[1], offsets[2], counts[2],
+        shard.footer.hmac_key, shard.footer.created, shard.footer.expiry, 0, 0, 0, 0, 0, 0,
+        sum(x.stored_bytes for x in shard.xorbs), sum(f.size for f in shard.files),
+        sum(x.raw_bytes for x in shard.xorbs), pos)
+    return head + sections + b"".join(tables) + footer
+
+
+def _truncated(raw: bytes) -> int:
+    return int.from_bytes(raw[:8], "little")
+
+
+def _lookup_tables(shard: Shard) -> tuple[list[bytes], list[int]]:
+    """The three sorted lookup tables readers of a footer'd shard search: files (truncated hash,
+    record index), xorbs (truncated hash, record index) and chunks (truncated stored hash, xorb
+    record index, chunk index)."""
+    files, index = [], 0
+    for info in shard.files:
+        files.append((_truncated(info.file_hash), index))
+        index += len(_file_records(info))
+    xorbs, chunks, index = [], [], 0
+    for xorb in shard.xorbs:
+        xorbs.append((_truncated(xorb.xorb_hash), index))
+        chunks += [(_truncated(c.hash), index, i) for i, c in enumerate(xorb.chunks)]
+        index += 1 + len(xorb.chunks)
+    tables = [b"".join(struct.pack("<QI", *e) for e in sorted(files)),
+              b"".join(struct.pack("<QI", *e) for e in sorted(xorbs)),
+              b"".join(struct.pack("<QII", *e) for e in sorted(chunks))]
+    return tables, [len(files), len(xorbs), len(chunks)]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -160,7 +161,8 @@ def run(size_gb: float, shards: int, fmt: str, work: Path) -> dict:
                                     r.env(xet.endpoint, home))
     res["hf download, LFS"] = r.run([hf, "download", "alice/base"], lfs,
                                     r.env(lfs.endpoint, work / "home-lfs", xet=False))
-    snapshot = Path(res["hf download, Xet"]["stdout"].splitlines()[-1].strip())
+    said = res["hf download, Xet"]["stdout"]       # "path: <snapshot>", or the path alone
+    snapshot = Path(re.findall(r"(/\S+/snapshots/[0-9a-f]{40})", said)[-1])
     (work / "kv-scale-rename.yaml").write_text(RENAME_RECIPE)
     variants: dict = {}
     for name, recipe in VARIANTS.items():

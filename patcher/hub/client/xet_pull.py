@@ -35,6 +35,9 @@ from ...errors import HubError, OperationFailed
 from .xet_terms import Fetch, Reconstruction, Term, parse_reconstruction
 
 log = logging.getLogger("modelpatch")
+#: Fetch entries (at most a 64 MiB xorb each) kept decoded while a file is written: terms of
+#: the new chunks often take turns between two xorbs.
+KEPT_FETCHES = 2
 
 
 @dataclass
@@ -256,7 +259,8 @@ def rebuild(dest: Path, recon: Reconstruction, base: LocalBase, cas: Cas, want: 
                     continue
                 fetch = recon.fetch_for(term)
                 if fetch not in fetched:
-                    fetched.clear()            # one fetch entry in memory at a time
+                    if len(fetched) >= KEPT_FETCHES:   # a few fetch entries in memory at once
+                        del fetched[next(iter(fetched))]
                     fetched[fetch] = cas.chunks(fetch, what)
                 got = fetched[fetch][term.start - fetch.start:term.end - fetch.start]
                 if sum(len(data) for _, data in got) != term.length:

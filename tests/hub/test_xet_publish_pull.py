@@ -172,3 +172,45 @@ def test_a_hub_lying_about_chunks_is_refused_and_nothing_is_left(published, tmp_
     assert "\n" not in str(err.value)
     assert not (tmp_path / "pulled").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(("pulled", ".pulled"))] == []
+
+
+def test_a_dedupe_answer_covers_the_whole_file(tmp_path, monkeypatch):
+    """One hit on an indexed chunk of a file answers all the xorbs of that file (a client
+    rewriting it then dedupes the rest without a hit in each xorb), only for readers."""
+    import hashlib
+    import random
+
+    from huggingface_hub import CommitOperationAdd
+    from xet_clients import call, xet_token
+
+    from patcher.hub.xet import chunking, hashing, shard, xorb
+
+    configure_hf_client(monkeypatch, tmp_path / "hf-home")
+    data = random.Random(5).randbytes(600_000)
+    chunks = chunking.chunk_bytes(data)
+    hashes = [hashing.chunk_hash(c) for c in chunks]
+    halves = [range(0, len(chunks) // 2), range(len(chunks) // 2, len(chunks))]
+    xorbs = [hashing.xorb_hash([(hashes[i], len(chunks[i])) for i in h]) for h in halves]
+    terms = tuple(shard.FileTerm(x, sum(len(chunks[i]) for i in h), 0, len(h))
+                  for x, h in zip(xorbs, halves))
+    info = shard.FileInfo(hashing.file_hash([(h, len(c)) for h, c in zip(hashes, chunks)]),
+                          terms, tuple(hashing.verification_hash([hashes[i] for i in h])
+                                       for h in halves),
+                          hashing.hex_to_hash(hashlib.sha256(data).hexdigest()))
+    with running_hub(tmp_path / "hub", TOKENS) as hub:
+        for repo, token, private in (("alice/m", "write-alice", True),
+                                     ("bob/m", "write-bob", True)):
+            hub.api(token).create_repo(repo, private=private)
+        ep, write = hub.endpoint, xet_token(hub.endpoint, "alice/m", "write-alice", write=True)
+        for x, h in zip(xorbs, halves):
+            assert call(ep, "POST", f"/cas/v1/xorbs/default/{hashing.hash_to_hex(x)}",
+                        token=write, body=xorb.serialize_xorb([chunks[i] for i in h]))[0] == 200
+        assert call(ep, "POST", "/cas/v1/shards", token=write,
+                    body=shard.serialize_shard(shard.Shard([info], [])))[0] == 200
+        hub.api("write-alice").create_commit("alice/m", operations=[
+            CommitOperationAdd("w.bin", data)], commit_message="add")
+        path = f"/cas/v1/chunks/default/{hashing.hash_to_hex(hashes[0])}"
+        status, _, body = call(ep, "GET", path, token=xet_token(ep, "alice/m", "read-alice"))
+        assert status == 200
+        assert {x.xorb_hash for x in shard.parse_shard(body).xorbs} == set(xorbs)
+        assert call(ep, "GET", path, token=xet_token(ep, "bob/m", "write-bob"))[0] == 404

@@ -44,7 +44,7 @@ MAX_XORB_CHUNKS = 65_536
 MAX_SHARD_BODY = 64 * 1024 * 1024
 MAX_SHARD_RECORDS = MAX_SHARD_BODY // shard.ENTRY_SIZE
 MAX_FILE_SIZE = 1 << 40                 # one file a shard registers: 1 TiB
-MAX_DEDUPE_XORBS = 8                    # xorbs one dedupe answer describes
+MAX_DEDUPE_XORBS = 32                   # xorbs one dedupe answer describes
 DEDUPE_ANSWER_TTL_S = 7 * 24 * 3600
 
 
@@ -166,6 +166,7 @@ def _dedupe_shard(hub: Hub, grant: XetGrant, chunk_hex: str) -> bytes | None:
     found = [x for x in xet.chunk_xorbs(chunk_hex) if usable_xorb(hub, grant, x)]
     if not found:
         return None
+    found = list(dict.fromkeys(found + _file_neighbours(hub, grant, found[0])))
     key = secrets.token_bytes(hashing.HASH_SIZE)
     xorbs = []
     for xorb_hex in found[:MAX_DEDUPE_XORBS]:
@@ -177,6 +178,32 @@ def _dedupe_shard(hub: Hub, grant: XetGrant, chunk_hex: str) -> bytes | None:
     now = int(time.time())
     return shard.serialize_shard(shard.Shard([], xorbs, shard.ShardFooter(
         key, now, now + DEDUPE_ANSWER_TTL_S)))
+
+
+def _file_neighbours(hub: Hub, grant: XetGrant, xorb_hex: str) -> list[str]:
+    """The other xorbs of the files (LFS objects of readable repos) that use ``xorb_hex``, in
+    file order: one answer then covers the whole file, as the shard a real hub answers with
+    covers its upload, so a client rewriting a file dedupes all of it after one hit, not only
+    the 64 MiB around each of the rare eligible chunks."""
+    xet, out, who = hub.store.xet, [], grant.identity
+    for kind, repo_id in xet.xorb_repos(xorb_hex):
+        meta = hub.store.get_repo(kind, repo_id)
+        if meta is None or not ((kind, repo_id) == (grant.kind, grant.repo_id) or not meta.private
+                                or (who.user and who.owns(meta.namespace))):
+            continue                 # only the files of repos this token's user can read
+        try:
+            shas = sorted(entry.name for entry in (meta.dir / "lfs").iterdir())
+        except FileNotFoundError:
+            continue
+        for sha in shas:
+            file_hex = xet.xet_hash_of(sha)
+            record = xet.file_record(file_hex) if file_hex else None
+            terms = [term[0] for term in record["terms"]] if record else []
+            if xorb_hex in terms:
+                out += [x for x in dict.fromkeys(terms) if x != xorb_hex]
+            if len(out) >= MAX_DEDUPE_XORBS:
+                return out
+    return out
 
 
 # -- downloads ---------------------------------------------------------------------------------

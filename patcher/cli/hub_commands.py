@@ -167,9 +167,13 @@ def hub_gc(root, grace, as_json):
     younger than --grace stays. A xorb any repository still uses is never removed."""
     from pathlib import Path
 
+    from ..errors import InputError
     from ..hub.store.storage import Store
     from ..hub.store.xet_gc import collect_garbage
 
+    if not (Path(root) / "repos").is_dir():     # never lay a new hub out in a mistyped directory
+        raise InputError("not a hub: it has no repos/ directory", where=root,
+                         hint="--root takes the directory hub serve runs on")
     report = collect_garbage(Store(Path(root)), grace_s=grace)
     if as_json:
         emit_json({"xorbs_removed": report.xorbs_removed, "bytes_freed": report.bytes_freed,

@@ -61,3 +61,13 @@ class PreconditionFailed(HubRequestError):
 
 class PayloadTooLarge(HubRequestError):
     status = 413
+
+
+class NotFound(HubRequestError):
+    """A Xet object (file, xorb, chunk) the token cannot see or the hub does not hold."""
+
+    status = 404
+
+
+class RangeNotSatisfiable(HubRequestError):
+    status = 416

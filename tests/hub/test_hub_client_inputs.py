@@ -98,14 +98,21 @@ def test_hub_serve_refuses_malformed_input_in_one_line(tmp_path):
                  ["--root", bad_tokens], ["--root", root, "--port", "99999"],
                  ["--root", root, "--port", "-1"], ["--root", root, "--port", "x"],
                  ["--root", root, "--host", "bad host"], ["--root", root, "--host", "999.1.1.1"],
-                 ["--root", root, "--bogus"], []):
+                 ["--root", root, "--bogus"], [],
+                 ["--root", tmp_path, "--public-url", "ftp://hub.example"]):
         assert_one_line_error(cli("hub", "serve", *args), 2)
+    for args in (["--root", tmp_path / "missing"], ["--root", tmp_path / "file"],
+                 ["--root", tmp_path, "--grace", "-1"], []):
+        assert_one_line_error(cli("hub", "gc", *args), 2)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert_one_line_error(cli("hub", "gc", "--root", tmp_path), 2)      # not a hub: untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 # -- help ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", [["publish"], ["pull"], ["hub", "serve"]])
+@pytest.mark.parametrize("command", [["publish"], ["pull"], ["hub", "serve"], ["hub", "gc"]])
 def test_every_hub_option_has_help(command):
     cmd = main
     for name in command:

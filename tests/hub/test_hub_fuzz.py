@@ -120,7 +120,7 @@ ROUTES = [
     # the Xet side: token routes and the CAS API ({x}: a Xet hash, or anything)
     ("GET", "/api/{k}/{r}/xet-read-token/{s}"), ("GET", "/api/{k}/{r}/xet-write-token/{s}"),
     ("POST", "/cas/v1/xorbs/default/{x}"), ("HEAD", "/cas/v1/xorbs/default/{x}"),
-    ("POST", "/cas/v1/shards"), ("GET", "/cas/v1/chunks/default/{x}"),
+    ("POST", "/cas/v1/shards"), ("POST", "/cas/v2/shards"), ("GET", "/cas/v1/chunks/default/{x}"),
     ("HEAD", "/cas/v1/files/{x}"), ("GET", "/cas/v1/reconstructions/{x}"),
     ("GET", "/cas/v2/reconstructions/{x}"), ("POST", "/cas/v1/reconstructions"),
     ("GET", "/cas/xorbs/{x}"),

@@ -183,9 +183,20 @@ def test_shards_register_only_files_that_rebuild_to_what_they_claim(xhub):
     status, _, answer = call(ep, "POST", "/cas/v1/shards", token=token, body=built["shard"])
     assert status == 200, answer
     _commit(xhub, "alice/private", "write-alice", "w.bin", _data(4))
-    status, _, answer = call(ep, "GET", "/alice/private/resolve/main/w.bin",
-                             token="read-alice")
-    assert status == 200 and answer == _data(4)
+    # kept as xorbs only, rebuilt for plain HTTP downloads, whole or by range
+    data, url = _data(4), "/alice/private/resolve/main/w.bin"
+    assert not xhub.state.hub.store.blob_path(built["sha256"]).exists()
+    status, _, answer = call(ep, "GET", url, token="read-alice")
+    assert status == 200 and answer == data
+    status, headers, answer = call(ep, "GET", url, token="read-alice",
+                                   headers={"Range": "bytes=70000-150000"})
+    assert (status, answer) == (206, data[70000:150001])
+    assert headers["content-range"] == f"bytes 70000-150000/{len(data)}"
+    status, headers, answer = call(ep, "HEAD", url, token="read-alice")
+    assert (status, headers["content-length"], answer) == (200, str(len(data)), b"")
+    assert call(ep, "GET", url, token="read-alice",
+                headers={"Range": f"bytes={len(data)}-"})[0] == 416
+    assert call(ep, "GET", url, token="read-alice", headers={"Range": "bytes=-5"})[2] == data
 
 
 def test_a_shard_cannot_use_a_xorb_of_a_repo_its_user_cannot_read(xhub):
@@ -305,3 +316,54 @@ def test_the_lfs_batch_offers_the_xet_transfer_to_clients_that_ask(xhub):
             assert call(xhub.endpoint, "GET", href, token="write-alice")[0] == 200
         else:
             assert "/info/lfs/objects/upload/" in href
+
+
+def test_a_dedupe_answer_names_the_other_xorbs_of_the_same_file(xhub):
+    import hashlib
+
+    from patcher.hub.xet import chunking, xorb
+
+    ep, data = xhub.endpoint, _data(11, 400_000)
+    chunks = chunking.chunk_bytes(data)
+    hashes = [hashing.chunk_hash(c) for c in chunks]
+    halves = [(0, len(chunks) // 2), (len(chunks) // 2, len(chunks))]
+    token = xet_token(ep, "alice/private", "write-alice", write=True)
+    terms, verification, xorb_hexes = [], [], []
+    for lo, hi in halves:
+        raw = hashing.xorb_hash([(h, len(c)) for h, c in zip(hashes[lo:hi], chunks[lo:hi])])
+        xorb_hexes.append(hashing.hash_to_hex(raw))
+        assert call(ep, "POST", f"/cas/v1/xorbs/default/{xorb_hexes[-1]}", token=token,
+                    body=xorb.serialize_xorb(chunks[lo:hi]))[0] == 200
+        terms.append(shard.FileTerm(raw, sum(map(len, chunks[lo:hi])), 0, hi - lo))
+        verification.append(hashing.verification_hash(hashes[lo:hi]))
+    info = shard.FileInfo(hashing.file_hash([(h, len(c)) for h, c in zip(hashes, chunks)]),
+                          tuple(terms), tuple(verification),
+                          hashing.hex_to_hash(hashlib.sha256(data).hexdigest()))
+    assert call(ep, "POST", "/cas/v1/shards", token=token,
+                body=shard.serialize_shard(shard.Shard([info], [])))[0] == 200
+    path = f"/cas/v1/chunks/default/{hashing.hash_to_hex(hashes[0])}"
+    status, _, body = call(ep, "GET", path, token=xet_token(ep, "alice/public", "read-alice"))
+    assert status == 200
+    assert sorted(hashing.hash_to_hex(x.xorb_hash) for x in shard.parse_shard(body).xorbs) == \
+        sorted(xorb_hexes)
+    assert call(ep, "GET", path, token=xet_token(ep, "bob/secret", "write-bob"))[0] == 404
+
+
+def test_the_streaming_shard_upload_ends_in_a_result_or_an_error_event(xhub, monkeypatch):
+    ep, built = xhub.endpoint, built_upload(_data(12))
+    token = xet_token(ep, "alice/private", "write-alice", write=True)
+    call(ep, "POST", f"/cas/v1/xorbs/default/{built['xorb_hex']}", token=token,
+         body=built["xorb"])
+    bad = _shard_with(built, sha256=b"\x01" * 32)
+    status, headers, body = call(ep, "POST", "/cas/v2/shards", token=token, body=bad)
+    events = [json.loads(line) for line in body.splitlines()]
+    assert status == 200 and headers["content-type"].startswith("application/x-ndjson")
+    assert events[0]["type"] == "validating" and events[-1]["type"] == "error"
+    assert "sha256" in events[-1]["message"] and "\n" not in events[-1]["message"]
+    monkeypatch.setattr(routes_cas, "SHARD_HEARTBEAT_S", 0.001)
+    status, _, body = call(ep, "POST", "/cas/v2/shards", token=token, body=built["shard"])
+    events = [json.loads(line) for line in body.splitlines()]
+    assert events[-1] == {"type": "result", "result": 1}
+    assert call(ep, "POST", "/cas/v2/shards", body=built["shard"])[0] == 401
+    assert call(ep, "POST", "/cas/v2/shards", token=xet_token(ep, "alice/private", "read-alice"),
+                body=built["shard"])[0] == 403

@@ -4,6 +4,7 @@ collector runs safely beside a stock client uploading at the same moment."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -79,8 +80,19 @@ def test_gc_keeps_what_any_repo_uses_and_reclaims_the_rest(tmp_path, monkeypatch
         reader = xet_token(hub.endpoint, "alice/b", "read-alice")
         assert call(hub.endpoint, "GET", f"/cas/v2/reconstructions/{built['file_hex']}",
                     token=reader)[0] == 200
+        # a file uploaded over LFS: its xorbs are indexes of its blob; gc drops them, not it
+        api.create_repo("alice/lfs", private=True)
+        lfs_data = _data(4)
+        api.upload_file(path_or_fileobj=lfs_data, path_in_repo="l.bin", repo_id="alice/lfs")
+        lfs_sha = hashlib.sha256(lfs_data).hexdigest()
+        lfs_xorbs = store.xet.file_xorbs(store.xet.xet_hash_of(lfs_sha))
+        assert lfs_xorbs and all(store.xet.has_xorb(x) for x in lfs_xorbs)
+        _age(hub.root, 7200)
+        api.delete_repo("alice/lfs")
         api.delete_repo("alice/b")
-        assert collect_garbage(store, grace_s=3600).xorbs_removed == 1
+        assert collect_garbage(store, grace_s=3600).xorbs_removed == 1 + len(lfs_xorbs)
+        assert not any(store.xet.has_xorb(x) for x in lfs_xorbs)
+        assert store.blob_path(lfs_sha).exists()
         assert not store.xet.has_xorb(built["xorb_hex"])
         result = CliRunner().invoke(main, ["hub", "gc", "--root", str(hub.root), "--json"])
         assert result.exit_code == 0, result.output
@@ -92,8 +104,6 @@ def test_gc_beside_a_concurrent_stock_upload(tmp_path):
     with running_hub(tmp_path / "hub", TOKENS) as hub:
         store = hub.state.hub.store
         stale = [built_upload(_data(10 + i)) for i in range(3)]
-        hub.api  # noqa: B018 - the hub runs; the orphans go in through the CAS API
-        from hub_fixtures import configure_hf_client  # noqa: F401
         call(hub.endpoint, "POST", "/api/repos/create", token="write-alice",
              body=json.dumps({"name": "old", "organization": "alice"}).encode(),
              headers={"Content-Type": "application/json"})
@@ -125,7 +135,6 @@ def test_gc_beside_a_concurrent_stock_upload(tmp_path):
             stop.set()
             thread.join()
         assert all("ok" in r for r in results), results
-        import hashlib
         assert results[2]["ok"] == hashlib.sha256(_data(20, 400_000)).hexdigest()
         assert sum(sweeps) == 3 and len(sweeps) > 1
         assert not any(store.xet.has_xorb(b["xorb_hex"]) for b in stale)

@@ -72,13 +72,14 @@ def test_stock_xet_client_round_trip_copy_and_auth(xhub, tmp_path, caplog):
     assert [r.get("status") for r in results[7:]] == [401, 404, 403, 403], results[7:]
     log = _requests(caplog)
     # uploaded and downloaded through the CAS API, never through LFS
-    assert any("POST /cas/v1/shards 200" in m for m in log)
+    assert any("POST /cas/v2/shards 200" in m for m in log)      # the streaming registration
     assert any("/cas/v2/reconstructions/" in m and " 200 " in m for m in log)
     assert not any("/info/lfs/objects" in m for m in log)
-    # the hub keeps the file under its Xet hash, the one hf_xet computed
+    # the hub keeps the file under its Xet hash, the one hf_xet computed, as xorbs only
     store = xhub.state.hub.store
     assert store.xet.xet_hash_of(_sha(weights)) == _xet_hash(weights)
-    assert store.blob_path(_sha(weights)).read_bytes() == weights
+    assert not store.blob_path(_sha(weights)).exists()
+    assert store.blob_size(_sha(weights)) == len(weights)
 
 
 def test_files_cross_modes(xhub, tmp_path, caplog):
@@ -92,6 +93,10 @@ def test_files_cross_modes(xhub, tmp_path, caplog):
     ], home, xet=False)
     assert all("ok" in r for r in up), up
     assert any("/info/lfs/objects/batch" in m for m in _requests(caplog))
+    # its xorbs are made from the blob: an index each, no second copy of the bytes
+    xorbs = xhub.root / "xet" / "xorbs"
+    assert list(xorbs.rglob("*.src")) and not [p for p in xorbs.rglob("*") if p.is_file()
+                                               and p.suffix not in (".idx", ".src")]
     caplog.clear()
     down = run_client(xhub.endpoint, [
         ["download", "read-alice", "alice/lfs", "model.safetensors", str(tmp_path / "c1")],

@@ -101,6 +101,7 @@ _ROUTES: list[tuple[frozenset[str], str, Handler]] = [
     ({"POST"}, rf"/cas/v1/xorbs/default/(?P<xorb>{_SEG})", routes_cas.upload_xorb),
     ({"HEAD"}, rf"/cas/v1/xorbs/default/(?P<xorb>{_SEG})", routes_cas.head_xorb),
     ({"POST"}, r"/cas/v1/shards", routes_cas.upload_shard),
+    ({"POST"}, r"/cas/v2/shards", routes_cas.upload_shard_stream),
     ({"GET"}, rf"/cas/v1/chunks/default(?:-merkledb)?/(?P<chunk>{_SEG})", routes_cas.dedupe_query),
     ({"HEAD"}, rf"/cas/v1/files/(?P<file>{_SEG})", routes_cas.head_file),
     ({"GET"}, rf"/cas/v[12]/reconstructions/(?P<file>{_SEG})", routes_cas.get_reconstruction),

@@ -11,16 +11,12 @@ import time
 from typing import Any
 
 from ...errors import XetFormatError
-from ..request_errors import HubRequestError
+from ..request_errors import HubRequestError, RangeNotSatisfiable
 from ..store.xet_store import XetStore
 from ..xet.xorb import ChunkRecord
 from .web import Hub
 
 FETCH_URL_TTL_S = 3600
-
-
-class RangeNotSatisfiable(HubRequestError):
-    status = 416
 
 
 def parse_range(header: str | None, size: int) -> tuple[int, int] | None:
@@ -53,7 +49,8 @@ def _covering(records: list[ChunkRecord], lo: int, hi: int, base: int,
             last = i + 1
             break
         pos = end
-    assert first is not None
+    if first is None:
+        raise XetFormatError("a term ends before the range it was chosen for")
     return first, last, sum(r.size for r in records[first:last]), first_at
 
 

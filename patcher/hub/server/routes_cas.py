@@ -3,6 +3,7 @@
     POST /cas/v1/xorbs/default/{xorb}            upload a xorb (write token)
     HEAD /cas/v1/xorbs/default/{xorb}            does the hub hold it (for this token)?
     POST /cas/v1/shards                          register the files of a shard (write token)
+    POST /cas/v2/shards                          the same, progress streamed as NDJSON
     GET  /cas/v1/chunks/default[-merkledb]/{chunk}  global dedupe: a shard of xorbs holding it
     HEAD /cas/v1/files/{file}                    a file's size
     GET  /cas/v1/reconstructions/{file}          how to rebuild a file (or a Range of it)
@@ -19,21 +20,26 @@ one line; bodies are capped (413)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
+import logging
 import os
 import secrets
 import time
-from typing import Any
+from typing import Any, AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from ...display import printable
 from ...errors import XetFormatError
-from ..request_errors import BadRequest, Forbidden, HubRequestError, RepoNotFound
+from ..request_errors import BadRequest, Forbidden, HubRequestError, NotFound, RepoNotFound
 from ..store.records import RepoMeta
 from ..store.xet_ingest import register_file
 from ..store.xet_store import checked_hex
 from ..xet import hashing, shard
-from ..xet.xorb import MAX_XORB_SIZE
+from ..xet.xorb import MAX_XORB_SIZE, parse_xorb, records_hash
 from .cas_reconstruct import parse_range, reconstruction
 from .web import LIST_BODY_LIMIT, Hub, in_thread, json_list, read_body, read_json
 from .xet_auth import XetGrant, cas_url, request_grant
@@ -44,12 +50,11 @@ MAX_XORB_CHUNKS = 65_536
 MAX_SHARD_BODY = 64 * 1024 * 1024
 MAX_SHARD_RECORDS = MAX_SHARD_BODY // shard.ENTRY_SIZE
 MAX_FILE_SIZE = 1 << 40                 # one file a shard registers: 1 TiB
-MAX_DEDUPE_XORBS = 32                   # xorbs one dedupe answer describes
+MAX_DEDUPE_XORBS = 32                   # xorbs one dedupe answer describes (~1.5 MiB)
 DEDUPE_ANSWER_TTL_S = 7 * 24 * 3600
+SHARD_HEARTBEAT_S = 5
 
-
-class NotFound(HubRequestError):
-    status = 404
+log = logging.getLogger("modelpatch.hub")
 
 
 def _grant_repo(hub: Hub, grant: XetGrant) -> RepoMeta:
@@ -102,11 +107,11 @@ def _store_xorb(hub: Hub, meta: RepoMeta, xorb_hex: str, body: bytes) -> bool:
         existed = xet.has_xorb(xorb_hex)
         if existed:
             # the same proof as a first upload: the body must be this xorb
-            from ..xet.xorb import parse_xorb, records_hash
             actual = hashing.hash_to_hex(records_hash(parse_xorb(body, MAX_XORB_CHUNKS)))
             if actual != xorb_hex:
                 raise XetFormatError(f"the xorb's chunks hash to {actual}, not {xorb_hex}")
-            os.utime(xet.xorb_path(xorb_hex))      # fresh again for gc's grace period
+            with contextlib.suppress(FileNotFoundError):   # fresh again for gc's grace period
+                os.utime(xet.xorb_path(xorb_hex))
             inserted = False
         else:
             inserted = xet.put_xorb(xorb_hex, body, MAX_XORB_CHUNKS)
@@ -131,6 +136,37 @@ async def upload_shard(hub: Hub, request: Request, p: dict[str, str]) -> Respons
     body = await read_body(request, MAX_SHARD_BODY)
     await in_thread(_register_shard, hub, grant, meta, body)
     return JSONResponse({"result": 1})
+
+
+async def upload_shard_stream(hub: Hub, request: Request, p: dict[str, str]) -> Response:
+    """``POST /cas/v2/shards``: the same registration, its progress streamed as NDJSON events
+    (a heartbeat every few seconds while a large file is rebuilt and hashed), ending in a
+    ``result`` or an ``error`` event. Bad tokens and bodies are refused before the stream."""
+    grant = request_grant(hub, request, write=True)
+    meta = _grant_repo(hub, grant)
+    body = await read_body(request, MAX_SHARD_BODY)
+
+    async def events() -> AsyncIterator[bytes]:
+        task = asyncio.ensure_future(in_thread(_register_shard, hub, grant, meta, body))
+        progress = json.dumps({"type": "validating", "verified": 0, "total": 1}) + "\n"
+        yield progress.encode()
+        while not (await asyncio.wait({task}, timeout=SHARD_HEARTBEAT_S))[0]:
+            yield progress.encode()
+        try:
+            task.result()
+        except HubRequestError as err:
+            yield (json.dumps({"type": "error", "message": printable(err.message)}) + "\n"
+                   ).encode()
+            return
+        except Exception:
+            log.exception("registering a shard failed")
+            yield b'{"type": "error", "message": "internal server error"}\n'
+            return
+        yield b'{"type": "committing", "stage": "syncing"}\n'
+        yield b'{"type": "result", "result": 1}\n'
+
+    return StreamingResponse(events(), media_type="application/x-ndjson",
+                             headers={"Cache-Control": "no-cache"})
 
 
 def _register_shard(hub: Hub, grant: XetGrant, meta: RepoMeta, body: bytes) -> None:
@@ -166,7 +202,14 @@ def _dedupe_shard(hub: Hub, grant: XetGrant, chunk_hex: str) -> bytes | None:
     found = [x for x in xet.chunk_xorbs(chunk_hex) if usable_xorb(hub, grant, x)]
     if not found:
         return None
-    found = list(dict.fromkeys(found + _file_neighbours(hub, grant, found[0])))
+    # the other xorbs of the files these belong to: a client re-uploading a changed file finds
+    # all of its unchanged chunks in one answer (those without an indexed chunk too)
+    for xorb_hex in list(found):
+        for other in xet.sibling_xorbs(xorb_hex, MAX_DEDUPE_XORBS):
+            if len(found) >= MAX_DEDUPE_XORBS:
+                break
+            if other not in found and usable_xorb(hub, grant, other):
+                found.append(other)
     key = secrets.token_bytes(hashing.HASH_SIZE)
     xorbs = []
     for xorb_hex in found[:MAX_DEDUPE_XORBS]:
@@ -178,32 +221,6 @@ def _dedupe_shard(hub: Hub, grant: XetGrant, chunk_hex: str) -> bytes | None:
     now = int(time.time())
     return shard.serialize_shard(shard.Shard([], xorbs, shard.ShardFooter(
         key, now, now + DEDUPE_ANSWER_TTL_S)))
-
-
-def _file_neighbours(hub: Hub, grant: XetGrant, xorb_hex: str) -> list[str]:
-    """The other xorbs of the files (LFS objects of readable repos) that use ``xorb_hex``, in
-    file order: one answer then covers the whole file, as the shard a real hub answers with
-    covers its upload, so a client rewriting a file dedupes all of it after one hit, not only
-    the 64 MiB around each of the rare eligible chunks."""
-    xet, out, who = hub.store.xet, [], grant.identity
-    for kind, repo_id in xet.xorb_repos(xorb_hex):
-        meta = hub.store.get_repo(kind, repo_id)
-        if meta is None or not ((kind, repo_id) == (grant.kind, grant.repo_id) or not meta.private
-                                or (who.user and who.owns(meta.namespace))):
-            continue                 # only the files of repos this token's user can read
-        try:
-            shas = sorted(entry.name for entry in (meta.dir / "lfs").iterdir())
-        except FileNotFoundError:
-            continue
-        for sha in shas:
-            file_hex = xet.xet_hash_of(sha)
-            record = xet.file_record(file_hex) if file_hex else None
-            terms = [term[0] for term in record["terms"]] if record else []
-            if xorb_hex in terms:
-                out += [x for x in dict.fromkeys(terms) if x != xorb_hex]
-            if len(out) >= MAX_DEDUPE_XORBS:
-                return out
-    return out
 
 
 # -- downloads ---------------------------------------------------------------------------------
@@ -276,10 +293,8 @@ async def read_xorb(hub: Hub, request: Request, p: dict[str, str]) -> Response:
 
 def _read_range(hub: Hub, xorb_hex: str, lo: int, hi: int) -> bytes:
     try:
-        with open(hub.store.xet.xorb_path(xorb_hex), "rb") as f:
-            f.seek(lo)
-            data = f.read(hi - lo + 1)
-    except FileNotFoundError:
+        data = hub.store.xet.read_xorb(xorb_hex, lo, hi)
+    except (FileNotFoundError, XetFormatError):
         raise NotFound(f"xorb {xorb_hex} not found") from None
     if len(data) != hi - lo + 1:
         raise NotFound(f"xorb {xorb_hex} is shorter than the range")

@@ -269,7 +269,10 @@ def _path_entries(store: Store, meta: RepoMeta, tree: dict[str, dict[str, Any]],
             out.append(file_entry(path, tree[path]))
             if tree[path]["lfs"]:      # what a cross-repo copy names it by (routes_copy)
                 entry = tree[path]
-                out[-1]["xetHash"] = (ensure_xet_hash(store, meta, entry["sha256"], entry["size"])
+                # never chunks here (a request may name 1,000 files): what is not chunked yet
+                # is, in the background, and its copy handle names it meanwhile
+                out[-1]["xetHash"] = (ensure_xet_hash(store, meta, entry["sha256"], entry["size"],
+                                                      inline_max=-1)
                                       or copy_handle(entry["sha256"]))
         elif path in folders:
             out.append(folder_entry(path, tree))

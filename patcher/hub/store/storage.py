@@ -88,7 +88,7 @@ class Store(BlobStore):
         super().__init__(blobs=self.root / "blobs" / "sha256", tmp=session)
         self.repos = self.root / "repos"
         self.repos.mkdir(parents=True, exist_ok=True)
-        self.xet = XetStore(self.root / "xet", tmp=session)
+        self.xet = XetStore(self.root / "xet", tmp=session, blobs=self.blobs)
         self._commits: dict[str, Commit] = {}  # commit id -> record; ids are content hashes
 
     def clean_tmp(self) -> int:
@@ -325,9 +325,20 @@ class Store(BlobStore):
             raise RepoNotFound(f"Repository not found: {meta.id}") from None
 
     def has_lfs_object(self, meta: RepoMeta, sha256: str) -> bool:
-        """True if ``sha256`` was uploaded to this repo and is in the blob store. A blob stored
-        for another repo does not count: referencing it needs proof of possession (an upload)."""
-        return (meta.dir / "lfs" / sha256).exists() and self.blob_path(sha256).exists()
+        """True if ``sha256`` was uploaded to this repo and the hub holds its content (a blob,
+        or a Xet reconstruction). Content stored for another repo does not count: referencing
+        it needs proof of possession (an upload)."""
+        return (meta.dir / "lfs" / sha256).exists() and self.blob_size(sha256) is not None
+
+    def blob_size(self, sha256: str) -> int | None:
+        """The size of the LFS object ``sha256``: its blob's, or, for a file uploaded over Xet
+        (kept only as xorbs), its reconstruction's."""
+        size = super().blob_size(sha256)
+        if size is None:
+            found = self.xet.xet_hash_of(sha256)
+            record = self.xet.file_record(found) if found else None
+            size = record["size"] if record else None
+        return size
 
 
 def _locked_session_dir(tmp_root: Path) -> tuple[Path, int]:

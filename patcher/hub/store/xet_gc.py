@@ -68,14 +68,17 @@ def collect_garbage(store: Any, grace_s: float = DEFAULT_GRACE_S,
         live_shas = live_lfs_objects(store)
         live_files = {f for f in map(xet.xet_hash_of, live_shas) if f is not None}
         live_xorbs = set().union(*map(xet.file_xorbs, live_files)) if live_files else set()
-        for xorb_hex, path in list(xet.iter_hex("xorbs")):
+        stored = list(xet.iter_hex("xorbs")) + list(xet.iter_hex("xorbs", ".src"))
+        for xorb_hex, path in stored:
             if xorb_hex in live_xorbs or not _old(path, cutoff):
                 report.xorbs_kept += 1
                 continue
-            size = path.stat().st_size
-            path.unlink()       # first: a xorb without its index is never read
-            path.with_name(xorb_hex + ".idx").unlink(missing_ok=True)
-            shutil.rmtree(xet.root / "xorb-repos" / xorb_hex[:2] / xorb_hex, ignore_errors=True)
+            index = path.with_name(xorb_hex + ".idx")
+            size = path.stat().st_size + (index.stat().st_size if index.exists() else 0)
+            path.unlink()       # first: a xorb without its bytes (or blob) is never read
+            index.unlink(missing_ok=True)
+            for section in ("xorb-repos", "xorb-files"):
+                shutil.rmtree(xet.root / section / xorb_hex[:2] / xorb_hex, ignore_errors=True)
             report.xorbs_removed += 1
             report.bytes_freed += size
             report.removed.append(xorb_hex)

@@ -3,24 +3,28 @@
 - ``register_file``: a file of an uploaded shard. Every term must name a stored xorb the uploader
   may use, its chunk range must exist and unpack to the term's size, its verification hash (when
   given) must match, the chunks' hashes must give the file's Xet hash, and the file rebuilt from
-  the chunks must have the sha256 the shard states. The rebuilt file is kept as the LFS blob of
-  that sha256, so plain HTTP downloads, LFS copies and commits read it as any uploaded blob.
-- ``xetify_blob``: an LFS blob given a Xet hash: chunked here, packed into xorbs (LZ4), recorded,
-  so that Xet clients can download (and deduplicate against) what was uploaded over LFS.
+  the chunks must have the sha256 the shard states. It is then the LFS object of that sha256,
+  kept only as xorbs: plain HTTP downloads rebuild it (``XetStore.iter_file``), and commits and
+  LFS copies see it through ``Store.blob_size``.
+- ``xetify_blob``: an LFS blob given a Xet hash: chunked here and recorded as xorbs made from the
+  blob itself (an index per xorb, no second copy of the bytes), so that Xet clients can download
+  (and deduplicate against) what was uploaded over LFS.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ...errors import XetFormatError
 from ..xet import hashing
 from ..xet.chunking import iter_chunks
 from ..xet.shard import FileInfo
-from ..xet.xorb import HEADER_SIZE, ChunkRecord, encode_chunk, records_hash
+from ..xet.xorb import HEADER_SIZE, ChunkRecord, records_hash
 from .xet_store import XetStore, dedupe_eligible
 
 # server-built xorbs stay under the protocol's 64 MiB with room for the chunk headers
@@ -64,7 +68,7 @@ def sha256_matches(claimed: bytes, digest: str) -> bool:
 
 def register_file(store: Any, info: FileInfo, usable: Callable[[str], bool],
                   max_size: int) -> tuple[str, str, set[str]]:
-    """Check one file of an uploaded shard and make it the LFS blob of its sha256. Returns the
+    """Check one file of an uploaded shard and make it the LFS object of its sha256. Returns the
     file's Xet hash, its sha256 and the xorbs it uses. ``store`` is the hub's ``Store``."""
     xet: XetStore = store.xet
     file_hex = hashing.hash_to_hex(info.file_hash)
@@ -73,14 +77,13 @@ def register_file(store: Any, info: FileInfo, usable: Callable[[str], bool],
                              f"at most {max_size}")
     terms = _verified_terms(xet, info, file_hex, usable)
     known = xet.file_record(file_hex)
-    if known is not None and store.blob_size(known["sha256"]) == known["size"]:
-        digest = known["sha256"]
+    if known is not None:
+        digest = known["sha256"]          # checked when it was first registered
     else:
-        with store.blob_writer() as writer:
-            for xorb_hex, start, end, _ in terms:
-                for chunk in xet.read_chunks(xorb_hex, start, end):
-                    writer.write(chunk)
-            digest = writer.commit()
+        sha = hashlib.sha256()
+        for chunk in xet.iter_file({"terms": terms}, 0, max(info.size - 1, 0)):
+            sha.update(chunk)
+        digest = sha.hexdigest()
     if info.sha256 is not None and not sha256_matches(info.sha256, digest):
         raise XetFormatError(f"file {file_hex}: its content has sha256 {digest}, not the "
                              f"{hashing.hash_to_hex(info.sha256)} the shard states")
@@ -91,26 +94,25 @@ def register_file(store: Any, info: FileInfo, usable: Callable[[str], bool],
             xet.index_chunk(hashing.hash_to_hex(first), terms[0][0])
     if xet.xet_hash_of(digest) is None:
         xet.set_xet_hash(digest, file_hex)
+    xet.link_file(file_hex, {t[0] for t in terms})
     return file_hex, digest, {t[0] for t in terms}
 
 
-def _packed(chunks: Iterable[bytes]) -> Iterator[tuple[bytes, list[ChunkRecord]]]:
-    """Chunks packed into xorbs of about XORB_RAW_TARGET raw bytes: (bytes, records)."""
-    parts: list[bytes] = []
+def blob_xorbs(chunks: Iterable[bytes]) -> Iterator[tuple[int, list[ChunkRecord]]]:
+    """Chunks grouped into xorbs of about XORB_RAW_TARGET raw bytes: (the blob offset of the
+    xorb's first chunk, records laid out as uncompressed chunks with their headers)."""
     records: list[ChunkRecord] = []
-    offset = raw = 0
+    base = offset = raw = 0
     for chunk in chunks:
-        encoded = encode_chunk(chunk)
-        records.append(ChunkRecord(offset, len(encoded) - HEADER_SIZE, len(chunk),
-                                   hashing.chunk_hash(chunk)))
-        parts.append(encoded)
-        offset += len(encoded)
+        records.append(ChunkRecord(offset, len(chunk), len(chunk), hashing.chunk_hash(chunk)))
+        offset += HEADER_SIZE + len(chunk)
         raw += len(chunk)
         if raw >= XORB_RAW_TARGET:
-            yield b"".join(parts), records
-            parts, records, offset, raw = [], [], 0, 0
+            yield base, records
+            base += raw
+            records, offset, raw = [], 0, 0
     if records:
-        yield b"".join(parts), records
+        yield base, records
 
 
 def xetify_blob(store: Any, sha256: str) -> str | None:
@@ -135,10 +137,10 @@ def xetify_blob(store: Any, sha256: str) -> str | None:
                     digest.update(chunk)
                     yield chunk
 
-            for data, records in _packed(counted(iter_chunks(f))):
+            for base, records in blob_xorbs(counted(iter_chunks(f))):
                 xorb_hex = hashing.hash_to_hex(records_hash(records))
                 if not xet.has_xorb(xorb_hex):
-                    xet.store_xorb(xorb_hex, data, records)
+                    xet.store_blob_xorb(xorb_hex, sha256, base, records)
                 terms.append([xorb_hex, 0, len(records), sum(r.size for r in records)])
                 pairs += [(r.hash, r.size) for r in records]
         if digest.hexdigest() != sha256:
@@ -149,11 +151,16 @@ def xetify_blob(store: Any, sha256: str) -> str | None:
         if pairs and not dedupe_eligible(pairs[0][0]):   # eligible ones are indexed already
             xet.index_chunk(hashing.hash_to_hex(pairs[0][0]), terms[0][0])
         xet.set_xet_hash(sha256, file_hex)
+        xet.link_file(file_hex, {t[0] for t in terms})
     return file_hex
 
 
+_background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xetify")
+
+
 def xetify_in_background(store: Any, sha256: str) -> None:
-    """``xetify_blob`` in a daemon thread, at most once at a time per blob."""
+    """``xetify_blob`` on the hub's one background worker (so that many large blobs never take
+    every core at once), at most once at a time per blob."""
     with _xetify_lock:
         if sha256 in _xetify_running:
             return
@@ -163,13 +170,12 @@ def xetify_in_background(store: Any, sha256: str) -> None:
         try:
             xetify_blob(store, sha256)
         except Exception:  # noqa: BLE001 - a later request retries; the blob itself is intact
-            import logging
             logging.getLogger("modelpatch.hub").exception("chunking blob %s failed", sha256)
         finally:
             with _xetify_lock:
                 _xetify_running.discard(sha256)
 
-    threading.Thread(target=run, name=f"xetify-{sha256[:12]}", daemon=True).start()
+    _background.submit(run)
 
 
 # LFS blobs up to this size are chunked when first asked for; larger ones in the background (the
@@ -177,13 +183,14 @@ def xetify_in_background(store: Any, sha256: str) -> None:
 XETIFY_INLINE_MAX = 16 * 1024 * 1024
 
 
-def ensure_xet_hash(store: Any, meta: Any, sha256: str, size: int) -> str | None:
+def ensure_xet_hash(store: Any, meta: Any, sha256: str, size: int,
+                    inline_max: int = XETIFY_INLINE_MAX) -> str | None:
     """The Xet file hash of the LFS object ``sha256`` of repo ``meta``, chunking the blob now
-    (small) or in the background (large) when it has none yet; its xorbs are recorded as used
-    by the repo (for the repo's dedupe answers)."""
+    (up to ``inline_max`` bytes) or in the background when it has none yet; its xorbs are
+    recorded as used by the repo (for the repo's dedupe answers)."""
     found = store.xet.xet_hash_of(sha256)
     if found is None:
-        if size > XETIFY_INLINE_MAX:
+        if size > inline_max:
             xetify_in_background(store, sha256)
             return None
         found = xetify_blob(store, sha256)

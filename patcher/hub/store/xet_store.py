@@ -2,10 +2,15 @@
 
     xorbs/ab/<xorb hash>          a xorb as uploaded (read-only), shared by every repo
     xorbs/ab/<xorb hash>.idx      its chunks: 48 bytes each (offset, stored size, size, hash)
+    xorbs/ab/<xorb hash>.src      or, for a xorb the hub cut from an LFS blob: that blob and
+                                  where in it the xorb starts; its bytes (uncompressed chunks)
+                                  are made from the blob when read, so the blob is not stored twice
     files/ab/<file hash>.json     a file's reconstruction: {"size", "sha256", "terms"}
     sha256/ab/<sha256>            the Xet file hash of an LFS object (text)
     chunks/ab/<chunk hash>/<xorb> global dedupe index: xorbs holding an eligible chunk
     xorb-repos/ab/<xorb>/<key>    the repos a xorb was uploaded to or is used by (access checks)
+    xorb-files/ab/<xorb>/<file>   the files a xorb holds chunks of (dedupe answers name their
+                                  other xorbs too)
     gc.lock                       flock: shared while files register, exclusive while gc sweeps
 
 Names are Xet hash strings (64 lowercase hex digits, checked here before any path is built).
@@ -27,7 +32,7 @@ from ...errors import XetFormatError
 from ...fsops import replace_file
 from ..request_errors import BadRequest
 from ..xet import hashing
-from ..xet.xorb import ChunkRecord, iter_xorb, read_chunks, records_hash
+from ..xet.xorb import HEADER_SIZE, ChunkRecord, iter_xorb, read_chunks, records_hash
 
 _INDEX = struct.Struct("<QII32s")
 # a chunk's hash qualifies for the global dedupe index when its last 8 bytes, as a little-endian
@@ -54,10 +59,11 @@ class XetStore:
 
     _CACHE_MAX = 256
 
-    def __init__(self, root: Path, tmp: Path):
+    def __init__(self, root: Path, tmp: Path, blobs: Path):
         self.root = Path(root)
         self.tmp = tmp
-        for sub in ("xorbs", "files", "sha256", "chunks", "xorb-repos"):
+        self.blobs = blobs
+        for sub in ("xorbs", "files", "sha256", "chunks", "xorb-repos", "xorb-files"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._indexes: dict[str, list[ChunkRecord]] = {}
 
@@ -87,6 +93,12 @@ class XetStore:
         try:
             return self.xorb_path(hexhash).stat().st_size
         except FileNotFoundError:
+            pass
+        if not self._path("xorbs", hexhash, ".src").exists():
+            return None
+        try:
+            return self.xorb_chunks(hexhash)[-1].end
+        except (XetFormatError, IndexError):
             return None
 
     def has_xorb(self, hexhash: str) -> bool:
@@ -137,6 +149,44 @@ class XetStore:
             if dedupe_eligible(record.hash):
                 self.index_chunk(hashing.hash_to_hex(record.hash), hexhash)
 
+    def store_blob_xorb(self, hexhash: str, sha256: str, base: int,
+                        records: list[ChunkRecord]) -> None:
+        """Record a xorb made of the uncompressed chunks of blob ``sha256`` from byte ``base``
+        on (``records``: offsets as if each chunk had its 8-byte header before it)."""
+        index = b"".join(_INDEX.pack(r.offset, r.stored_size, r.size, r.hash) for r in records)
+        self._path("xorbs", hexhash).parent.mkdir(parents=True, exist_ok=True)
+        replace_file(self._path("xorbs", hexhash, ".idx"), index, mode=0o444, tmp_dir=self.tmp,
+                     prefix="xorb-")
+        replace_file(self._path("xorbs", hexhash, ".src"),
+                     json.dumps({"sha256": sha256, "offset": base}).encode(), mode=0o444,
+                     tmp_dir=self.tmp, prefix="xorb-")
+        for record in records:
+            if dedupe_eligible(record.hash):
+                self.index_chunk(hashing.hash_to_hex(record.hash), hexhash)
+
+    def read_xorb(self, hexhash: str, first: int, last: int) -> bytes:
+        """Bytes ``first..last`` (inclusive) of a stored xorb, as uploaded or made from its blob;
+        FileNotFoundError if it is not stored."""
+        try:
+            with open(self.xorb_path(hexhash), "rb") as f:
+                f.seek(first)
+                return f.read(last - first + 1)
+        except FileNotFoundError:
+            pass
+        source = json.loads(self._path("xorbs", hexhash, ".src").read_bytes())
+        records = self.xorb_chunks(hexhash)
+        parts, start = [], None
+        with open(self.blobs / source["sha256"][:2] / source["sha256"], "rb") as blob:
+            for i, r in enumerate(records):
+                if r.end <= first or r.offset > last:
+                    continue
+                start = r.offset if start is None else start
+                blob.seek(source["offset"] + r.offset - HEADER_SIZE * i)
+                parts.append(bytes((0,)) + r.size.to_bytes(3, "little") + bytes((0,))
+                             + r.size.to_bytes(3, "little") + blob.read(r.size))
+        data = b"".join(parts)
+        return data[first - (start or 0):last - (start or 0) + 1]
+
     def read_chunks(self, hexhash: str, start: int, end: int) -> list[bytes]:
         """The raw bytes of chunks ``[start, end)`` of a stored xorb."""
         records = self.xorb_chunks(hexhash)
@@ -144,9 +194,7 @@ class XetStore:
             raise XetFormatError(f"chunks [{start}, {end}) are outside xorb {hexhash} "
                                  f"({len(records)} chunks)")
         wanted = records[start:end]
-        with open(self.xorb_path(hexhash), "rb") as f:
-            f.seek(wanted[0].offset)
-            data = f.read(wanted[-1].end - wanted[0].offset)
+        data = self.read_xorb(hexhash, wanted[0].offset, wanted[-1].end - 1)
         return read_chunks(data, start, wanted)
 
     # -- which repos a xorb belongs to -----------------------------------------------------
@@ -168,6 +216,26 @@ class XetStore:
             for marker in folder.iterdir():
                 kind, _, rest = marker.read_text().partition("\n")
                 out.append((kind, rest.strip()))
+        return out
+
+    def link_file(self, file_hex: str, xorbs: set[str]) -> None:
+        """Record that file ``file_hex`` is made of chunks of ``xorbs``."""
+        for xorb_hex in xorbs:
+            folder = self._path("xorb-files", xorb_hex)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / checked_hex(file_hex)).touch()
+
+    def sibling_xorbs(self, xorb_hex: str, limit: int) -> list[str]:
+        """Other xorbs of the files ``xorb_hex`` holds chunks of (at most ``limit``)."""
+        out: list[str] = []
+        with contextlib.suppress(FileNotFoundError):
+            for entry in sorted(self._path("xorb-files", xorb_hex).iterdir()):
+                for other in sorted(self.file_xorbs(entry.name) if hashing.is_hash_hex(
+                        entry.name) else ()):
+                    if other != xorb_hex and other not in out and self.has_xorb(other):
+                        out.append(other)
+                        if len(out) >= limit:
+                            return out
         return out
 
     # -- global dedupe index ---------------------------------------------------------------
@@ -216,6 +284,34 @@ class XetStore:
         if not hashing.is_hash_hex(found) or self.file_record(found) is None:
             return None
         return found
+
+    def iter_file(self, record: dict[str, Any], first: int, last: int,
+                  batch_bytes: int = 8 * 1024 * 1024) -> Iterator[bytes]:
+        """Bytes ``first..last`` (inclusive) of a file, rebuilt from its xorbs a batch of chunks
+        (about ``batch_bytes``) at a time."""
+        pos = 0
+        for xorb_hex, start, end, size in record["terms"]:
+            if pos + size <= first:
+                pos += size
+                continue
+            records = self.xorb_chunks(xorb_hex)
+            i = start
+            while i < end and pos + records[i].size <= first:     # wholly before the range
+                pos += records[i].size
+                i += 1
+            while i < end and pos <= last:
+                j, got = i, 0
+                while j < end and (got == 0 or got + records[j].size <= batch_bytes):
+                    got += records[j].size
+                    j += 1
+                data = b"".join(self.read_chunks(xorb_hex, i, j))
+                lo, hi = max(first - pos, 0), min(last - pos + 1, len(data))
+                if lo < hi:
+                    yield data[lo:hi]
+                pos += len(data)
+                i = j
+            if pos > last:
+                return
 
     def file_xorbs(self, file_hex: str) -> set[str]:
         record = self.file_record(file_hex)

@@ -183,8 +183,19 @@ def run(size_gb: float, shards: int, fmt: str, work: Path) -> dict:
     for server, proxy in ((xet_server, xet), (lfs_server, lfs)):
         proxy.__exit__(None, None, None)
         server.should_exit = True
+    _wait_for_chunking()
     return {"model": {"size_gb": size_gb, "shards": shards, "format": fmt, "bytes": model_bytes},
             "stored_base_bytes": stored_base, "stock": res, "variants": variants}
+
+
+def _wait_for_chunking(limit_s: float = 120) -> None:
+    """Let the hubs' background chunking of LFS blobs (for Xet clients) finish before the work
+    directory is removed under it."""
+    from patcher.hub.store import xet_ingest
+
+    deadline = time.monotonic() + limit_s
+    while xet_ingest._xetify_running and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def _pct(n: int, total: int) -> str:

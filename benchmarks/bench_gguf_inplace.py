@@ -105,7 +105,7 @@ def main() -> None:
     recipe.write_text(RECIPE)
     times = {mode: ([], []) for mode in MODES}
     notes, grew = {}, {}
-    for round_no in range(args.rounds + 1):          # round 0 warms up
+    for round_no in range(args.rounds + 1):          # the first warms up
         for mode in MODES:
             applied, reverted, notes[mode], grew[mode] = one_round(args.workdir, base, recipe,
                                                                    mode)

@@ -1,5 +1,8 @@
 """The library API: one function per command. The CLI is a thin layer over these.
 
+Results are typed, frozen data (``plan``: a ``Plan``, the applies: an ``ApplyResult``,
+``inspect``: an ``InspectReport``, ``doctor``: a ``DoctorReport``); ``to_json()`` is ``--json``'s.
+
 Example:
     >>> from patcher import api
     >>> result = api.apply("sm120-fp16-kv", "/models/kimi")    # doctest: +SKIP
@@ -11,14 +14,16 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import signatures
 from .errors import InputError
 from .execute.executors import executing
-from .model_ref import HF_SCHEME, ModelRef  # noqa: F401  (HF_SCHEME: the name callers know)
+from .model_ref import HF_SCHEME, ModelKind, ModelRef  # noqa: F401  (HF_SCHEME: callers know it)
 from .opening import (  # noqa: F401  (recover, open_model, resolve_model: the API's own)
+    local_model,
     open_local,
     open_model,
     open_recovered,
@@ -33,7 +38,9 @@ from .signatures import base_signature_of, signer_of, trust_of
 # Heavier modules (the engine, the recipe loader and its YAML library, huggingface_hub) are
 # imported by the functions that need them, so `inspect` and `--help` stay light.
 if TYPE_CHECKING:
+    from .doctor.report import DoctorReport
     from .execute.engine import ApplyResult, Progress
+    from .model.inspect_report import InspectReport
     from .plan import Plan, PlanOptions
     from .recipe.load import Recipe
 
@@ -48,32 +55,31 @@ def load(recipe: str | os.PathLike | Recipe | list | tuple) -> Recipe:
     return load_recipes(recipe)
 
 
-def inspect(model: str | os.PathLike, *, endpoint: str | None = None) -> dict:
-    """The report of ``inspect``. Raises ModelDirError for a directory with neither a
+def inspect(model: str | os.PathLike, *, endpoint: str | None = None) -> InspectReport:
+    """The report of ``inspect``: a ``patcher.model.inspect_report.InspectReport``
+    (``to_json()`` is ``--json``'s). Raises ModelDirError for a directory with neither a
     config.json nor a safetensors file: that is not a model (an empty report would pass).
     ``hf://org/name[@rev]`` is read from the hub (``endpoint``) without its tensor data; the
     report's ``remote`` then says what that transferred."""
     from .model.inspect_model import inspect_model
-    from .model_ref import ModelKind
+    from .model.inspect_report import InspectReport
 
-    if ModelRef.parse(model).kind is ModelKind.GGUF_FILE and Path(model).is_file():
+    ref = ModelRef.parse(model)
+    if ref.kind is ModelKind.GGUF_FILE and Path(model).is_file():
         from .gguf.inspect import inspect_gguf_file
 
-        return inspect_gguf_file(Path(model))
+        alone = inspect_gguf_file(Path(model))
+        return InspectReport.gguf_only(alone["path"], alone["models"])
     opened = open_model(model, endpoint=endpoint)
-    has_gguf = require_model(opened)
+    gguf = None
+    if require_model(opened):
+        from .gguf.inspect import inspect_gguf_dir
+
+        gguf = inspect_gguf_dir(opened)
     if not opened.has("config.json") and not opened.shards:
-        from .gguf.inspect import inspect_gguf_dir
-
-        return {"format": "gguf", "path": str(opened.root), "models": inspect_gguf_dir(opened)}
-    report = inspect_model(opened)
-    if has_gguf:
-        from .gguf.inspect import inspect_gguf_dir
-
-        report["gguf"] = inspect_gguf_dir(opened)
-    if ModelRef.parse(model).is_hub:
-        report["remote"] = opened.transfer_report()
-    return report
+        return InspectReport.gguf_only(str(opened.root), gguf or [])
+    return InspectReport.of(inspect_model(opened), gguf=gguf,
+                            remote=opened.transfer_report() if ref.is_hub else None)
 
 
 def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
@@ -85,8 +91,6 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     ``options.link`` mode (default ``auto``). For ``hf://org/name[@rev]`` (read without its
     tensor data) there is no such prediction, and ``plan.transfer`` says what reading it
     transferred."""
-    from dataclasses import replace
-
     from .execute.linking import predict_for_plan
     from .gguf.single_file import check_in_place, is_gguf_file
     from .plan import PlanOptions
@@ -111,22 +115,20 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
           force: bool = False, progress: Progress | None = None, base_model: str | None = None,
           allow_noop: bool = False, endpoint: str | None = None, sign=None,
           require_signed_base=None, **given) -> ApplyResult:
-    """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``).
-
+    """Apply ``recipe`` to ``model`` and write a new variant (default: ``<model>-<recipe>``;
+    ``hf://ORG/NAME[@REV]`` is downloaded first and written to ``NAME-<recipe>`` here).
     ``options``: a ``PlanOptions`` (or a dict of its field names), as for ``plan``; the
     keywords ``given`` (``link``, ``force_copy``, ``jobs``, ``device``, ``max_shard_size``,
     ``params``, ``executor``, ``ray_address``) set those fields (``PlanOptions.of``). The
     executor reads them from the plan only.
-
     ``sign`` (a private key path, a ``patcher.signing.keys.KeySigner`` or ``"sigstore"``): the
     variant is committed with its OMS ``model.sig``, written last from the manifest's digests.
     ``require_signed_base`` (a public key path or a ``patcher.signing.verify.Trust``): refuse a
     base that is not signed by it, or whose files differ from what it signed.
 
     ``params``: values for the recipe's ``params:`` (typed, or strings as ``--set`` gives them;
-    ``RECIPE.NAME`` for one of several recipes). ``endpoint``: the hub of ``from: hf://``
-    sources (default ``$HF_ENDPOINT``, then huggingface.co).
-
+    ``RECIPE.NAME`` for one of several recipes). ``endpoint``: the hub of an ``hf://`` model
+    and of ``from: hf://`` sources (default ``$HF_ENDPOINT``, then huggingface.co).
     ``base_model`` (``ORG/NAME``) is recorded in the manifest as the hub repository the base
     is, for the model card; left out, it is read from the base where it says
     (``patcher.model.base_identity``).
@@ -147,9 +149,11 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
     from .plan import plan as make_plan
 
     options = PlanOptions.of(options, **given).out_of_place()
-    loaded = load(recipe)
-    base_model = _checked_base_model(base_model)
+    if options.in_place:
+        raise InputError("in_place=True patches the model itself: call apply_in_place()")
+    loaded, base_model = load(recipe), _checked_base_model(base_model)
     signer, trust = signer_of(sign), trust_of(require_signed_base)   # refused before any work
+    model, out = local_model(model, out, loaded.name, endpoint=endpoint)
     # Plan under the base's shared lock, so an in-place patch or revert cannot change the base
     # between planning and linking.
     recovered(model_directory(model))
@@ -261,7 +265,6 @@ def apply_into_cache(recipe: str | os.PathLike | Recipe, model: str | os.PathLik
     it offline, and its unchanged files share the base's blobs. ``force`` repoints an existing
     ``refs/<name>``. ``options`` are :func:`apply`'s (``out`` excepted). The result's ``output``
     is the new snapshot directory."""
-    import dataclasses
     import shutil
     import tempfile
 
@@ -271,6 +274,7 @@ def apply_into_cache(recipe: str | os.PathLike | Recipe, model: str | os.PathLik
     if options.get("sign") is not None:
         raise InputError("--sign excludes --into-cache: a cache revision's files are links "
                          "to its blobs", hint="sign a variant directory (-o OUT)")
+    model = resolve_model(model, endpoint=options.get("endpoint"), progress=False)
     repo = cache_repository(model)
     ref_path(repo, name, force=force)          # refused before any work
     with lock_directory(repo, exclusive=True):
@@ -281,14 +285,13 @@ def apply_into_cache(recipe: str | os.PathLike | Recipe, model: str | os.PathLik
                                          ref_path(repo, name, force=force))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-    return dataclasses.replace(result, output=snapshot)
+    return replace(result, output=snapshot)
 
 
 def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
-                   options: PlanOptions | dict | None = None,
-                   progress: Progress | None = None, base_model: str | None = None,
-                   allow_noop: bool = False, endpoint: str | None = None,
-                   **given) -> ApplyResult:
+                   options: PlanOptions | dict | None = None, progress: Progress | None = None,
+                   base_model: str | None = None, allow_noop: bool = False,
+                   endpoint: str | None = None, **given) -> ApplyResult:
     """Apply ``recipe`` to ``model`` itself, revertibly (``revert``); ``options`` (always in
     place), ``given``, ``base_model`` and ``endpoint`` as for ``apply``. A plan that changes
     nothing raises ``NothingToChange`` unless ``allow_noop``."""
@@ -302,8 +305,8 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     if options.executor != "local":
         raise InputError(f"--executor {options.executor} writes a new variant; it excludes "
                          f"--in-place")
-    loaded = load(recipe)
-    base_model = _checked_base_model(base_model)
+    loaded, base_model = load(recipe), _checked_base_model(base_model)
+    model, _ = local_model(model, None, loaded.name, endpoint=endpoint, in_place=True)
     if is_gguf_file(model):
         check_in_place(model)
         model = Path(model).parent
@@ -354,26 +357,24 @@ def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None
 
 def doctor(model: str | os.PathLike, *, engine: str | None = None, gpu: str | None = None,
            rules: tuple[str, ...] = (), endpoint: str | None = None,
-           allow_recipe_files: bool = False) -> dict:
+           allow_recipe_files: bool = False) -> DoctorReport:
     """The ``doctor`` report of ``model`` (a directory or ``hf://org/name[@rev]``, read without
     its tensor data) for ``engine`` (``vllm==0.15.1``; no version: the installed one) on ``gpu``
     (``sm120``, ``auto``), with the built-in rules and those in the directories ``rules``
-    (whose ``fix.recipe`` may name a recipe file only with ``allow_recipe_files``)."""
+    (whose ``fix.recipe`` may name a recipe file only with ``allow_recipe_files``): a
+    ``patcher.doctor.report.DoctorReport`` (``findings``, ``blockers``, ``to_json()``)."""
     from .doctor.diagnose import diagnose
     from .doctor.rules import load_rules
     from .doctor.target import Target, parse_engine, parse_gpu
 
-    name, version = parse_engine(engine)
-    target = Target(name, version, parse_gpu(gpu))
+    ref, target = ModelRef.parse(model), Target(*parse_engine(engine), parse_gpu(gpu))
     loaded = load_rules(tuple(rules), allow_recipe_files=allow_recipe_files)
     opened = open_model(model, endpoint=endpoint, what="doctor")
     require_model(opened)
     report = diagnose(opened, target, loaded)
-    if ModelRef.parse(model).is_hub:
-        report["remote"] = opened.transfer_report()
-    else:
-        report["model"] = os.path.abspath(model)        # as given (a .gguf file), absolute
-    return report
+    if ref.is_hub:
+        return replace(report, remote=opened.transfer_report())
+    return replace(report, model=os.path.abspath(model))    # as given (a .gguf file), absolute
 
 
 def publish(directory: str | os.PathLike, repo_id: str, *, base: bool = False, **kwargs):

@@ -117,6 +117,23 @@ def resolve_model(model: str | os.PathLike, *, endpoint: str | None = None,
                              ignore_patterns=[BASE_RECORD]))
 
 
+def local_model(model: str | os.PathLike, out: str | os.PathLike | None, recipe_name: str, *,
+                endpoint: str | None = None, in_place: bool = False
+                ) -> tuple[str | os.PathLike, str | os.PathLike | None]:
+    """``(model, out)`` for an apply, as ``apply`` reads its MODEL: ``hf://ORG/NAME[@REV]``
+    downloaded through the Hugging Face cache (``resolve_model``) and, out of place unless
+    ``out`` is given, written to ``NAME-<recipe>`` in the current directory (never beside the
+    snapshot); in place, the snapshot itself is patched (revertibly, its blobs untouched). A
+    local model as given."""
+    ref = ModelRef.parse(model)
+    if not ref.is_hub:
+        return model, out
+    snapshot = resolve_model(ref, endpoint=endpoint, progress=False)
+    if in_place or out is not None:
+        return str(snapshot), out
+    return str(snapshot), f"{ref.name}-{recipe_name}"
+
+
 def require_model(opened: ModelDir) -> bool:
     """Refuse a directory with neither a config.json nor a safetensors file at its top, nor a
     GGUF file (GGUF repositories keep quantizations in subfolders): that is not a model (a

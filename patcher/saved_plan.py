@@ -172,8 +172,25 @@ def _load(path: str | os.PathLike) -> tuple[Plan, ModelDir]:
     paths = [f.path for f in files]
     if len(set(paths)) != len(paths):
         bad("files lists an output path twice")
+    _check_devices(files, options, bad)
     return Plan(recipe=skeleton.recipe, base=base, files=files, changes=changes,
                 warnings=warnings, options=options, fingerprint=fingerprint), model
+
+
+def _check_devices(files: tuple[FilePlan, ...], options: PlanOptions, bad: Checker) -> None:
+    """Every shard task runs on the options' device (what the manifest records), and that
+    device is usable here: checked before anything is written, as planning checks it."""
+    tasks = {f.path: f.shard_task.device for f in files
+             if f.shard_task is not None and f.shard_task.kind is TaskKind.SAFETENSORS}
+    if not tasks:
+        return
+    from .tensors.planning import check_device
+
+    device = check_device(options.device)
+    for path, task_device in tasks.items():
+        if task_device != device:
+            bad(f"the shard task of {path!r} runs on device {task_device!r}, not on the "
+                f"plan's device {device!r}")
 
 
 def _read(path: Path) -> dict:
@@ -220,6 +237,7 @@ def apply_saved_plan(path: str | os.PathLike, model: str | os.PathLike | None = 
     from dataclasses import replace
 
     from .execute.engine import apply_plan, default_output
+    from .execute.executors import executing
     from .execute.linking import predict_for_plan, warn_before_copying
     from .execute.locking import lock_directory
 
@@ -237,6 +255,7 @@ def apply_saved_plan(path: str | os.PathLike, model: str | os.PathLike | None = 
         warn_before_copying(the_plan.link)
         from .signatures import base_signature_of
 
+        with executing(options.executor, options.ray_address):     # as all the plan's work
+            base_signature = base_signature_of(base, trust, options.jobs)
         return apply_plan(the_plan, base, target, force=force, progress=progress,
-                          base_model=base_model, signer=signer,
-                          base_signature=base_signature_of(base, trust, options.jobs))
+                          base_model=base_model, signer=signer, base_signature=base_signature)

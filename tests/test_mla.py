@@ -134,7 +134,7 @@ def _fp8_kv_deepseek(root: Path) -> Path:
 ])
 def test_doctor_mla_rules_fire_on_the_class_default(tmp_path, gpu, engine, rule):
     model = _fp8_kv_deepseek(tmp_path / "m")
-    found = {f["rule"] for f in api.doctor(model, engine=engine, gpu=gpu)["findings"]}
+    found = {f.rule for f in api.doctor(model, engine=engine, gpu=gpu).findings}
     assert rule in found
 
 

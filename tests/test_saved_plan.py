@@ -263,3 +263,50 @@ def test_a_saved_plan_applied_with_sign_writes_a_signed_variant(model, tmp_path)
     assert result.exit_code == 0, result.output
     assert (tmp_path / "out" / "model.sig").is_file()
     assert run("verify", tmp_path / "out", "--key", public).exit_code == 0
+
+
+def test_a_saved_plan_checks_the_base_signature_on_the_executor_it_runs_on(model, tmp_path,
+                                                                           monkeypatch):
+    """The executor comes from the plan's options for all the work, the base's signature check
+    (its hashing) included, as for a direct apply."""
+    import contextlib
+
+    from patcher import signatures
+    from patcher.execute import ray_executor
+
+    inside: list[bool] = []
+    seen: list[bool] = []
+
+    @contextlib.contextmanager
+    def fake_ray(address=None, **_):
+        inside.append(True)
+        try:
+            yield None
+        finally:
+            inside.pop()
+
+    def recording(base, trust, jobs):
+        seen.append(bool(inside))
+        return None
+
+    monkeypatch.setattr(ray_executor, "executing_on_ray", fake_ray)
+    monkeypatch.setattr(signatures, "base_signature_of", recording)
+    monkeypatch.setattr(api, "base_signature_of", recording)
+    _saved("fp8-block-to-bf16", model, tmp_path / "plan.json")
+    api.apply_saved(tmp_path / "plan.json", out=tmp_path / "v", executor="ray", jobs=1)
+    api.apply("fp8-block-to-bf16", model, out=tmp_path / "direct", executor="ray", jobs=1)
+    assert seen == [True, True]
+
+
+def test_a_plan_whose_tasks_run_elsewhere_than_its_options_say_is_refused(model, tmp_path):
+    """The device is the options' (which the manifest records), checked on this machine before
+    anything is written, as planning checks it: a task naming another device is refused."""
+    doc = _saved("fp8-block-to-bf16", model, tmp_path / "plan.json")
+    task = next(f["shard_task"] for f in doc["files"] if f["shard_task"])
+    task["device"] = "cuda:3"
+    _rewrite(tmp_path / "plan.json", doc)
+    result = run("apply", tmp_path / "plan.json", "-o", tmp_path / "v")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines()[-1].endswith(
+        "runs on device 'cuda:3', not on the plan's device 'cpu'"), result.stderr
+    assert not (tmp_path / "v").exists()

@@ -87,14 +87,14 @@ def inspect(model: str, as_json: bool, endpoint: str | None) -> None:
 
     report = api.inspect(model, endpoint=endpoint)
     if as_json:
-        emit_json(report)
-    elif report.get("format") == "gguf" or report.get("gguf"):
+        emit_json(report.to_json())
+    elif report.format == "gguf" or report.gguf:
         from .render import render_gguf_report
 
         echo(render_gguf_report(report))
     else:
         echo(render_inspect(report))
-        _echo_transfer(report.get("remote"))
+        _echo_transfer(report.remote)
 
 
 def _echo_transfer(remote: dict | None) -> None:

@@ -7,9 +7,14 @@ one line, never as a line of its own (``cli.output.echo`` escapes controls once 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from ..display import printable_fields
+from ..model.inspect_report import GGUF
 from ..units import human_bytes, human_count, plural  # noqa: F401  (renderings use them)
+
+if TYPE_CHECKING:
+    from ..model.inspect_report import InspectReport
 
 
 def shorten(text: str, width: int) -> str:
@@ -28,8 +33,12 @@ def table(rows: list[list[str]], header: list[str]) -> list[str]:
     return [fmt.format(*header), *(fmt.format(*map(str, r)) for r in rows)]
 
 
-def render_inspect(report: dict) -> str:
-    report = printable_fields(report)
+def render_inspect(typed: InspectReport) -> str:
+    """The text of the report of a model of config.json and safetensors."""
+    return _inspect_text(printable_fields(typed.to_json()))
+
+
+def _inspect_text(report: dict) -> str:
     cache_note = "  (HF cache snapshot)" if report["hf_cache_snapshot"] else ""
     lines = [f"model      {report['path']}{cache_note}"]
     for arch in report["architectures"]:
@@ -264,12 +273,12 @@ def render_verify(report: dict) -> str:
     return "\n".join(lines)
 
 
-def render_gguf_report(report: dict) -> str:
+def render_gguf_report(typed: InspectReport) -> str:
     """The text of an inspect report that has GGUF models (alone, or beside safetensors)."""
-    report = printable_fields(report)
-    if report.get("format") == "gguf":
+    report = printable_fields(typed.to_json())
+    if typed.format == GGUF:
         return "\n".join([f"model      {report['path']}", *render_gguf(report["models"])])
-    return "\n".join([render_inspect(report), "", *render_gguf(report["gguf"])])
+    return "\n".join([_inspect_text(report), "", *render_gguf(report["gguf"])])
 
 
 def render_gguf(reports: list[dict]) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from ..cli.options import (
@@ -12,6 +14,9 @@ from ..cli.options import (
     link_options,
     output_option,
 )
+
+if TYPE_CHECKING:
+    from .report import DoctorReport
 
 
 @click.command()
@@ -42,11 +47,14 @@ def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in
            link, force_copy, endpoint, as_json, sign_key=None):
     """Check MODEL (a directory or hf://ORG/NAME[@REV], read without its tensor data) against
     an engine version and GPU. Exit 1 when a blocker is found (after --fix: when one remains)."""
+    from dataclasses import replace
+
     from .. import api
     from ..cli.output import echo, echo_json
-    from ..model_ref import is_hub
+    from ..model_ref import ModelRef
     from .diagnose import render
     from .fix import apply_fixes, fixing_params, fixing_recipes, nothing_to_fix
+    from .report import FixOutcome
 
     if (out or in_place or force or link or force_copy) and not fix:
         raise click.UsageError("-o/--output, --in-place, --force, --link and --copy go with "
@@ -57,7 +65,7 @@ def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in
         raise click.UsageError("--sign goes with --fix, without --in-place (sign a patched "
                                "directory afterwards with `modelpatch sign`)")
     signer = api.signer_of(sign_key)            # a bad key fails before any work
-    if in_place and is_hub(model):
+    if in_place and ModelRef.parse(model).is_hub:
         raise click.UsageError("--in-place cannot patch a hub model (it would change the "
                                "download cache); give -o OUT or nothing")
     report = api.doctor(model, engine=engine, gpu=gpu, rules=rules_dirs, endpoint=endpoint,
@@ -66,23 +74,34 @@ def doctor(ctx, model, engine, gpu, rules_dirs, allow_recipe_files, fix, out, in
     recipes = fixing_recipes(report) if fix else []
     if recipes:
         quiet = bool((ctx.find_root().obj or {}).get("quiet"))
-        fixed = apply_fixes(model, recipes, out=out, in_place=in_place, force=force,
-                            endpoint=endpoint, progress=not quiet, params=fixing_params(report),
-                            sign=signer, link=link_mode(link, force_copy))
+        fixed = apply_fixes(_diagnosed(model, report), recipes, out=out, in_place=in_place,
+                            force=force, endpoint=endpoint, progress=not quiet,
+                            params=fixing_params(report), sign=signer,
+                            link=link_mode(link, force_copy))
         final = api.doctor(fixed, engine=engine, gpu=gpu, rules=rules_dirs,
                            allow_recipe_files=allow_recipe_files)
-        report["fix"] = {"recipes": recipes, "output": str(fixed), "after": final}
+        report = replace(report, fix=FixOutcome(tuple(recipes), str(fixed), final))
     if as_json:
-        echo_json(report)
+        echo_json(report.to_json())
     else:
         echo(render(report))
-        if "remote" in report:
+        if report.remote is not None:
             from ..remote.model import describe_transfer
 
-            echo(describe_transfer(report["remote"]))
+            echo(describe_transfer(report.remote))
         if recipes:
-            echo(f"\nfixed with {', '.join(recipes)}: {final['model']}")
+            echo(f"\nfixed with {', '.join(recipes)}: {final.model}")
             echo(render(final))
         elif fix:
             echo(nothing_to_fix(report))
-    ctx.exit(1 if final["blockers"] else 0)
+    ctx.exit(0 if report.ok else 1)
+
+
+def _diagnosed(model: str, report: DoctorReport) -> str:
+    """The model the report is about: for ``hf://``, the very commit read (the branch may have
+    moved since), so that ``--fix`` fixes what was diagnosed."""
+    if report.remote is None:
+        return model
+    from ..remote.model import command_words
+
+    return command_words(report.remote)[0]

@@ -14,7 +14,8 @@ from ..config.json_pointer import MISSING, resolve
 from ..display import printable_fields
 from ..model.model_dir import ModelDir
 from ..units import plural
-from .rules import Rule, evaluate
+from .report import DoctorReport, Finding, Fix, NotChecked
+from .rules import SEVERITIES, Rule, evaluate
 from .target import Target
 
 MODEL_FACTS = "@model"
@@ -106,7 +107,7 @@ def _native_class(config: dict) -> dict | None:
     return {"model_type": model_type, "architectures": archs} if set(archs) <= native else None
 
 
-def diagnose(model: ModelDir, target: Target, rules: list[Rule]) -> dict:
+def diagnose(model: ModelDir, target: Target, rules: list[Rule]) -> DoctorReport:
     """The doctor report: findings (blockers first), rules not checked, the target."""
     facts = None
 
@@ -123,26 +124,24 @@ def diagnose(model: ModelDir, target: Target, rules: list[Rule]) -> dict:
         if evaluate(rule.when, read, target, missing):
             findings.append(_finding(rule, read))
         elif missing:
-            not_checked.append({"rule": rule.id, "needs": sorted(missing)})
-    findings.sort(key=lambda f: ("blocker", "warning", "info").index(f["severity"]))
-    report = {"model": str(model.root), "target": target.facts(), "findings": findings,
-              "not_checked": not_checked,
-              "blockers": sum(f["severity"] == "blocker" for f in findings)}
+            not_checked.append(NotChecked(rule.id, tuple(sorted(missing))))
+    findings.sort(key=lambda f: SEVERITIES.index(f.severity))
+    note = None
     if not model.has("config.json") and any(rel.endswith(".gguf") for rel in model.files):
-        report["note"] = (f"a GGUF model: only the rules that read GGUF metadata "
-                          f"({', '.join(GGUF_RULES)}) checked it; the others read config.json "
-                          f"and safetensors headers")
-    return report
+        note = (f"a GGUF model: only the rules that read GGUF metadata "
+                f"({', '.join(GGUF_RULES)}) checked it; the others read config.json "
+                f"and safetensors headers")
+    return DoctorReport(str(model.root), target, tuple(findings), tuple(not_checked), note)
 
 
-def _finding(rule: Rule, read) -> dict:
+def _finding(rule: Rule, read) -> Finding:
     details = None
     if rule.details is not None:
         value = resolve(read(MODEL_FACTS), rule.details)
         details = None if value is MISSING else value
-    return {"rule": rule.id, "severity": rule.severity, "summary": rule.summary,
-            "details": details, "details_from": rule.details, "evidence": list(rule.evidence),
-            "fix": _fix(rule.fix, read), "source": rule.source}
+    fix = _fix(rule.fix, read)
+    return Finding(rule.id, rule.severity, rule.summary, details, rule.details,
+                   tuple(rule.evidence), None if fix is None else Fix.of(fix), rule.source)
 
 
 def _fix(fix: dict | None, read) -> dict | None:
@@ -156,8 +155,9 @@ def _fix(fix: dict | None, read) -> dict | None:
     return {"recipe": fix["recipe"], "params": {**(fix.get("params") or {}), **params}}
 
 
-def render(report: dict) -> str:
-    report = printable_fields(report)
+def render(typed: DoctorReport) -> str:
+    """The text of a report (its findings; ``--fix``'s outcome is the command's to say)."""
+    report = printable_fields(typed.to_json())
     t = report["target"]
     engine = f"{t['engine']}=={t['engine_version']}" if t["engine"] else "no engine given"
     model_words = [report["model"]]

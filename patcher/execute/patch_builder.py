@@ -257,17 +257,22 @@ def _base_manifest_digests(model: ModelDir) -> dict[str, str]:
 
 def _claimed_signature(model: ModelDir) -> dict | None:
     """The base's ``model.sig`` as it claims to be signed (not checked), or None."""
+    if not model.has(SIGNATURE_NAME):
+        return None
+    return claimed_signature(model.root)
+
+
+def claimed_signature(root: Path) -> dict:
+    """What a manifest records of ``root/model.sig`` unchecked: as its signer claims it, or
+    ``unknown (why)`` when it cannot be read. One function for every executor, so that a
+    variant made here and one made on a hub record a signed base alike."""
     from ..errors import VerifyMismatch
     from ..signing.verify import base_signature
 
-    if not model.has(SIGNATURE_NAME):
-        return None
     try:
-        return base_signature(model.root)
+        return base_signature(root)         # type: ignore[return-value]
     except VerifyMismatch as exc:
-        import hashlib
-
-        data = model.files[SIGNATURE_NAME].path.read_bytes()
+        data = (root / SIGNATURE_NAME).read_bytes()
         return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data),
                 "signer": f"unknown ({exc.message})", "verified": False, "carried": False}
 

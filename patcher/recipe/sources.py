@@ -34,8 +34,9 @@ from typing import Any
 from urllib.parse import unquote
 
 from ..errors import InputError
+from ..model_ref import HF_SCHEME, ModelRef
 
-HF_PREFIX, MODEL_PREFIX, FILE_PREFIX = "hf://", "model:", "file:"
+HF_PREFIX, MODEL_PREFIX, FILE_PREFIX = HF_SCHEME, "model:", "file:"
 SCHEMES = (HF_PREFIX, MODEL_PREFIX, FILE_PREFIX)
 #: The most bytes one source may have (a tokenizer.json is ~10 MB at most).
 MAX_SOURCE_BYTES = 16 << 20
@@ -111,8 +112,11 @@ def _hub(text: str, body: str, pointer: str | None) -> Source:
     problem = filename_error(path)
     if problem:
         raise InputError(f"from: {text!r}: {problem}")
-    return Source(text, "hub", path, f"{org}/{name}", unquote(revision) if at else None,
-                  pointer)
+    try:            # the repository and revision checked as a MODEL's are, before any request
+        ref = ModelRef.parse(f"{HF_SCHEME}{org}/{name}" + (f"@{unquote(revision)}" if at else ""))
+    except InputError as exc:
+        raise InputError(f"from: {text!r}: {exc.message}", hint=exc.hint) from None
+    return Source(text, "hub", path, ref.repo_id, ref.revision, pointer)
 
 
 def check_pin(value: Any) -> str | None:

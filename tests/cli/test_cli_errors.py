@@ -57,7 +57,7 @@ def _error_lines(result) -> list[str]:
     return [line for line in result.stderr.splitlines() if line.startswith("modelpatch:")]
 
 
-# --- item 5: the first problem, its did-you-mean and a count, without --debug ---------------
+# --- the first problem, its did-you-mean and a count, without --debug ---------------
 
 def test_first_problem_and_its_did_you_mean_without_debug(recipe, kimi_dir):
     result = run("plan", recipe, kimi_dir)
@@ -141,7 +141,7 @@ def test_group_json_before_the_subcommand_makes_its_output_json(kimi_dir):
     assert "files" in json.loads(result.stdout)
 
 
-# --- item 6: a folder that is not a model ---------------------------------------------------
+# --- a folder that is not a model ---------------------------------------------------
 
 def test_inspect_of_a_folder_that_is_no_model(tmp_path):
     (tmp_path / "notes").mkdir()
@@ -154,7 +154,7 @@ def test_inspect_of_a_folder_that_is_no_model(tmp_path):
         api.inspect(tmp_path / "notes")
 
 
-# --- item 7: errors as JSON under --json ----------------------------------------------------
+# --- errors as JSON under --json ----------------------------------------------------
 
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_json_error_on_stdout_and_text_on_stderr(recipe, kimi_dir, where):
@@ -190,7 +190,7 @@ def test_json_os_error(kimi_dir, tmp_path, monkeypatch):
         "hint": None, "exit_code": 3, "tensor": None, "problems": []}
 
 
-# --- item 13: help for every option, -q everywhere, parameters in the library ---------------
+# --- help for every option, -q everywhere, parameters in the library ---------------
 
 def _commands(group: click.Group, path=()):
     for name, command in group.commands.items():
@@ -244,7 +244,7 @@ def test_parameters_become_flags_in_messages_and_log_lines():
     assert FlagWording().filter(record) and record.getMessage() == "/m: reverting anyway (--force)"
 
 
-# --- item 11: readable lists -----------------------------------------------------------------
+# --- readable lists -----------------------------------------------------------------
 
 @pytest.mark.parametrize("columns", [60, 100, 1000])
 def test_recipes_list_fits_the_terminal_and_cuts_at_a_word(columns):

@@ -44,7 +44,7 @@ def _eos_agrees(docs):
 
 
 def _rules_found(model, **target) -> dict[str, str]:
-    report = api.doctor(model, **target)
+    report = api.doctor(model, **target).to_json()
     return {f["rule"]: f["severity"] for f in report["findings"]}
 
 
@@ -105,7 +105,7 @@ def test_quant_config_disagreement_rule(kimi, tmp_path):
     def regroup(docs):
         docs["hf_quant_config.json"]["quantization"]["group_size"] = 32
 
-    report = api.doctor(_configs(kimi, tmp_path / "bad", regroup))
+    report = api.doctor(_configs(kimi, tmp_path / "bad", regroup)).to_json()
     (finding,) = report["findings"]
     assert (finding["rule"], finding["severity"], finding["fix"]) == \
         ("quant-config-disagreement", "warning", None)
@@ -192,7 +192,7 @@ def test_quantized_block_fp8_rule_and_bf16_non_trigger(tmp_path):
 
 
 def test_rules_needing_missing_facts_are_reported_not_run(kimi, tmp_path):
-    report = api.doctor(_configs(kimi, tmp_path / "m"), gpu="sm120")
+    report = api.doctor(_configs(kimi, tmp_path / "m"), gpu="sm120").to_json()
     assert report["findings"] == []
     assert {"rule": "fp8-kv-mla-vllm-sm120", "needs": ["engine"]} \
         in report["not_checked"]
@@ -217,7 +217,7 @@ def test_engine_without_version_reads_the_installed_one(kimi, tmp_path, monkeypa
     import importlib.metadata as md
 
     monkeypatch.setattr(md, "version", lambda name: "0.15.1" if name == "vllm" else None)
-    report = api.doctor(_configs(kimi, tmp_path / "m"), engine="vllm", gpu="12.0")
+    report = api.doctor(_configs(kimi, tmp_path / "m"), engine="vllm", gpu="12.0").to_json()
     assert report["target"] == {"engine": "vllm", "engine_version": "0.15.1", "gpu": "sm120"}
     assert report["blockers"] == 1
 
@@ -242,7 +242,7 @@ def test_user_rules_directory(kimi, tmp_path):
     (rules / "gen.yaml").write_text(USER_RULE)
     model = _configs(kimi, tmp_path / "m")
     (model / "generation_config.json").unlink()
-    report = api.doctor(model, engine="sglang==0.5.0", rules=(str(rules),))
+    report = api.doctor(model, engine="sglang==0.5.0", rules=(str(rules),)).to_json()
     assert [f["rule"] for f in report["findings"]] == ["no-generation-config"]
     (rules / "gen.yaml").write_text(USER_RULE.replace("gpu", "x").replace(
         "engine: [vllm, sglang]", "gpu: blackwell"))

@@ -70,7 +70,7 @@ def test_safetensors_without_config_json_is_a_blocker(tmp_path):
     assert "BLOCKER    config-json-missing: the model has safetensors weights but no " \
            "config.json" in result.output
     (model / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    assert "config-json-missing" not in {f["rule"] for f in api.doctor(model)["findings"]}
+    assert "config-json-missing" not in {f.rule for f in api.doctor(model).findings}
 
 
 def test_fix_force_replaces_its_own_stacked_output_from_another_directory(tmp_path,

@@ -27,7 +27,7 @@ def _model(path: Path, tensors: dict[str, tuple[str, tuple]], **files) -> Path:
 
 
 def _found(model, **target) -> dict:
-    return {f["rule"]: f for f in api.doctor(model, **target)["findings"]}
+    return {f["rule"]: f for f in api.doctor(model, **target).to_json()["findings"]}
 
 
 # --- eos-inconsistent ----------------------------------------------------------------------
@@ -140,7 +140,7 @@ def test_kv_scale_names_sglang_rule(tmp_path, scale, engine, fires):
 
 
 def test_kv_scale_names_rule_needs_the_engine(tmp_path):
-    report = api.doctor(_qwen2(tmp_path / "m", "k_proj.k_scale"))
+    report = api.doctor(_qwen2(tmp_path / "m", "k_proj.k_scale")).to_json()
     assert {"rule": "kv-scale-names-sglang", "needs": ["engine"]} in report["not_checked"]
 
 

@@ -12,7 +12,9 @@ from click.testing import CliRunner
 
 from patcher.cli import main
 from patcher.doctor.fix import fixing_params
+from patcher.doctor.report import DoctorReport, Finding, Fix
 from patcher.doctor.rules import load_rules
+from patcher.doctor.target import Target
 from patcher.errors import InputError, RecipeError
 from patcher.model.safetensors_io import OutputTensor, encode_header
 
@@ -92,9 +94,9 @@ def test_fix_params_from_a_rule_never_name_a_local_path(tmp_path, params):
 
 def test_params_a_model_gives_through_params_from_never_name_a_local_path():
     """``params_from`` reads the model's own facts: data too, refused before anything runs."""
-    report = {"findings": [{"rule": "r", "source": "rules/r.yaml", "severity": "warning",
-                            "fix": {"recipe": "chat-template",
-                                    "params": {"template": "file:/home/me/.ssh/id_rsa"}}}]}
+    finding = Finding("r", "warning", "s", None, None, (), Fix(
+        "chat-template", {"template": "file:/home/me/.ssh/id_rsa"}), "rules/r.yaml")
+    report = DoctorReport("m", Target(), (finding,))
     with pytest.raises(InputError, match="rule r: fix.params value .* names a local path"):
         fixing_params(report)
 

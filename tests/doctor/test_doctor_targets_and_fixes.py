@@ -34,7 +34,7 @@ def test_gpu_that_no_nvidia_gpu_has_is_refused_in_one_line(kimi, gpu):
 @pytest.mark.parametrize("gpu, name", [("sm120", "sm120"), ("sm_90a", "sm90"), ("8.9", "sm89"),
                                        ("sm121", "sm121"), ("sm70", "sm70"), ("sm103", "sm103")])
 def test_real_compute_capabilities_are_taken(kimi, gpu, name):
-    assert api.doctor(kimi, gpu=gpu)["target"]["gpu"] == name
+    assert api.doctor(kimi, gpu=gpu).to_json()["target"]["gpu"] == name
 
 
 def test_rule_naming_an_unknown_gpu_is_refused(kimi, tmp_path):
@@ -187,7 +187,7 @@ def test_compressed_tensors_config_beside_a_modelopt_hf_quant_config_disagrees(t
     base = Path(__file__).parent.parent / "fixtures" / "modelopt" / "llama-nvfp4"
     ct = api.apply("modelopt-to-compressed-tensors", base, out=tmp_path / "ct").output
     assert not (ct / "hf_quant_config.json").exists()
-    assert "quant-config-disagreement" not in {f["rule"] for f in api.doctor(ct)["findings"]}
+    assert "quant-config-disagreement" not in {f.rule for f in api.doctor(ct).findings}
     stale = tmp_path / "stale"
     stale.mkdir()
     for name in ("config.json", "hf_quant_config.json"):
@@ -195,7 +195,7 @@ def test_compressed_tensors_config_beside_a_modelopt_hf_quant_config_disagrees(t
     expected = ("format: config.json quant_method compressed-tensors (nvfp4-pack-quantized) vs "
                 "hf_quant_config.json ModelOpt NVFP4 (a ModelOpt file describing other tensors)")
     assert quantization_summary(ModelDir.open(stale))["disagreements"][0] == expected
-    [finding] = [f for f in api.doctor(stale)["findings"]
+    [finding] = [f for f in api.doctor(stale).to_json()["findings"]
                  if f["rule"] == "quant-config-disagreement"]
     assert finding["details"][0] == expected
     assert quantization_summary(ModelDir.open(base))["disagreements"] == []
@@ -209,7 +209,7 @@ def test_gguf_with_nextn_blocks_is_reported_and_gguf_strip_mtp_clears_it(tmp_pat
 
     (tmp_path / "g").mkdir()
     model = write_tiny(tmp_path / "g" / "mtp.gguf", arch="glm4moe", nextn=1)
-    report = api.doctor(model, engine="vllm==0.15.1", gpu="sm120")
+    report = api.doctor(model, engine="vllm==0.15.1", gpu="sm120").to_json()
     [finding] = report["findings"]
     assert (finding["rule"], finding["severity"], finding["fix"]) == \
         ("gguf-mtp-layers-unused", "info", {"recipe": "gguf-strip-mtp"})
@@ -218,7 +218,7 @@ def test_gguf_with_nextn_blocks_is_reported_and_gguf_strip_mtp_clears_it(tmp_pat
     shown = CliRunner().invoke(main, ["doctor", str(model)]).output
     assert f"fix: modelpatch apply gguf-strip-mtp {model}" in shown
     stripped = api.apply("gguf-strip-mtp", model, out=tmp_path / "stripped").output
-    assert api.doctor(stripped)["findings"] == []
+    assert api.doctor(stripped).findings == ()
 
 
 def test_gguf_model_is_never_reported_clean_silently(tmp_path):
@@ -242,7 +242,7 @@ def test_gguf_eos_that_is_not_the_tokenizers_is_fixed_by_doctor_fix(tmp_path):
     model.mkdir()
     write_tiny(model / "tiny.gguf")                 # eos_token_id 2
     (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": "t7"}))
-    [finding] = api.doctor(model)["findings"]
+    [finding] = api.doctor(model).to_json()["findings"]
     assert (finding["rule"], finding["severity"], finding["fix"]) == \
         ("gguf-eos-inconsistent", "warning", {"recipe": "gguf-fix-eos"})
     assert finding["details"] == ["tiny.gguf: tokenizer.ggml.eos_token_id is 2, but "
@@ -254,7 +254,7 @@ def test_gguf_eos_that_is_not_the_tokenizers_is_fixed_by_doctor_fix(tmp_path):
     assert report["fix"]["recipes"] == ["gguf-fix-eos"]
     assert report["fix"]["after"]["findings"] == []
     (model / "tokenizer_config.json").write_text(json.dumps({"eos_token": "t2"}))
-    assert api.doctor(model)["findings"] == []
+    assert api.doctor(model).findings == ()
 
 
 # --- doctor --fix with two fixes --------------------------------------------------------------
@@ -300,7 +300,7 @@ def test_fix_with_two_fixes_can_force_over_its_own_output(tmp_path):
 @pytest.mark.parametrize("in_place", [False, True])
 def test_fix_whose_second_recipe_refuses_leaves_nothing_half_fixed(tmp_path, in_place):
     model = _eos_and_tied_model(tmp_path / "gemma", "language_model.lm_head.weight")
-    fixes = [f["fix"]["recipe"] for f in api.doctor(model)["findings"] if f["fix"]]
+    fixes = [fix.recipe for fix in api.doctor(model).fixes()]
     assert fixes == ["fix-eos", "tie-embeddings"], fixes        # the refusing one comes second
     before = _tree(model)
     args = ["--in-place"] if in_place else ["-o", str(tmp_path / "out")]

@@ -38,7 +38,7 @@ def _ok(result):
     return result
 
 
-# --------------------------------------------------------------------------- item 1
+# ------------------------------------------------------------- recipes write only the model's files
 
 @pytest.mark.parametrize("body", [
     "files:\n  - add: .git/config\n    content: \"[core]\\n\\tfsmonitor = touch /tmp/pwned\\n\"\n",
@@ -63,7 +63,7 @@ def test_recipes_may_still_add_a_dotfile_at_the_root(tmp_path):
     _ok(CliRunner().invoke(main, ["plan", str(recipe), str(model)]))
 
 
-# --------------------------------------------------------------------------- item 6
+# ------------------------------------------------------ files: add onto a directory or under a file
 
 @pytest.mark.parametrize("name, needle", [("docs", "has a directory there"),
                                           ("config.json/x", "config.json is a file"),
@@ -103,7 +103,7 @@ def test_recovery_that_cannot_roll_forward_rolls_back_and_never_loops(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
-# --------------------------------------------------------------------------- item 7
+# ---------------------------------------------------------- git clones and hf --local-dir checkouts
 
 def test_git_clone_and_hf_local_dir_patch_verify_and_revert_in_place(tmp_path):
     model = _git_clone_like(tmp_path / "m")
@@ -136,7 +136,7 @@ def test_git_file_of_a_worktree_is_not_a_model_file(tmp_path):
     assert ".git" not in {s["name"] for s in manifest["subject"]}
 
 
-# --------------------------------------------------------------------------- item 8
+# --------------------------------------------------------- --force and directories patched in place
 
 def test_force_never_replaces_a_directory_patched_in_place(tmp_path):
     base = make_model(tmp_path / "base")
@@ -156,7 +156,7 @@ def test_force_still_replaces_an_earlier_variant(tmp_path):
                                   "--force"]))
 
 
-# --------------------------------------------------------------------------- item 11
+# ------------------------------------------------------------------------ added JSON is strict JSON
 
 @pytest.mark.parametrize("content", ['{"a": NaN}', '{"a": -Infinity}', '[Infinity]'])
 def test_added_json_with_nan_is_not_json(tmp_path, content):
@@ -168,7 +168,7 @@ def test_added_json_with_nan_is_not_json(tmp_path, content):
 
 
 
-# --------------------------------------------------------------------------- item 9
+# -------------------------------------------------------------------- edits that put the mtime back
 
 def test_same_size_same_mtime_edit_of_a_base_file_is_rehashed(tmp_path):
     """The base is a variant (it has a manifest) whose files the digest cache knows. A same-size
@@ -195,7 +195,7 @@ def test_same_size_same_mtime_edit_of_a_base_file_is_rehashed(tmp_path):
     _ok(CliRunner().invoke(main, ["verify", str(second)]))
 
 
-# --------------------------------------------------------------------------- item 11
+# ---------------------------------------------------------------- header names that are not Unicode
 
 @pytest.mark.parametrize("header", [
     {"\ud800": entry("F32", [1], 0, 4)},

@@ -79,8 +79,8 @@ def test_split_set_is_read_and_checked(tmp_path):
 def test_inspect_directory_and_file(tmp_path):
     root = tiny_dir(tmp_path)
     report = api.inspect(root)
-    model = report["models"][0]
-    assert report["format"] == "gguf" and model["architecture"] == "llama"
+    model = report.gguf[0]
+    assert report.format == "gguf" and model["architecture"] == "llama"
     assert model["metadata"]["tokenizer.ggml.tokens"]["value"] == "[32 items]"
     assert set(model["tensors"]["by_type"]) == {"F16", "F32", "Q8_0"}
     assert model["tensors"]["by_group"]["attention"]["tensors"] == 8

@@ -232,8 +232,8 @@ def test_publish_and_pull_print_no_bars_to_a_non_terminal(hub, variant, tmp_path
 
 def test_quiet_publish_of_an_unchanged_variant_prints_nothing(hub, variant, monkeypatch):
     """huggingface_hub's "No files have been modified" warning: never under -q, once without
-    (it used to come twice: its own handler, then the root logger's). Child processes, so that
-    stderr is a real non-terminal file."""
+    (not twice: through its own handler and again through the root logger's). Child processes,
+    so that stderr is a real non-terminal file."""
     monkeypatch.setenv("HF_TOKEN", "write-alice")
     api.publish(variant, "alice/same", endpoint=hub.endpoint, progress=False)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

@@ -69,7 +69,7 @@ def call(server, method: str, path: str, body: bytes | str = b"", token: str | N
         conn.close()
 
 
-# -- item 3: a hashed key is not a password ------------------------------------------------------
+# -- a hashed key is not a password ------------------------------------------------------
 
 
 def test_a_hashed_token_key_sent_verbatim_is_refused(server):
@@ -107,7 +107,7 @@ def test_a_malformed_hashed_key_is_refused_at_start(tmp_path):
         create_app(tmp_path)
 
 
-# -- item 4: one request cannot freeze the hub ---------------------------------------------------
+# -- one request cannot freeze the hub ---------------------------------------------------
 
 
 def whoami_latencies(server, n: int = 6) -> list[float]:
@@ -182,7 +182,7 @@ def test_request_bodies_are_capped_per_endpoint(server, method, path, limit):
     assert call(server, method, path, body, token="write-alice")[0] == 413
 
 
-# -- item 12: malformed requests get 4xx ---------------------------------------------------------
+# -- malformed requests get 4xx ---------------------------------------------------------
 
 
 @pytest.mark.parametrize("method, path, body", [
@@ -231,7 +231,7 @@ def test_log_lines_escape_control_characters(server, caplog):
     assert not any("\n" in line or "\r" in line for line in lines)
 
 
-# -- item 12: crash leftovers --------------------------------------------------------------------
+# -- crash leftovers --------------------------------------------------------------------
 
 
 def test_start_up_removes_staging_no_live_server_owns(tmp_path):

@@ -268,8 +268,7 @@ def test_a_symlink_out_of_the_directory_is_not_a_match(kimi_dir, tmp_path):
 def test_an_edited_change_log_is_caught_even_when_the_patch_record_notes_the_new_manifest(
         kimi_dir, tmp_path):
     """The record's note is an ordinary file: an edit of the manifest's change log plus a new
-    note still leaves the log's own digest to tell (a review found a shortcut that trusted
-    the note)."""
+    note still leaves the log's own digest to tell: the note alone is never trusted."""
     import hashlib
     import json
 

@@ -127,7 +127,7 @@ def test_amd_float8_variants_are_read_and_copied(tmp_path):
     save_file(tensors, model / "model.safetensors", metadata={"format": "pt"})
     (model / "config.json").write_text("{}")
     report = api.inspect(model)
-    assert {"F8_E4M3FNUZ", "F8_E5M2FNUZ"} <= set(report["tensors"]["per_dtype"])
+    assert {"F8_E4M3FNUZ", "F8_E5M2FNUZ"} <= set(report.tensors["per_dtype"])
     recipe = tmp_path / "r.yaml"
     recipe.write_text("modelpatch: 1\nname: r\ndescription: x\ntensors:\n"
                       "  - select: {glob: '*.k_scale'}\n    drop: true\n")

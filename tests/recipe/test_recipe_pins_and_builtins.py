@@ -34,7 +34,7 @@ def _model(path: Path, **tokenizer_config) -> Path:
     return path
 
 
-# --------------------------------------------------------------- item 3: sha256 pins
+# --------------------------------------------------------------- sha256 pins
 
 @pytest.mark.parametrize("source", ["t.jinja", "hf://alice/templates/t.jinja"])
 @pytest.mark.parametrize("pin", [ZEROS, "0", "null", "1" * 64])
@@ -71,7 +71,7 @@ def test_a_bad_string_pin_names_the_value_once(tmp_path):
     assert caught.value.one_line().count("'abc'") == 1
 
 
-# ------------------------------------------------------- item 1: fix-eos values
+# ------------------------------------------------------- fix-eos values
 
 @pytest.mark.parametrize("ids, token", [
     ("abc", "x"), ('[3, "x", 2.5]', "x"), ("3,true", "x"), ("", "x"), ("[]", "x"),
@@ -100,7 +100,7 @@ def test_fix_eos_takes_integer_ids(tmp_path):
                                                        "eos_token": "x"}})
 
 
-# ---------------------------------------------------- item 12: --set scoping and repeats
+# ---------------------------------------------------- --set scoping and repeats
 
 def _param_recipe(path: Path, name: str, kind: str) -> Path:
     path.write_text(f"modelpatch: 1\nname: {name}\ndescription: d\nparams:\n"
@@ -133,7 +133,7 @@ def test_the_same_set_name_given_twice_is_refused(tmp_path):
     assert result.exit_code == 0, result.output
 
 
-# -------------------------------------- item 9: recipes given together, each in turn
+# -------------------------------------- recipes given together, each in turn
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "modelopt"
 
@@ -170,7 +170,7 @@ def test_a_later_recipes_references_read_the_earlier_recipes_values(tmp_path):
         api.plan([str(two), str(one)], model)
 
 
-# ------------------------------------- item 10: built-ins refuse models they don't fit
+# ------------------------------------- built-ins refuse models they don't fit
 
 BUILTIN_PARAMS = {"fix-eos": ["eos_token_id=2", "eos_token=</s>"],
                   "no-remote-code": ["model_type=llama", "architectures=LlamaForCausalLM"],
@@ -224,7 +224,7 @@ def test_a_builtin_refuses_a_model_it_does_not_fit_instead_of_blaming_its_own_li
                 (model, result.output)
 
 
-# ------------------------------- item 11: a bad --set value is blamed on the --set
+# ------------------------------- a bad --set value is blamed on the --set
 
 @pytest.mark.parametrize("sets, blamed", [
     (["template=file:{t}/nope.jinja"], "--set template=file:{t}/nope.jinja: "),
@@ -256,7 +256,7 @@ def test_errors_name_a_builtin_by_the_same_file_plan_shows(unfit_models):
     assert f"recipe file {resolve_recipe('untie-embeddings').resolve()} " in planned.output
 
 
-# ------------------------------ item 13: the gguf: section's from: takes every source
+# ------------------------------ the gguf: section's from: takes every source
 
 TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
 
@@ -311,7 +311,7 @@ def test_gguf_chat_template_takes_a_template_from_the_hub(tmp_path, monkeypatch)
     assert read_back(tmp_path / "v" / "tiny.gguf")[0]["tokenizer.chat_template"] == TEMPLATE
 
 
-# ----------------------------------------------------------- item 14: recipe messages
+# ----------------------------------------------------------- recipe messages
 
 def _errors(result) -> list[str]:
     return [line for line in result.output.splitlines() if line.startswith("modelpatch: error")]

@@ -377,3 +377,17 @@ def test_the_model_card_names_hub_sources_but_never_local_paths():
         f"- `chat_template.jinja`: content from `hf://o/b@{'1' * 40}/x` (sha256 `{digest}`)",
         f"- `t.json /x`: content from a local file (sha256 `{digest}`)",
         f"- `a.jinja`: content from `a.jinja` beside the recipe (sha256 `{digest}`)"]
+
+
+@pytest.mark.parametrize("source, needle", [
+    ("hf://org/base@v1%20x/config.json", "the revision of 'hf://org/base@v1 x' 'v1 x' is not"),
+    ("hf://org/base@..%2Fmain/config.json", "is not a commit id, branch or tag name"),
+    ("hf://org/ba..se/config.json", "invalid repo id 'org/ba..se'")])
+def test_a_hub_source_names_its_repository_and_revision_as_a_model_does(source, needle):
+    """``from: hf://`` is checked by the parsing of a MODEL (``patcher.model_ref``) when the
+    recipe loads, in one line naming the source, never sent to a hub as it is."""
+    text = HEAD + f"config:\n  config.json:\n    - set: /x\n      from: {source}\n"
+    with pytest.raises(InputError) as info:
+        load_recipe(text)
+    line = str(info.value)
+    assert f"from: {source!r}" in line and needle in line and "\n" not in line, line

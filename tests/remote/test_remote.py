@@ -59,11 +59,11 @@ def test_inspect_remote_matches_local_and_fetches_under_one_percent(served):
     remote = api.inspect(f"hf://{BIG}", endpoint=hub.endpoint)
     local = api.inspect(model)
     for key in ("architectures", "quantization", "tensors", "kv_cache_tensors"):
-        assert remote[key] == local[key]
-    assert remote["shards"]["files"] == local["shards"]["files"]
-    assert remote["index"] == local["index"]
-    assert remote["path"] == f"hf://{BIG}"
-    transfer = remote["remote"]
+        assert getattr(remote, key) == getattr(local, key)
+    assert remote.shards["files"] == local.shards["files"]
+    assert remote.index == local.index
+    assert remote.path == f"hf://{BIG}"
+    transfer = remote.remote
     size = sum(f.stat().st_size for f in model.iterdir())
     assert transfer["repo_bytes"] == size
     assert 0 < transfer["bytes_transferred"] < size / 100

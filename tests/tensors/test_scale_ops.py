@@ -1,4 +1,4 @@
-"""Recipe language v2 items 5 and 6: tensor ``split``, ``scale`` (reciprocal, cast, reshape:
+"""The tensor actions ``split``, ``scale`` (reciprocal, cast, reshape:
 exact or refused) and the ``refuse`` tensor guard; the ``kv-scale-names`` library recipe on the
 real ModelOpt FP8 export."""
 

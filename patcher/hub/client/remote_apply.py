@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import HubError, InputError
-from ...execute.patch_builder import manifest_statement
+from ...execute.patch_builder import claimed_signature, manifest_statement
 from ...integrity.manifest import read_manifest, write_manifest
-from ...model.model_dir import MANIFEST_NAME
+from ...model.model_dir import MANIFEST_NAME, SIGNATURE_NAME
 from ...names import checked_digest, checked_name
 from ...plan import Action, PlanOptions, require_change
 from .connection import check_repo_id, client, hub_call
@@ -75,8 +75,9 @@ def apply_and_publish(recipe, url: str, repo_id: str, *, endpoint: str | None = 
     with tempfile.TemporaryDirectory(prefix="modelpatch-remote-") as tmp:
         root = Path(tmp)
         digests, fetched = _write_small_files(root, model, the_plan, lfs)
+        signature = _base_signature(model, Path(tmp) / ".base-signature", fetched)
         manifest = _write_manifest(root, model, the_plan, digests, lfs,
-                                   base_model or source.repo_id)
+                                   base_model or source.repo_id, signature)
         log.info("apply: fetched %s of %s@%s; no shard downloaded", ", ".join(fetched) or
                  "nothing", source.repo_id, source.revision[:12])
         names = {rel: ORIGINAL_README if rel == CARD_NAME else rel for rel in manifest.subjects}
@@ -142,8 +143,20 @@ def _write(root: Path, rel: str, data: bytes) -> None:
         raise HubError(f"the hub lists {rel!r} twice, or as a file and a directory") from None
 
 
+def _base_signature(model, scratch: Path, fetched: list[str]) -> dict | None:
+    """What a local apply records of the base's ``model.sig`` (as its signer claims it), for
+    the hub's copy: fetched whole into ``scratch``, outside the variant's files."""
+    if SIGNATURE_NAME not in model.files:
+        return None
+    scratch.mkdir()
+    (scratch / SIGNATURE_NAME).write_bytes(model.read_bytes(SIGNATURE_NAME))
+    fetched.append(SIGNATURE_NAME)
+    fetched.sort()
+    return claimed_signature(scratch)
+
+
 def _write_manifest(root: Path, model, the_plan, digests: dict[str, str], lfs: dict[str, str],
-                    base_model: str):
+                    base_model: str, base_signature: dict | None = None):
     subjects = {}
     for fp in the_plan.files:
         if fp.action is Action.LINK:
@@ -155,6 +168,7 @@ def _write_manifest(root: Path, model, the_plan, digests: dict[str, str], lfs: d
     now = _dt.datetime.now(_dt.timezone.utc)
     statement = manifest_statement(
         the_plan, subjects, {rel: (sha, model.files[rel].size) for rel, sha in digests.items()},
-        started=now, finished=now, base_statement=base_statement, base_model=base_model)
+        started=now, finished=now, base_statement=base_statement, base_model=base_model,
+        base_signature=base_signature)
     write_manifest(root, statement)
     return read_manifest(root)

@@ -1,4 +1,4 @@
-"""Tensor actions ``split``, ``scale`` and ``refuse`` (recipe language v2, items 5 and 6): their
+"""Tensor actions ``split``, ``scale`` and ``refuse``: their
 validation into the dataclasses of ``tensor_ops.schema``. Planning is in
 ``patcher.tensors.scale_planning``, the arithmetic in ``patcher.tensors.scale_math``.
 

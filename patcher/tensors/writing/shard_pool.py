@@ -25,8 +25,8 @@ from .thread_budget import quiet_openmp, split, use_threads
 
 # Devices whose shards, with --jobs N, are written by N threads of this process rather than by
 # worker processes. Measured on a 16-core H200 machine (fp8-block-to-bf16 of a 2 GB model, 24
-# shards, 3,872 computed tensors; threads in this session, processes in the one before, with the
-# older CUDA kernels): on the GPU, threads -j 4 took 12.0 s and 26 CPU-s against 11.7 s and
+# shards, 3,872 computed tensors; the process figures with slower CUDA kernels than the
+# threads'): on the GPU, threads -j 4 took 12.0 s and 26 CPU-s against 11.7 s and
 # 41 CPU-s for 4 spawned processes (each imports torch and starts CUDA, 4.5 s and 6.4 CPU-s).
 # On the CPU, threads -j 8 took 14.5 s and 42 CPU-s against 8.9 s and 68 CPU-s for processes:
 # the Python between the kernels of thousands of small tensors, serialized by the GIL, costs

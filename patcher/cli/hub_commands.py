@@ -20,7 +20,7 @@ from .output import echo
 @click.option("--revision", default=None, help="Branch to commit to (created if needed).")
 @click.option("-m", "--message", default=None, help="Commit message.")
 @json_option("Machine-readable result (repo_id, revision, commit, files, copied_bytes, "
-             "uploaded_bytes).")
+             "uploaded_bytes, transport: xet or lfs, xet_new_bytes: what Xet sent of them).")
 @click.option("--plan", "plan_only", is_flag=True,
               help="Only show what would be copied server-side from the base repository and "
                    "what uploaded; change nothing.")
@@ -53,7 +53,8 @@ def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_js
     if as_json:
         emit_json({"repo_id": r.repo_id, "revision": r.revision, "commit": r.commit,
                     "files": r.files, "copied_bytes": r.plan.copy_bytes,
-                    "uploaded_bytes": r.plan.upload_bytes})
+                    "uploaded_bytes": r.plan.upload_bytes, "transport": r.plan.transport,
+                    "xet_new_bytes": r.plan.xet.new_bytes if r.plan.xet else 0})
     elif plan_only:
         echo(f"plan: {r.plan.summary()}")
         for name, (src, size) in sorted(r.plan.copies.items()):
@@ -78,7 +79,8 @@ def publish(ctx, directory, repo_id, endpoint, private, revision, message, as_js
               metavar="PUB.pem", help="Also require model.sig signed by this public key, and "
                                       "every file as it signed them.")
 @json_option("Machine-readable result (output, repo_id, commit, files, reused_bytes, "
-             "downloaded_bytes).")
+             "downloaded_bytes, rebuilt_bytes: files rebuilt through Xet from local chunks, "
+             "received_bytes: what the hub sent for them).")
 @quiet_option
 @click.pass_context
 def pull(ctx, repo_id, out, endpoint, revision, reuse, force, pub_key, as_json):
@@ -96,7 +98,9 @@ def pull(ctx, repo_id, out, endpoint, revision, reuse, force, pub_key, as_json):
     if as_json:
         emit_json({"output": str(result.output), "repo_id": repo_id, "commit": result.commit,
                    "files": result.files, "reused_bytes": result.reused_bytes,
-                   "downloaded_bytes": result.downloaded_bytes})
+                   "downloaded_bytes": result.downloaded_bytes,
+                   "rebuilt_bytes": result.rebuilt_bytes,
+                   "received_bytes": result.received_bytes})
     else:
         echo(str(result.output))
 

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from ..errors import InputError
-from ..model.model_dir import ModelDir, hf_cache_repo, model_file
+from ..model.model_dir import ModelDir, cache_link_targets, hf_cache_repo, model_file
 from ..model_ref import is_hub
 from .files import SPLIT_NAME, gguf_models
 
@@ -48,7 +48,7 @@ def open_gguf_file(path: str | os.PathLike) -> ModelDir:
         names = [f"{m['stem']}-{no:05d}-of-{m['count']}.gguf" for no in range(1, count + 1)]
         names = [n for n in names if os.path.lexists(root / n)]
     cache_repo = hf_cache_repo(root)
-    allowed = [os.path.realpath(root)] + ([str(cache_repo)] if cache_repo else [])
+    allowed = [os.path.realpath(root)] + cache_link_targets(root)
     files = {name: model_file(root / name, name, allowed) for name in names}
     return ModelDir(root=root, files=files, shards={}, index=None, cache_repo=cache_repo,
                     subset=True)

@@ -176,12 +176,11 @@ def list_files(directory: str | os.PathLike) -> dict[str, os.stat_result | None]
     symlinked directories) map to None. What ``is_model_path`` leaves out (the manifest,
     ``.modelpatch/``, ``.git``, ``.cache/``) is not listed.
     """
-    from ..model.layout import hf_cache_repo, is_model_path
+    from ..model.layout import cache_link_targets, is_model_path
 
     root = os.fspath(directory)
     out: dict[str, os.stat_result | None] = {}
-    repo = hf_cache_repo(Path(root))
-    allowed = [os.path.realpath(root)] + ([str(repo)] if repo else [])
+    allowed = [os.path.realpath(root)] + cache_link_targets(Path(root))
 
     def inside(path: str) -> bool:
         real = os.path.realpath(path)

@@ -42,3 +42,19 @@ def hf_cache_repo(root: Path) -> Path | None:
     if real.parent.name == "snapshots" and "--" in real.parent.parent.name:
         return real.parent.parent
     return None
+
+
+#: huggingface_hub 2.x keeps files downloaded through Xet once per cache, in ``blobs/`` beside
+#: the repository folders, marked by this file; a repository's ``blobs/<etag>`` links there.
+SHARED_BLOBS_MARKER = ".huggingface-shared-blobs"
+
+
+def cache_link_targets(root: Path) -> list[str]:
+    """Where the symlinks of a hub cache snapshot ``root`` may lead, besides ``root``: its
+    repository's folder, and the cache's shared blob store when huggingface_hub made one;
+    nothing for another directory."""
+    repo = hf_cache_repo(root)
+    if repo is None:
+        return []
+    shared = repo.parent / "blobs"
+    return [str(repo)] + ([str(shared)] if (shared / SHARED_BLOBS_MARKER).is_file() else [])

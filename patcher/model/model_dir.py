@@ -30,6 +30,7 @@ from .layout import (  # noqa: F401  (the names' home; re-exported for their cal
     SINGLE_SHARD_NAME,
     SKIPPED_DIRS,
     STATE_DIR,
+    cache_link_targets,
     hf_cache_repo,
     is_model_path,
 )
@@ -211,7 +212,7 @@ def _hub_hint(text: str) -> str | None:
 
 def _list_files(root: Path, cache_repo: Path | None) -> Iterator[tuple[str, ModelFile]]:
     real_root = os.path.realpath(root)
-    allowed = [real_root] + ([str(cache_repo)] if cache_repo else [])
+    allowed = [real_root] + cache_link_targets(root)
     for dirpath, dirnames, filenames in os.walk(root):
         top = dirpath == str(root)
         dirnames[:] = sorted(d for d in dirnames if not (top and d in SKIPPED_DIRS))

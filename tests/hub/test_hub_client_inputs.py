@@ -224,7 +224,8 @@ def test_publish_and_pull_print_no_bars_to_a_non_terminal(hub, variant, tmp_path
     assert "\x1b" not in err and "\r" not in err and "it/s" not in err, err
     said = [r.getMessage() for r in caplog.records if r.name == "modelpatch"]
     assert any(re.fullmatch(r"publish: 0 files \(0 B\) copied server-side, \d+ files "
-                            r"\(\S+ \w+\) uploaded, to alice/log", m) for m in said), said
+                            r"\(\S+ \w+\) uploaded over Git LFS, to alice/log", m)
+               for m in said), said
     assert any(re.fullmatch(r"pull: alice/log@\w{12}: 0 files \(0 B\) reused from local files, "
                             r"\d+ files \(\S+ \w+\) to download", m) for m in said), said
 

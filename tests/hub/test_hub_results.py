@@ -46,7 +46,8 @@ def test_publish_says_what_it_uploaded_only_once_the_hub_took_it(hub, variant):
     assert "uploaded" not in unreachable.stderr and "cannot reach the hub" in unreachable.stderr
     done = run(*publish, hub.endpoint, token="write-alice")
     assert done.returncode == 0, done.stderr
-    assert "uploaded, to alice/v" in done.stderr and done.stdout.startswith("alice/v@main ")
+    assert "uploaded over Git LFS, to alice/v" in done.stderr
+    assert done.stdout.startswith("alice/v@main ")
 
 
 def test_pull_force_replaces_an_earlier_pull_and_downloads_only_what_changed(hub, variant,

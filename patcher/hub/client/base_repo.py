@@ -37,7 +37,7 @@ def publish_base(directory: str | os.PathLike, repo_id: str, *, endpoint: str | 
     of its files' digests; ``plan_only``: hash and list, upload nothing."""
     from ...execute.locking import lock_directory
     from ...model.model_dir import ModelDir
-    from .publish import PublishResult
+    from .publish import PublishResult, uploading
     from .server_copies import TransferPlan
 
     check_endpoint(endpoint)
@@ -64,10 +64,11 @@ def publish_base(directory: str | os.PathLike, repo_id: str, *, endpoint: str | 
                 hub_call("create_branch", repo_id, api.create_branch, repo_id, branch=branch,
                          exist_ok=True)
             stale = _stale_files(api, repo_id, branch, files)
-            info = hub_call("create_commit", repo_id, api.create_commit, repo_id,
-                            operations=_operations(root, files, record, stale),
-                            revision=branch,
-                            commit_message=message or f"modelpatch: base {root.name}")
+            with uploading(api, repo_id, branch, plan):
+                info = hub_call("create_commit", repo_id, api.create_commit, repo_id,
+                                operations=_operations(root, files, record, stale),
+                                revision=branch,
+                                commit_message=message or f"modelpatch: base {root.name}")
         if progress:                    # once the hub took it: a refusal is the one error line
             log.info("publish: %s, to %s", plan.summary(), repo_id)
     return PublishResult(repo_id=repo_id, revision=branch, commit=info.oid,

@@ -1,6 +1,7 @@
 """Talking to a hub with huggingface_hub: the endpoint and repo id checks made before any
-request, the client (Xet off where the endpoint cannot speak it), one call with its errors turned
-into one-line ``HubError``s, and huggingface_hub's output (its bars off, its log lines once).
+request, the client, whether the hub offers Xet (``xet_offered``; an old hub that does not is
+spoken to over Git LFS: ``lfs_only``), one call with its errors turned into one-line
+``HubError``s, and huggingface_hub's output (its bars off, its log lines once).
 
 The token comes from ``HF_TOKEN`` or huggingface_hub's login and is only ever handed to the
 client: never printed, logged or written.
@@ -19,7 +20,8 @@ from urllib.parse import urlparse
 from ...errors import HubError, InputError
 from ...model_ref import REPO_ID_HINT, check_repo_id  # noqa: F401  (the hub's names too)
 
-HF_HOSTS = ("huggingface.co", "hf.co")
+XET_HEADERS = ("X-Xet-Cas-Url", "X-Xet-Access-Token", "X-Xet-Token-Expiration")
+
 
 def check_endpoint(endpoint: str | None) -> str | None:
     """``endpoint``, else ``$HF_ENDPOINT`` (None when neither is set), if it is an http(s) URL
@@ -41,24 +43,54 @@ def check_endpoint(endpoint: str | None) -> str | None:
     return value.rstrip("/")
 
 
-
-
 def client(endpoint: str | None):
-    """An ``HfApi`` for ``endpoint`` (default ``$HF_ENDPOINT``, then huggingface.co), with Xet
-    disabled where the endpoint cannot speak it. A malformed endpoint is an ``InputError``."""
+    """An ``HfApi`` for ``endpoint`` (default ``$HF_ENDPOINT``, then huggingface.co). Xet is
+    left as huggingface_hub decides it: downloads use it where the hub's answers name a Xet
+    hash, uploads where ``xet_offered`` says the hub takes them. A malformed endpoint is an
+    ``InputError``."""
     endpoint = check_endpoint(endpoint)
-    host = urlparse(endpoint).hostname if endpoint else "huggingface.co"
-    if not any(host == h or (host or "").endswith("." + h) for h in HF_HOSTS):
-        os.environ["HF_HUB_DISABLE_XET"] = "1"
-        from huggingface_hub import constants
-
-        constants.HF_HUB_DISABLE_XET = True
     from huggingface_hub import HfApi
 
     from .guard import install
 
     install()                 # every answer checked before huggingface_hub acts on it
     return HfApi(endpoint=endpoint)
+
+
+def xet_offered(api, repo_id: str, revision: str | None, *, write: bool) -> bool:
+    """Whether the hub hands out a Xet token for ``repo_id`` (``hf_xet`` installed and not
+    turned off by ``HF_HUB_DISABLE_XET``): a hub that refuses the token route, or answers
+    without the token's headers, is an older hub that speaks Git LFS only."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import build_hf_headers, get_session
+    from huggingface_hub.utils._runtime import is_xet_available
+
+    if not is_xet_available():
+        return False
+    kind = "write" if write else "read"
+    url = f"{api.endpoint}/api/models/{repo_id}/xet-{kind}-token/{revision or 'main'}"
+    try:
+        response = get_session().get(url, headers=build_hf_headers(token=api.token),
+                                     timeout=constants.HF_HUB_ETAG_TIMEOUT)
+    except (OSError, *_transport_errors()):
+        return False
+    cas = response.headers.get(XET_HEADERS[0], "")
+    return (response.status_code == 200 and all(h in response.headers for h in XET_HEADERS)
+            and urlparse(cas).scheme in ("http", "https"))
+
+
+@contextmanager
+def lfs_only(on: bool = True):
+    """huggingface_hub uploads and downloads over Git LFS and plain HTTP inside the block
+    (``on``): it would otherwise go through Xet, which an older hub refuses."""
+    from huggingface_hub import constants
+
+    saved = constants.HF_HUB_DISABLE_XET
+    constants.HF_HUB_DISABLE_XET = saved or on
+    try:
+        yield
+    finally:
+        constants.HF_HUB_DISABLE_XET = saved
 
 
 def hub_call(what: str, repo_id: str, fn, *args, **kwargs):

@@ -5,13 +5,16 @@ default), and the variant committed without the revert data under ``.modelpatch/
 card naming the base and the recipe. Files the base repository already holds are copied
 server-side instead of uploaded (``server_copies.py``); the plan (bytes copied, bytes uploaded,
 and why any file that could have been copied is uploaded) is printed first, or alone with
-``plan_only``.
+``plan_only``. Uploads go through Xet when the hub offers it, so a rewritten shard sends only
+the chunks the hub lacks (``xet_upload.py`` counts them for the publish line); a hub that does
+not is spoken to over Git LFS.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +22,18 @@ from ...errors import HubError, InputError, VerifyMismatch
 from ...integrity.manifest import read_manifest
 from ...integrity.patch_record import patch_dirs, read_record
 from ...model.model_dir import MANIFEST_NAME, SIGNATURE_NAME
-from .connection import check_endpoint, check_repo_id, client, hub_call, hub_output
+from .connection import (
+    check_endpoint,
+    check_repo_id,
+    client,
+    hub_call,
+    hub_output,
+    lfs_only,
+    xet_offered,
+)
 from .model_card import CARD_NAME, ORIGINAL_README, render_card
 from .server_copies import TransferPlan, plan_transfer
+from .xet_upload import recording
 
 log = logging.getLogger("modelpatch")
 
@@ -175,8 +187,25 @@ def commit_variant(api, repo_id: str, branch: str, root: Path, names: dict[str, 
                    plan: TransferPlan, extra: dict[str, str | bytes], message: str) -> str:
     """Commit the variant: ``plan.copies`` as server-side copies, the rest uploaded, ``extra``
     (path in repo -> local path or bytes) too. When the hub refuses the copies (no duplicate
-    endpoint, a file it cannot duplicate), says so and uploads those files instead."""
+    endpoint, a file it cannot duplicate), says so and uploads those files instead. Uploads go
+    through Xet when the hub offers it (``plan.xet`` then says what they sent), else over LFS."""
     local = {name: rel for rel, name in names.items()}
+    with uploading(api, repo_id, branch, plan):
+        return _commit(api, repo_id, branch, root, local, plan, extra, message)
+
+
+@contextmanager
+def uploading(api, repo_id: str, branch: str, plan: TransferPlan):
+    """The block's uploads go through Xet when the hub offers it (``plan.xet`` then says what
+    they sent), else over Git LFS (``plan.transport``)."""
+    plan.transport = "xet" if xet_offered(api, repo_id, branch, write=True) else "lfs"
+    with lfs_only(plan.transport == "lfs"), recording() as sent:
+        yield
+    plan.xet = sent
+
+
+def _commit(api, repo_id: str, branch: str, root: Path, local: dict[str, str],
+            plan: TransferPlan, extra: dict[str, str | bytes], message: str) -> str:
 
     def attempt():
         from huggingface_hub.errors import FileDuplicationError, HfHubHTTPError

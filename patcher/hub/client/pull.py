@@ -3,10 +3,12 @@ the hub's own digests (LFS sha256, git blob sha1) and the provenance manifest, a
 rename it into place.
 
 Before downloading, LFS files whose bytes are already on this machine (the Hugging Face cache,
-``--reuse DIR``: ``reuse.py``) are linked into the staging directory and verified; only the
-others are downloaded. The repository and commit are recorded in the pulled directory
-(``.modelpatch/hub/source.json``, outside what verify checks), so a variant made from it can be
-published with server-side copies.
+``--reuse DIR``: ``reuse.py``) are linked into the staging directory and verified; files the
+variant's manifest says changed are rebuilt through Xet from the local base's chunks, only the
+chunks the base lacks downloaded (``xet_reuse.py``); only the others are downloaded. The
+repository and commit are recorded in the pulled directory (``.modelpatch/hub/source.json``,
+outside what verify checks), so a variant made from it can be published with server-side
+copies.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from ...model.model_dir import MANIFEST_NAME, SIGNATURE_NAME, SKIPPED_DIRS
 from ...names import checked_digest, checked_name
 from ...units import human_bytes, plural
 from .base_repo import check_pulled_base, is_published_base
-from .connection import check_repo_id, client, hub_call, hub_output
+from .connection import check_repo_id, client, hub_call, hub_output, lfs_only, xet_offered
 from .growth import reported_growth
 from .model_card import CARD_NAME, HUB_CARD_COPY, HUB_FILES, ORIGINAL_README
 from .reuse import Reuse, find_local, link_into
+from .xet_pull import XetPulled
+from .xet_reuse import rebuild_changed
 
 GIT_ATTRIBUTES = ".gitattributes"
 
@@ -44,6 +48,8 @@ class PullResult:
     files: int
     reused_bytes: int = 0
     downloaded_bytes: int = 0
+    rebuilt_bytes: int = 0             # files rebuilt through Xet from local chunks
+    received_bytes: int = 0            # what the hub sent for them
 
 
 def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | None = None,
@@ -90,16 +96,21 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
         try:
             reused = _reuse_local(staging, info, reuse_dirs)
             missing = [s for s in info.siblings or [] if s.rfilename not in reused.linked]
+            with hub_output(progress):
+                rebuilt = rebuild_changed(api, repo_id, info, staging, missing, reuse_dirs)
+            missing = [s for s in missing if s.rfilename not in rebuilt.files
+                       and not (staging / s.rfilename).is_file()]
             downloaded = sum(s.size or 0 for s in missing)
             if progress:
-                log.info("pull: %s@%s: %s (%s) reused from local files, %s (%s) to download",
+                log.info("pull: %s@%s: %s (%s) reused from local files, %s%s (%s) to download",
                          repo_id, info.sha[:12], plural(len(reused.linked), "file"),
-                         human_bytes(reused.bytes), plural(len(missing), "file"),
-                         human_bytes(downloaded))
+                         human_bytes(reused.bytes), _rebuilt_line(rebuilt),
+                         plural(len(missing), "file"), human_bytes(downloaded))
             if on_total is not None and downloaded:
                 on_total(downloaded)
-            with hub_output(progress), reported_growth(staging, on_progress):
-                if missing:
+            plain = missing and not xet_offered(api, repo_id, info.sha, write=False)
+            with hub_output(progress), reported_growth(staging, on_progress), lfs_only(plain):
+                if missing:         # a hub that names Xet hashes but gives no token: HTTP
                     hub_call("download", repo_id, snapshot_download, repo_id,
                               revision=info.sha, local_dir=staging, endpoint=api.endpoint,
                               token=api.token,
@@ -127,7 +138,17 @@ def pull(repo_id: str, out: str | os.PathLike | None = None, *, endpoint: str | 
             remove_tree(staging)
             raise
     return PullResult(output=out, commit=info.sha, files=len(info.siblings or []),
-                      reused_bytes=reused.bytes, downloaded_bytes=downloaded)
+                      reused_bytes=reused.bytes, downloaded_bytes=downloaded,
+                      rebuilt_bytes=rebuilt.file_bytes, received_bytes=rebuilt.received_bytes)
+
+
+def _rebuilt_line(rebuilt: XetPulled) -> str:
+    if not rebuilt.files:
+        return ""
+    share = 100 * rebuilt.received_bytes / max(1, rebuilt.file_bytes)
+    return (f"{plural(len(rebuilt.files), 'changed file')} ({human_bytes(rebuilt.file_bytes)}) "
+            f"rebuilt through Xet from local chunks ({human_bytes(rebuilt.received_bytes)} "
+            f"received, {share:.1f}%), ")
 
 
 def _refuse_to_replace(out: Path) -> None:

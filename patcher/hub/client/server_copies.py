@@ -29,6 +29,7 @@ from pathlib import Path
 from ...model.base_identity import from_cache_path, local_dir_commit
 from ...units import human_bytes, plural
 from .pull import read_pulled_source
+from .xet_upload import XetSent
 
 PATHS_INFO_BATCH = 500                 # what huggingface_hub itself asks for at a time
 
@@ -50,6 +51,8 @@ class TransferPlan:
     copies: dict[str, tuple[str, int]] = field(default_factory=dict)
     uploads: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    transport: str = "lfs"               # how uploads travel: "xet" or "lfs"
+    xet: XetSent | None = None           # what the uploads through Xet sent
 
     @property
     def copy_bytes(self) -> int:
@@ -62,9 +65,12 @@ class TransferPlan:
     def summary(self) -> str:
         where = (f" from {self.source.repo_id}@{(self.commit or self.source.revision)[:12]}"
                  if self.copies and self.source else "")
-        return (f"{plural(len(self.copies), 'file')} ({human_bytes(self.copy_bytes)}) copied "
+        line = (f"{plural(len(self.copies), 'file')} ({human_bytes(self.copy_bytes)}) copied "
                 f"server-side{where}, {plural(len(self.uploads), 'file')} "
                 f"({human_bytes(self.upload_bytes)}) uploaded")
+        if self.xet is not None and self.xet.files:
+            return f"{line}; {self.xet.summary()}"
+        return line + (" over Git LFS" if self.uploads else "")
 
     def upload_all(self, note: str) -> None:
         for path, (_, size) in self.copies.items():

@@ -27,6 +27,7 @@ from ..recipe.config_ops import apply_config_ops
 from ..recipe.load import Recipe
 from ..recipe.params.bind import bind_recipe
 from ..recipe.regex_bound import plan_wide
+from ..recipe.sources import HF_PREFIX
 from .changes import ABSENT, ConfigEdit, ContentSource, FileAdded, FileDropped
 from .types import Action, FilePlan, Plan, PlanOptions
 
@@ -122,7 +123,7 @@ def source_changes(recipe: Recipe, endpoint: str | None) -> list[ContentSource]:
     shown = shown_endpoint(endpoint or os.environ.get("HF_ENDPOINT") or None)
     return [ContentSource(target, dict(source), op.loc,
                           endpoint=shown if shown and str(source.get("resolved", ""))
-                          .startswith("hf://") else ABSENT)
+                          .startswith(HF_PREFIX) else ABSENT)
             for target, op, source in targets]
 
 

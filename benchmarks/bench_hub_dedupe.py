@@ -28,7 +28,6 @@ import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -36,21 +35,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-TOKEN = "bench-token"
+from embedded_hub import TOKEN, start_hub  # noqa: E402
 
 
 def _hub(root: Path):
-    from patcher.hub.server.app import build_server
-
-    root.mkdir(parents=True)
-    (root / "tokens.json").write_text(json.dumps(
-        {"tokens": {TOKEN: {"user": "alice", "write": True}}}))
-    (root / "tokens.json").chmod(0o600)
-    server, sock = build_server(root, "127.0.0.1", 0, log_level="warning")
-    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
-    while not server.started:
-        time.sleep(0.01)
-    return server, f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server, port = start_hub(root)
+    return server, f"http://127.0.0.1:{port}"
 
 
 def _measure(traffic, fn) -> dict:

@@ -34,7 +34,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import zlib
 from pathlib import Path
@@ -44,7 +43,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT))
 
-TOKEN = "bench-token"
+from embedded_hub import TOKEN, start_hub  # noqa: E402
+
 BIN = Path(sys.executable).parent
 RENAME_RECIPE = """modelpatch: 1
 name: kv-scale-rename
@@ -96,17 +96,8 @@ def _base(work: Path, size_gb: float, shards: int, fmt: str) -> Path:
 def _hub(root: Path):
     from counting_proxy import CountingProxy
 
-    from patcher.hub.server.app import build_server
-
-    root.mkdir(parents=True)
-    (root / "tokens.json").write_text(json.dumps(
-        {"tokens": {TOKEN: {"user": "alice", "write": True}}}))
-    (root / "tokens.json").chmod(0o600)
-    server, sock = build_server(root, "127.0.0.1", 0, log_level="warning")
-    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
-    while not server.started:
-        time.sleep(0.01)
-    proxy = CountingProxy("127.0.0.1", sock.getsockname()[1]).__enter__()
+    server, port = start_hub(root)
+    proxy = CountingProxy("127.0.0.1", port).__enter__()
     return server, proxy
 
 

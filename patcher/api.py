@@ -94,15 +94,13 @@ def plan(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     from .execute.linking import predict_for_plan
     from .gguf.single_file import check_in_place, is_gguf_file
     from .plan import PlanOptions
-    from .plan import plan as make_plan
-    from .remote.sources import SourceFetcher
 
     options = PlanOptions.of(options)
     if options.in_place and is_gguf_file(model):
         check_in_place(model)           # as apply_in_place: refused, or the whole directory
         model = Path(model).parent
     loaded, base = load(recipe), open_model(model, endpoint=endpoint, what="plan")
-    the_plan = make_plan(loaded, base, options=options, sources=SourceFetcher(endpoint))
+    the_plan = _make_plan(loaded, base, options, endpoint)
     if ModelRef.parse(model).is_hub:
         return replace(the_plan, transfer=base.transfer_report())
     if the_plan.options.in_place:
@@ -146,9 +144,7 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
     from .execute.linking import predict_for_plan, warn_before_copying
     from .execute.locking import lock_directory
     from .gguf.single_file import model_directory
-    from .plan import PlanOptions, require_change
-    from .plan import plan as make_plan
-    from .remote.sources import SourceFetcher
+    from .plan import PlanOptions
 
     options = PlanOptions.of(options, **given).out_of_place()
     if options.in_place:
@@ -161,9 +157,7 @@ def apply(recipe: str | os.PathLike | Recipe, model: str | os.PathLike, *,
     recovered(model_directory(model))
     with lock_directory(model_directory(model), exclusive=False):
         base = open_recovered(model)
-        the_plan = make_plan(loaded, base, options=options, sources=SourceFetcher(endpoint))
-        require_change(the_plan, allow_noop)
-        _log_warnings(the_plan)
+        the_plan = _make_plan(loaded, base, options, endpoint, allow_noop=allow_noop)
         target = output_for(model, base, loaded.name, out)
         the_plan = predict_for_plan(the_plan, target, options.link)
         warn_before_copying(the_plan.link)
@@ -300,9 +294,7 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     from .execute.inplace import apply_locked, prepare_directory
     from .execute.locking import lock_directory
     from .gguf.single_file import check_in_place, is_gguf_file
-    from .plan import PlanOptions, require_change
-    from .plan import plan as make_plan
-    from .remote.sources import SourceFetcher
+    from .plan import PlanOptions
 
     options = PlanOptions.of(options, **given, in_place=True)
     if options.executor != "local":
@@ -317,9 +309,7 @@ def apply_in_place(recipe: str | os.PathLike | Recipe, model: str | os.PathLike,
     with lock_directory(Path(model), exclusive=True):
         prepare_directory(Path(model))
         base = open_local(model)
-        the_plan = make_plan(loaded, base, options=options, sources=SourceFetcher(endpoint))
-        require_change(the_plan, allow_noop)
-        _log_warnings(the_plan)
+        the_plan = _make_plan(loaded, base, options, endpoint, allow_noop=allow_noop)
         return apply_locked(the_plan, base, progress=progress, base_model=base_model)
 
 
@@ -329,10 +319,20 @@ def _checked_base_model(value: str | None) -> str | None:
     return None if value is None else check_repo_id(value)
 
 
-def _log_warnings(plan: Plan) -> None:
-    """What ``plan`` prints as warnings, on stderr for an apply too (``-q`` silences them)."""
-    for warning in plan.warnings:
-        log.warning("warning: %s", warning)
+def _make_plan(recipe: Recipe, base, options: PlanOptions, endpoint: str | None, *,
+               allow_noop: bool | None = None) -> Plan:
+    """``recipe`` planned on ``base`` (``from: hf://`` contents fetched from ``endpoint``). For
+    an apply (``allow_noop`` given): a plan that changes nothing is refused unless
+    ``allow_noop``, and its warnings go to stderr as ``plan`` prints them (``-q`` silences them)."""
+    from .plan import plan, require_change
+    from .remote.sources import SourceFetcher
+
+    the_plan = plan(recipe, base, options=options, sources=SourceFetcher(endpoint))
+    if allow_noop is not None:
+        require_change(the_plan, allow_noop)
+        for warning in the_plan.warnings:
+            log.warning("warning: %s", warning)
+    return the_plan
 
 
 def revert(directory: str | os.PathLike, *, out: str | os.PathLike | None = None,

@@ -10,8 +10,10 @@ as ``null``. A record made by a recipe line names it under one key, ``recipe_lin
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from ..recipe.config_ops import JsonEdit
 
 RECIPE_LINE = "recipe_line"
 """The one key of a change record that names the recipe line which made it."""
@@ -230,29 +232,14 @@ class ContentSource(Change):
 
 
 @dataclass(frozen=True)
-class ConfigEdit(Change):
-    """One effective edit of a JSON file (``patcher.plan.config_ops``).
-
-    ``kind``: ``removed`` (``before`` is the removed value), ``set`` (``existed`` tells whether
-    ``path`` had a value, then in ``before``), ``renamed`` / ``copied`` (from ``from_path`` to
-    ``path``), ``test`` (an RFC 6902 test that passed; ``before == after``). ``recipe_line`` is
-    the recipe line of the op. Values are plain JSON.
-    """
-
-    file: str
-    path: str
-    kind: str
-    before: Any
-    after: Any
-    recipe_line: str
-    from_path: str | None = None
-    existed: bool = True
+class ConfigEdit(JsonEdit, Change):
+    """One effective edit of a JSON file, as the change log records it: the fields of the
+    recipe's ``patcher.recipe.config_ops.JsonEdit`` (``kind``, ``before``, ``after``...)."""
 
     @classmethod
-    def of(cls, edit: Any) -> ConfigEdit:
-        """The record of a ``patcher.recipe.config_ops.JsonEdit``."""
-        return cls(edit.file, edit.path, edit.kind, edit.before, edit.after, edit.recipe_line,
-                   edit.from_path, edit.existed)
+    def of(cls, edit: JsonEdit) -> ConfigEdit:
+        """The record of a ``JsonEdit``."""
+        return cls(*(getattr(edit, f.name) for f in fields(JsonEdit)))
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"file": self.file, "kind": self.kind, "path": self.path}
